@@ -1,0 +1,141 @@
+"""References and baselines for the block-sparse kernel.
+
+- masked_attention_reference: the definition, densely in fp32 (what tests compare against);
+- dense_attention: causal SDPA forced onto one backend (flash, cudnn, efficient, math), the dense
+  baselines the benchmark reports;
+- flex_block_mask / flex_attention_call: FlexAttention on the same support, built with
+  BlockMask.from_kv_blocks, off-diagonal blocks as *full* blocks (no mask_mod evaluated) and the
+  diagonal blocks as *partial* blocks (causal mask_mod), which is the fastest way to state it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def expand_layout(layout: torch.Tensor, block_size: int, n: int) -> torch.Tensor:
+    """Token-level mask [H, n, n] of a block layout [H, M, M], with the causal mask applied."""
+    tok = layout.repeat_interleave(block_size, dim=1).repeat_interleave(block_size, dim=2)[:, :n, :n]
+    causal = torch.ones(n, n, dtype=torch.bool, device=layout.device).tril()
+    return tok & causal
+
+
+def masked_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.Tensor,
+                               block_size: int, scale: float | None = None,
+                               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax(QKᵀ·scale + causal + R) V in fp32, R = -inf outside the block support.
+
+    q [Hq, n, d], k/v [Hkv, n, d], layout bool [Hq, M, M] -> [Hq, n, d] in out_dtype (default
+    q.dtype). Heads are processed in chunks so the fp32 score matrix stays near 1 GiB.
+    """
+    hq, n, d = q.shape
+    group = hq // k.shape[0]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.empty(hq, n, d, dtype=torch.float32, device=q.device)
+    chunk = max(1, (1 << 28) // (n * n))
+    for h0 in range(0, hq, chunk):
+        h1 = min(hq, h0 + chunk)
+        heads = torch.arange(h0, h1, device=q.device)
+        kk = k[heads // group].float()
+        vv = v[heads // group].float()
+        s = torch.matmul(q[h0:h1].float(), kk.transpose(-1, -2)) * scale
+        s = s.masked_fill(~expand_layout(layout[h0:h1], block_size, n), float("-inf"))
+        out[h0:h1] = torch.matmul(torch.softmax(s, dim=-1), vv)
+    return out.to(out_dtype or q.dtype)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in fp64; NaN anywhere in out gives NaN (never passes a bound)."""
+    diff = (out.double() - ref.double()).norm()
+    return float(diff / ref.double().norm())
+
+
+# ---------------------------------------------------------------------------------------------
+# dense baselines
+
+def sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "flash",
+                    scale: float | None = None) -> torch.Tensor:
+    """Causal dense attention through SDPA on one named backend. q [Hq, n, d], k/v [Hkv, n, d].
+
+    GQA goes through enable_gqa; a backend that refuses it gets K/V repeated to Hq heads. (The
+    benchmark enters the sdpa_kernel context once and calls SDPA directly, to keep this context
+    manager's host cost out of the timings.)
+    """
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(sdpa_backend(backend)):
+        return dense_sdpa_call(q, k, v, scale)
+
+
+def dense_sdpa_call(q, k, v, scale=None):
+    hq, hkv = q.shape[0], k.shape[0]
+    if hq == hkv:
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale)[0]
+    try:
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
+                                              enable_gqa=True)[0]
+    except RuntimeError:
+        g = hq // hkv
+        return F.scaled_dot_product_attention(q[None], k.repeat_interleave(g, 0)[None],
+                                              v.repeat_interleave(g, 0)[None], is_causal=True,
+                                              scale=scale)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention baseline
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _blocks_to_indices(mask: torch.Tensor):
+    """bool [H, M, M] -> (num [1, H, M] int32, indices [1, H, M, M] int32), kept blocks first in
+    increasing order (stable argsort: no host sync)."""
+    num = mask.sum(-1, dtype=torch.int32)
+    idx = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num[None], idx[None]
+
+
+def flex_block_mask(layout: torch.Tensor, block_size: int, n: int):
+    """BlockMask for flex_attention equal to the block support plus causality.
+
+    Off-diagonal kept blocks (key block < query block) are fully visible -> full blocks; kept
+    diagonal blocks need the causal mask_mod -> partial blocks."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    m = layout.shape[-1]
+    eye = torch.eye(m, dtype=torch.bool, device=layout.device)
+    lay = layout & torch.ones_like(eye).tril()
+    partial_num, partial_idx = _blocks_to_indices(lay & eye)
+    full_num, full_idx = _blocks_to_indices(lay & ~eye)
+    kwargs = dict(full_kv_num_blocks=full_num, full_kv_indices=full_idx,
+                  BLOCK_SIZE=block_size, mask_mod=_causal)
+    try:  # q_indices are only needed for backward: skip computing them
+        return BlockMask.from_kv_blocks(partial_num, partial_idx, seq_lengths=(n, n),
+                                        compute_q_blocks=False, **kwargs)
+    except TypeError:  # older torch without these arguments
+        return BlockMask.from_kv_blocks(partial_num, partial_idx, **kwargs)
+
+
+_FLEX = None
+
+
+def flex_attention_call(q, k, v, block_mask, scale=None, kernel_options=None):
+    """Compiled flex_attention on [Hq, n, d] inputs (GQA via enable_gqa)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    out = _FLEX(q[None], k[None], v[None], block_mask=block_mask, scale=scale,
+                enable_gqa=q.shape[0] != k.shape[0], kernel_options=kernel_options)
+    return out[0]

@@ -1,0 +1,237 @@
+"""Block-sparse causal attention (forward) over a GPU-resident schedule.
+
+out = softmax(Q Kᵀ · scale + causal + R) V, R = 0 on the layout's blocks and -inf elsewhere,
+computed exactly (online softmax over the active key blocks only; no dense fallback).
+
+How the work is cut (see schedule.py for the schedule itself):
+- one program per tile = `pack` consecutive query blocks of one query head (BLOCK_M = pack·B rows);
+  programs run in the schedule's longest-first order;
+- each loop iteration gathers `kb` active key blocks, which need not be adjacent, into one
+  BLOCK_N = kb·B key tile, so a 32-token block size still gives 64- or 128-wide dots;
+- the entries below the tile's first query block come first and run without any mask (for pack=1);
+  only the last few groups, which hold the diagonal block(s) and the partial last block, pay for
+  the causal / bounds / entry-validity masks;
+- head_dim 96 is not padded to 128: it is split into a 64-wide and a 32-wide part (D_A + D_B) and
+  each dot is issued as two, since Triton tiles must be powers of two;
+- softmax runs in base 2 on scores pre-multiplied by scale·log2(e) (one exp2 per score).
+GQA: query head h reads kv head h // (Hq // Hkv); the groups' K/V blocks are reused through L2.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from .schedule import Schedule
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    pack: int  # query blocks per tile; must equal the schedule's pack
+    kb: int  # key blocks gathered per loop iteration
+    num_warps: int
+    num_stages: int
+    pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
+
+
+# Fixed configs per block size (no runtime autotuning: it would cost seconds per new shape inside
+# the pipeline). Measured on one H200, bf16, Huginn geometry; see kernels/README.md.
+_CONFIGS = {
+    16: KernelConfig(pack=2, kb=4, num_warps=4, num_stages=3),
+    32: KernelConfig(pack=1, kb=2, num_warps=4, num_stages=3),
+    64: KernelConfig(pack=1, kb=1, num_warps=4, num_stages=3),
+    128: KernelConfig(pack=1, kb=1, num_warps=8, num_stages=2),
+}
+
+
+def default_config(head_dim: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
+    """The fixed config for a shape. fp32 (tests, interpreter) runs its dots on FMA units with
+    4-byte tiles: narrower key tiles and one stage keep it inside registers and shared memory."""
+    cfg = _CONFIGS[block_size]
+    if dtype == torch.float32:
+        return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1)
+    return cfg
+
+
+@triton.jit
+def _load(ptrs, rows_ok, offs_d, HEAD_D: tl.constexpr, WIDTH: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """Load a [rows, WIDTH] tile; WIDTH > HEAD_D means head_dim is padded (96 -> 128) by masking."""
+    if WIDTH > HEAD_D:
+        if MASK_ROWS:
+            return tl.load(ptrs, mask=rows_ok[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)
+        else:
+            return tl.load(ptrs, mask=(offs_d[None, :] < HEAD_D), other=0.0)
+    else:
+        if MASK_ROWS:
+            return tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
+def _sparse_attn_fwd(
+    Q, K, V, Out,
+    stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_on,
+    order_ptr, row_start_ptr, row_count_ptr, row_full_ptr, key_blocks_ptr,
+    n_ctx, tiles_per_head, group, qk_scale,  # group: query heads per kv head
+    B: tl.constexpr, PACK: tl.constexpr, KB: tl.constexpr,
+    HEAD_D: tl.constexpr,  # real head_dim
+    D_A: tl.constexpr, D_B: tl.constexpr,  # head_dim = D_A + D_B (split, D_B may be 0) or D_A > HEAD_D (padded)
+    PRECISION: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = B * PACK
+    BLOCK_N: tl.constexpr = B * KB
+    tile = tl.load(order_ptr + tl.program_id(0))
+    h = tile // tiles_per_head
+    t = tile % tiles_per_head
+    start = tl.load(row_start_ptr + tile)
+    count = tl.load(row_count_ptr + tile)
+    n_full = tl.load(row_full_ptr + tile)
+
+    offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)  # query token index
+    offs_n = tl.arange(0, BLOCK_N)
+    slot = offs_n // B  # which gathered block a key column belongs to
+    within = offs_n % B
+    half = tl.arange(0, BLOCK_M) // B  # which packed query block a row belongs to
+    offs_a = tl.arange(0, D_A)
+    row_ok = offs_m < n_ctx
+
+    q_base = Q + h.to(tl.int64) * stride_qh
+    k_base = K + (h // group).to(tl.int64) * stride_kh
+    v_base = V + (h // group).to(tl.int64) * stride_vh
+    qa = _load(q_base + offs_m[:, None] * stride_qn + offs_a[None, :], row_ok, offs_a, HEAD_D, D_A, True)
+    acc_a = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
+    if D_B > 0:
+        offs_b = D_A + tl.arange(0, D_B)
+        qb = tl.load(q_base + offs_m[:, None] * stride_qn + offs_b[None, :], mask=row_ok[:, None], other=0.0)
+        acc_b = tl.zeros([BLOCK_M, D_B], dtype=tl.float32)
+    # finite floor instead of -inf: a row that sees no key in an iteration (pack > 1) keeps
+    # alpha = exp2(0) = 1 and p = 0 instead of producing NaN
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # ---- mask-free part: key blocks strictly below the first query block of the tile ----
+    n_main = n_full // KB
+    for g in range(0, n_main):
+        ent = tl.load(key_blocks_ptr + start + g * KB + slot)
+        kidx = (ent >> 4) * B + within
+        ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
+        if D_B > 0:
+            kb_ = tl.load(k_base + kidx[:, None] * stride_kn + offs_b[None, :])
+            s = tl.dot(qb, tl.trans(kb_), s, input_precision=PRECISION)
+        s = s * qk_scale
+        if PACK > 1:  # union of the packed rows' lists: drop blocks this row does not keep
+            keep = ((ent[None, :] >> half[:, None]) & 1) != 0
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        va = _load(v_base + kidx[:, None] * stride_vn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        acc_a = tl.dot(p.to(va.dtype), va, acc_a * alpha[:, None], input_precision=PRECISION)
+        if D_B > 0:
+            vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :])
+            acc_b = tl.dot(p.to(vb.dtype), vb, acc_b * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+
+    # ---- masked tail: leftover entries, the diagonal block(s), the partial last block ----
+    for g in range(n_main, tl.cdiv(count, KB)):
+        e = g * KB + slot
+        e_ok = e < count
+        ent = tl.load(key_blocks_ptr + start + e, mask=e_ok, other=0)
+        kidx = (ent >> 4) * B + within
+        k_ok = e_ok & (kidx < n_ctx)
+        ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
+        if D_B > 0:
+            kb_ = tl.load(k_base + kidx[:, None] * stride_kn + offs_b[None, :], mask=k_ok[:, None], other=0.0)
+            s = tl.dot(qb, tl.trans(kb_), s, input_precision=PRECISION)
+        s = s * qk_scale
+        keep = k_ok[None, :] & (kidx[None, :] <= offs_m[:, None])
+        if PACK > 1:
+            keep = keep & (((ent[None, :] >> half[:, None]) & 1) != 0)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        va = _load(v_base + kidx[:, None] * stride_vn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        acc_a = tl.dot(p.to(va.dtype), va, acc_a * alpha[:, None], input_precision=PRECISION)
+        if D_B > 0:
+            vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :], mask=k_ok[:, None], other=0.0)
+            acc_b = tl.dot(p.to(vb.dtype), vb, acc_b * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+
+    # every real row keeps at least one key (no empty layout row), so l_i > 0 there
+    inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+    o_base = Out + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on
+    tl.store(o_base + offs_a[None, :], (acc_a * inv_l[:, None]).to(Out.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_a[None, :] < HEAD_D))
+    if D_B > 0:
+        tl.store(o_base + offs_b[None, :], (acc_b * inv_l[:, None]).to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+_SPLIT = {64: (64, 0), 96: (64, 32), 128: (128, 0)}
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,
+                     scale: float | None = None, *, out: torch.Tensor | None = None,
+                     config: KernelConfig | None = None) -> torch.Tensor:
+    """Block-sparse causal attention of one layer.
+
+    q: [Hq, n, d]; k, v: [Hkv, n, d] with Hq % Hkv == 0 (GQA); bf16/fp16 (fp32 also accepted,
+    e.g. for the CPU interpreter); d in {64, 96, 128}; last dimension contiguous.
+    schedule: build_schedule(layout [Hq, ceil(n/B), ceil(n/B)], B), on q's device.
+    scale: softmax scale, default 1/sqrt(d). out: optional preallocated [Hq, n, d] of q's dtype.
+    config: kernel tile config (default: default_config with the schedule's pack); an explicit
+    config's pack must equal schedule.pack.
+    Returns out [Hq, n, d] in q's dtype. Launches asynchronously; no host synchronisation.
+    """
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be [heads, n, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    hq, n, d = q.shape
+    hkv = k.shape[0]
+    if k.shape != v.shape or k.shape[1:] != (n, d):
+        raise ValueError(f"k and v must be [Hkv, {n}, {d}]; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+    if d not in _SPLIT:
+        raise ValueError(f"head_dim must be 64, 96 or 128, got {d}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one dtype of fp16/bf16/fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device == schedule.device):
+        raise ValueError(f"q, k, v and the schedule must be on one device; got {q.device}, {k.device}, "
+                         f"{v.device}, {schedule.device}")
+    B = schedule.block_size
+    if schedule.heads != hq or schedule.num_blocks != math.ceil(n / B):
+        raise ValueError(f"schedule is for {schedule.heads} heads and {schedule.num_blocks} blocks of "
+                         f"{B}; q needs {hq} heads and {math.ceil(n / B)} blocks")
+    cfg = config or default_config(d, B, q.dtype)
+    if config is None and cfg.pack != schedule.pack:  # schedule built with a non-default pack
+        cfg = replace(cfg, pack=schedule.pack)
+    if cfg.pack != schedule.pack:
+        raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
+        raise ValueError(f"out must be [{hq}, {n}, {d}] {q.dtype} on {q.device} with a contiguous last dim")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    d_a, d_b = (triton.next_power_of_2(d), 0) if cfg.pad_d else _SPLIT[d]
+    _sparse_attn_fwd[(schedule.num_tiles,)](
+        q, k, v, out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        schedule.order, schedule.row_start, schedule.row_count, schedule.row_full, schedule.key_blocks,
+        n, schedule.tiles_per_head, hq // hkv, scale * LOG2E,
+        B=B, PACK=cfg.pack, KB=cfg.kb, HEAD_D=d, D_A=d_a, D_B=d_b,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

@@ -1,0 +1,30 @@
+"""Shared entry for stage scripts: load and validate params first, then run; errors name the key."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+from pipelines.params import Params, ParamsError, load_params
+
+# Quiet, offline-friendly defaults; a user can still override any of them in the environment.
+for _k, _v in {"DVC_NO_ANALYTICS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+               "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_k, _v)
+
+
+def stage_main(name: str, run: Callable[[Params], None], argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=f"DVC stage: {name}")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params)
+    except (ParamsError, FileNotFoundError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    run(params)
+    print(f"{name}: done in {time.perf_counter() - start:.1f} s")
+    return 0

@@ -1,0 +1,69 @@
+"""The cohorts stage: examples × context lengths, tokenised, with a manifest-grade record.
+
+One row per (example, context length): the variant's id (``<example_id>@<budget>``), the base id
+that pairs variants across lengths, prompt text and sha256, token ids and count, the gold answer
+and its token ids (answer + EOS, for teacher forcing).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pipelines.params import Params
+from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data.prompts import answer_continuation
+from wise.data.tokenizer import load_tokenizer
+
+
+def model_tokenizer(source: str):
+    path = Path(source) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"model.source {source!r} has no tokenizer.json beside the weights")
+    return load_tokenizer(path)
+
+
+def build_cohort(p: Params) -> list[dict]:
+    c = p.cohorts
+    tok = model_tokenizer(p.model.source)
+    bos = tok.token_to_id("<bos>")
+    eos = tok.token_to_id("<eos>")
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def count_tokens(text: str) -> int:
+        return 1 + len(encode(text))  # + BOS
+
+    rows = []
+    for bench in c.benchmarks:
+        examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed)
+        for ex, cv in zip(examples, build_cohort_variants(examples, list(c.context_lengths), count_tokens,
+                                                          c.seed, style=c.prompt_style)):
+            if cv.dropped:
+                # An example whose evidence does not fit a budget is dropped at that budget, never
+                # truncated; the stage says so instead of hiding it.
+                print(f"cohorts: {ex.example_id} dropped at context length(s) {sorted(cv.dropped)}: "
+                      "evidence does not fit")
+            for budget, var in sorted(cv.variants.items()):
+                prompt = format_prompt(var, c.prompt_style)
+                ids = [bos] + encode(prompt)
+                rows.append({
+                    "example_id": f"{ex.example_id}@{budget}",
+                    "base_id": ex.example_id,
+                    "benchmark": bench,
+                    "context_length": budget,
+                    "question": var.question,
+                    "answers": list(var.answers),
+                    "prompt": prompt,
+                    "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest(),
+                    "n_tokens": len(ids),
+                    "token_ids": ids,
+                    "answer_ids": encode(answer_continuation(var)) + [eos],
+                    "n_passages": len(var.passages),
+                    "meta": json.dumps(var.meta, sort_keys=True),
+                })
+    if not rows:
+        raise ValueError("cohorts: no example fits any of cohorts.context_lengths "
+                         f"{list(c.context_lengths)}")
+    return rows

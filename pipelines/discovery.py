@@ -1,0 +1,97 @@
+"""Discovery stages: Full traces (block masses per step) and the late supports derived from them.
+
+The Ray fan-out happens here; ``stages/traces.py`` and ``stages/supports.py`` are thin CLIs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from pipelines import paths
+from pipelines.artifacts import read_parquet, write_parquet
+from pipelines.params import Params
+from pipelines.pool import WorkerPool
+from wise.conditions import supports_from_trace
+from wise.runner import WiseSettings
+from wise.support import pack_layout
+
+
+def wise_settings(p: Params) -> WiseSettings:
+    return WiseSettings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step,
+                        window=p.wise.window, block_size=p.wise.block_size, eta=p.wise.eta,
+                        backend="kernel" if p.conditions.backend == "kernel" else "reference")
+
+
+def run_spec(p: Params) -> dict[str, Any]:
+    """The run-spec columns every result row carries (HELM-style: the full setting in columns)."""
+    return {"model": p.model.source, "T": p.recurrence.steps, "t_d": p.wise.discovery_step,
+            "B": p.wise.block_size, "eta": p.wise.eta, "w": p.wise.window,
+            "seed": p.recurrence.init_seed}
+
+
+# -- traces ----------------------------------------------------------------------------------------
+def run_traces(p: Params) -> None:
+    cohort = read_parquet(paths.COHORT).to_pylist()
+    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"]} for r in cohort]
+    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed}
+    with WorkerPool(p.model, p.compute, len(items)) as pool:
+        traces = pool.map("trace", items, context, desc="traces")
+    mass_rows, step_rows = [], []
+    for row, tr in zip(cohort, traces):
+        m = tr["masses"]  # [T, L, H, M, M] fp16
+        T, L, H, M, _ = m.shape
+        for t in range(T):
+            for layer in range(L):
+                mass_rows.append({"example_id": row["example_id"], "step": t + 1, "layer": layer,
+                                  "heads": H, "blocks": M, "n_tokens": row["n_tokens"],
+                                  "block_size": p.wise.block_size,
+                                  "mass_f16": np.ascontiguousarray(m[t, layer]).tobytes()})
+        for t, change in enumerate(tr["state_change"], start=1):
+            step_rows.append({"example_id": row["example_id"], "step": t, "state_rel_change": change,
+                              "state_hash_td": tr["state_hash_td"]})
+    write_parquet(mass_rows, paths.TRACE_MASSES)
+    write_parquet(step_rows, paths.TRACE_STEPS)
+
+
+def load_trace_masses(table: pa.Table) -> dict[str, torch.Tensor]:
+    """trace_masses rows -> {example_id: [T, L, H, M, M] float16 tensor}."""
+    rows = sorted(table.to_pylist(), key=lambda r: (r["example_id"], r["step"], r["layer"]))
+    out: dict[str, list] = {}
+    for r in rows:
+        arr = np.frombuffer(r["mass_f16"], dtype=np.float16).reshape(r["heads"], r["blocks"], r["blocks"])
+        out.setdefault(r["example_id"], []).append((r["step"], r["layer"], arr))
+    result = {}
+    for ex, items in out.items():
+        T = max(s for s, _, _ in items)
+        L = max(l for _, l, _ in items) + 1
+        stacked = np.stack([a for _, _, a in items]).reshape(T, L, *items[0][2].shape)
+        result[ex] = torch.from_numpy(stacked.copy())
+    return result
+
+
+# -- supports --------------------------------------------------------------------------------------
+def run_supports(p: Params) -> None:
+    cohort = {r["example_id"]: r for r in read_parquet(paths.COHORT).to_pylist()}
+    masses = load_trace_masses(read_parquet(paths.TRACE_MASSES))
+    layout_rows, metric_rows = [], []
+    for ex_id in sorted(masses):
+        m = masses[ex_id]
+        if m.shape[0] != p.recurrence.steps:
+            raise ValueError(f"trace of {ex_id} has {m.shape[0]} steps, params say recurrence.steps="
+                             f"{p.recurrence.steps}: rerun the traces stage")
+        summaries = supports_from_trace(m, cohort[ex_id]["n_tokens"], p.conditions.names, p.wise.eta,
+                                        p.wise.discovery_step, p.wise.window)
+        for name, s in summaries.items():
+            L, H, M, _ = s.layout.shape
+            for layer in range(L):
+                layout_rows.append({"example_id": ex_id, "condition": name, "layer": layer, "heads": H,
+                                    "blocks": M, "layout_bits": pack_layout(s.layout[layer]).tobytes()})
+            metric_rows.append({"example_id": ex_id, "condition": name, "density": s.density,
+                                "block_count": s.block_count,
+                                "retained_future_mass": s.retained_future_mass})
+    write_parquet(layout_rows, paths.SUPPORT_LAYOUTS)
+    write_parquet(metric_rows, paths.SUPPORT_METRICS)

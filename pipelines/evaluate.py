@@ -1,0 +1,76 @@
+"""The conditions stage: every condition on every example, scored, paired against Full.
+
+Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
+normalisation), classifies answer changes versus Full, joins the support metrics of the supports
+stage, and checks pairing: all conditions of an example must reach t_d in the same state.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from pipelines import paths
+from pipelines.artifacts import read_parquet, write_parquet
+from pipelines.cohorts import model_tokenizer
+from pipelines.discovery import run_spec, wise_settings
+from pipelines.params import Params
+from pipelines.pool import WorkerPool
+from wise.metrics import answer_change, exact_match, f1
+
+
+class PairingError(RuntimeError):
+    """Conditions of one example did not share the state at t_d."""
+
+
+def run_condition_stage(p: Params) -> None:
+    cohort = read_parquet(paths.COHORT).to_pylist()
+    support = {(r["example_id"], r["condition"]): r for r in read_parquet(paths.SUPPORT_METRICS).to_pylist()}
+    layouts = {}
+    for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
+        layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
+    tok = model_tokenizer(p.model.source)
+    stop = [tok.token_to_id("<eos>")]
+    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
+             for r in cohort]
+    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
+               "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
+               "stop_ids": stop}
+    with WorkerPool(p.model, p.compute, len(items)) as pool:
+        outputs = pool.map("conditions", items, context, desc="conditions")
+
+    spec = run_spec(p)
+    rows = []
+    for ex, out in zip(cohort, outputs):
+        hashes = {r["state_hash_td"] for r in out["rows"]}
+        if len(hashes) != 1:
+            raise PairingError(f"{ex['example_id']}: conditions reached t_d in different states "
+                               f"({sorted(hashes)}); pairing is broken")
+        by_cond = {r["condition"]: r for r in out["rows"]}
+        full_pred = tok.decode(by_cond["full"]["prediction_ids"]).strip()
+        full_correct = exact_match(full_pred, ex["answers"], ex["benchmark"]) == 1.0
+        full_logp = by_cond["full"]["gold_logprob"]
+        for name in p.conditions.names:
+            r = by_cond[name]
+            pred = tok.decode(r["prediction_ids"]).strip()
+            em = exact_match(pred, ex["answers"], ex["benchmark"])
+            sup = support.get((ex["example_id"], name))
+            trace_layout = layouts.get((ex["example_id"], name))
+            run_layout = r["layout_bits"]
+            rows.append({
+                "example_id": ex["example_id"], "base_id": ex["base_id"], "benchmark": ex["benchmark"],
+                "context_length": ex["context_length"], "n_tokens": ex["n_tokens"], "condition": name,
+                "prediction": pred, "gold": ex["answers"][0], "em": em,
+                "f1": f1(pred, ex["answers"], ex["benchmark"]),
+                "answer_change": answer_change(pred, full_pred, em == 1.0, full_correct, ex["benchmark"]),
+                "gold_logprob": r["gold_logprob"], "delta_logprob": r["gold_logprob"] - full_logp,
+                "density": 1.0 if name == "full" else (sup["density"] if sup else None),
+                "retained_future_mass": 1.0 if name == "full" else (sup["retained_future_mass"] if sup else None),
+                "block_count": sup["block_count"] if sup else None,
+                "state_hash_td": r["state_hash_td"],
+                # The support the run discovered on the prompt must be the one the supports stage
+                # derived from the Full trace (same state, same fp16 masses).
+                "support_matches_trace": None if run_layout is None or trace_layout is None else
+                run_layout == [trace_layout[i] for i in sorted(trace_layout)],
+                "benchmark_split": p.cohorts.split, **spec,
+            })
+    write_parquet(rows, paths.CONDITION_RESULTS)
+

@@ -1,0 +1,234 @@
+"""Typed, validated params: ``params.yaml`` -> frozen dataclasses, checked before any work starts.
+
+Every stage loads the whole file once (so a typo anywhere is caught early) and reads only its own
+sections. A bad value raises ``ParamsError`` whose message names the key, e.g.
+``params.yaml: wise.eta = 1.5: must be in (0, 1]``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wise.conditions import CONDITIONS
+from wise.models.checkpoint import is_hub_id
+
+
+class ParamsError(ValueError):
+    """A params.yaml value is missing, unknown or out of range; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    source: str = "data/models/wise-tiny-random"  # folder, hub id, or preset:<name>@<seed>
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass(frozen=True)
+class CohortParams:
+    benchmarks: tuple[str, ...] = ("synthhop", "syntharith")
+    split: str = "test"
+    examples_per_benchmark: int = 3
+    context_lengths: tuple[int, ...] = (256, 512)
+    seed: int = 0
+    prompt_style: str = "plain"
+
+
+@dataclass(frozen=True)
+class RecurrenceParams:
+    steps: int = 32  # T
+    init_seed: int = 0  # base seed of the initial recurrent state
+
+
+@dataclass(frozen=True)
+class WiseParams:
+    discovery_step: int = 12  # t_d
+    window: int = 4  # w
+    block_size: int = 32  # B
+    eta: float = 0.95
+
+
+@dataclass(frozen=True)
+class ConditionParams:
+    names: tuple[str, ...] = CONDITIONS
+    max_new_tokens: int = 8
+    backend: str = "reference"  # late attention: reference | kernel | flex
+
+
+@dataclass(frozen=True)
+class TimingParams:
+    context_lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
+    block_sizes: tuple[int, ...] = (32,)
+    heads: int = 55
+    kv_heads: int = 55
+    head_dim: int = 96
+    layers: int = 4
+    densities: tuple[float, ...] = (0.37,)  # WISE-like random generator keep-probability rho
+    late_calls: int = 20
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StatisticsParams:
+    bootstrap_resamples: int = 10000
+    bootstrap_seed: int = 0
+    ci_level: float = 0.95
+
+
+@dataclass(frozen=True)
+class ComputeParams:
+    executor: str = "ray"  # ray | local (in-process, for debugging)
+    ray_address: str | None = None  # an existing cluster ("auto" or host:port); None starts a local one
+    num_workers: int = 0  # 0: one per GPU, else as many CPU actors as cores allow
+    cpus_per_worker: int = 1
+    gpus_per_worker: float = 1.0
+
+
+@dataclass(frozen=True)
+class Params:
+    model: ModelParams = field(default_factory=ModelParams)
+    cohorts: CohortParams = field(default_factory=CohortParams)
+    recurrence: RecurrenceParams = field(default_factory=RecurrenceParams)
+    wise: WiseParams = field(default_factory=WiseParams)
+    conditions: ConditionParams = field(default_factory=ConditionParams)
+    timing: TimingParams = field(default_factory=TimingParams)
+    statistics: StatisticsParams = field(default_factory=StatisticsParams)
+    compute: ComputeParams = field(default_factory=ComputeParams)
+
+
+def _coerce(section: str, cls: type, raw: Any) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"params.yaml: {section} must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ParamsError(f"params.yaml: unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}")
+    values = {}
+    for name, value in raw.items():
+        default = getattr(cls(), name)
+        key = f"{section}.{name}"
+        if isinstance(default, tuple):
+            if not isinstance(value, (list, tuple)):
+                raise ParamsError(f"params.yaml: {key} must be a list, got {value!r}")
+            value = tuple(value)
+        elif isinstance(default, bool) or default is None:
+            pass
+        elif isinstance(default, int) and not isinstance(default, bool):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be an integer")
+        elif isinstance(default, float):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be a number")
+            value = float(value)
+        elif isinstance(default, str) and not isinstance(value, str):
+            raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string")
+        values[name] = value
+    return cls(**values)
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ParamsError(f"params.yaml: {key} = {value!r}: {why}")
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def validate(p: Params, max_positions: int | None = None) -> Params:
+    w, c, r = p.wise, p.cohorts, p.recurrence
+    _require(0.0 < w.eta <= 1.0, "wise.eta", w.eta, "must be in (0, 1]")
+    _require(_is_pow2(w.block_size) and w.block_size >= 16, "wise.block_size", w.block_size,
+             "must be a power of two >= 16")
+    _require(r.steps >= 2, "recurrence.steps", r.steps, "must be >= 2")
+    _require(1 <= w.discovery_step < r.steps, "wise.discovery_step", w.discovery_step,
+             f"must satisfy 1 <= t_d < recurrence.steps ({r.steps})")
+    _require(1 <= w.window <= w.discovery_step, "wise.window", w.window,
+             f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
+    _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
+             "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
+    if max_positions is not None:
+        too_long = [n for n in c.context_lengths if n > max_positions]
+        _require(not too_long, "cohorts.context_lengths", list(c.context_lengths),
+                 f"{too_long} exceed the model's {max_positions} positions")
+    _require(c.examples_per_benchmark >= 1, "cohorts.examples_per_benchmark", c.examples_per_benchmark, "must be >= 1")
+    _require(len(c.benchmarks) > 0, "cohorts.benchmarks", list(c.benchmarks), "must not be empty")
+    _require(c.split in ("train", "validation", "test"), "cohorts.split", c.split,
+             "must be one of train, validation, test")
+    unknown = [n for n in p.conditions.names if n not in CONDITIONS]
+    _require(not unknown, "conditions.names", list(p.conditions.names),
+             f"unknown condition(s) {unknown}; known: {list(CONDITIONS)}")
+    _require("full" in p.conditions.names, "conditions.names", list(p.conditions.names),
+             "must include 'full' (every comparison pairs against it)")
+    _require(len(set(p.conditions.names)) == len(p.conditions.names), "conditions.names",
+             list(p.conditions.names), "has duplicates")
+    _require(p.conditions.max_new_tokens >= 1, "conditions.max_new_tokens", p.conditions.max_new_tokens, "must be >= 1")
+    _require(p.conditions.backend in ("reference", "kernel", "flex"), "conditions.backend",
+             p.conditions.backend, "must be reference, kernel or flex")
+    _require(p.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", p.model.dtype,
+             "must be float32, bfloat16 or float16")
+    _require(p.model.device in ("auto", "cpu", "cuda"), "model.device", p.model.device, "must be auto, cpu or cuda")
+    t = p.timing
+    _require(all(_is_pow2(b) and 16 <= b <= 128 for b in t.block_sizes), "timing.block_sizes",
+             list(t.block_sizes), "each must be one of 16, 32, 64, 128")
+    _require(all(n > 0 for n in t.context_lengths), "timing.context_lengths", list(t.context_lengths), "must be positive")
+    _require(t.heads % t.kv_heads == 0, "timing.kv_heads", t.kv_heads, f"must divide timing.heads ({t.heads})")
+    _require(t.head_dim in (64, 96, 128), "timing.head_dim", t.head_dim, "must be 64, 96 or 128")
+    _require(all(0 < d <= 1 for d in t.densities), "timing.densities", list(t.densities), "each must be in (0, 1]")
+    s = p.statistics
+    _require(s.bootstrap_resamples >= 100, "statistics.bootstrap_resamples", s.bootstrap_resamples, "must be >= 100")
+    _require(0.5 < s.ci_level < 1.0, "statistics.ci_level", s.ci_level, "must be in (0.5, 1)")
+    cp = p.compute
+    _require(cp.executor in ("ray", "local"), "compute.executor", cp.executor, "must be ray or local")
+    _require(cp.num_workers >= 0, "compute.num_workers", cp.num_workers, "must be >= 0 (0 = auto)")
+    _require(cp.cpus_per_worker >= 1, "compute.cpus_per_worker", cp.cpus_per_worker, "must be >= 1")
+    return p
+
+
+def parse(raw: dict[str, Any]) -> Params:
+    if not isinstance(raw, dict):
+        raise ParamsError("params.yaml must be a mapping of sections")
+    sections = {f.name: f for f in dataclasses.fields(Params)}
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        raise ParamsError(f"params.yaml: unknown section(s) {unknown}; known: {sorted(sections)}")
+    parts = {}
+    for name, f in sections.items():
+        cls = f.default_factory  # type: ignore[misc]
+        parts[name] = _coerce(name, cls, raw.get(name))
+    return Params(**parts)
+
+
+def model_max_positions(source: str) -> int | None:
+    """Positions of the configured model, read cheaply from config.json (None if unknown here)."""
+    from wise.models.config import RecurrentConfig
+
+    if source.startswith("preset:"):
+        return RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0]).max_positions
+    cfg = Path(source) / "config.json"
+    if cfg.is_file():
+        import json
+
+        return int(json.loads(cfg.read_text()).get("max_positions", 0)) or None
+    return None
+
+
+def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> Params:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"params file {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
+    params = parse(raw)
+    max_pos = model_max_positions(params.model.source) if check_model else None
+    if check_model and max_pos is None and not is_hub_id(params.model.source):
+        raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
+    return validate(params, max_pos)

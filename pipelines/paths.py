@@ -1,0 +1,27 @@
+"""Where every stage writes (relative to the project root). dvc.yaml lists the same paths."""
+from pathlib import Path
+
+DATA = Path("data")
+COHORT = DATA / "cohorts" / "examples.parquet"
+TRACE_MASSES = DATA / "traces" / "masses.parquet"
+TRACE_STEPS = DATA / "traces" / "steps.parquet"
+SUPPORT_LAYOUTS = DATA / "supports" / "layouts.parquet"
+SUPPORT_METRICS = DATA / "supports" / "metrics.parquet"
+CONDITION_RESULTS = DATA / "conditions" / "results.parquet"
+TIMING = DATA / "timing" / "timing.parquet"
+STATS_DIR = DATA / "stats"
+METRICS_JSON = DATA / "metrics.json"
+SUMMARY_MD = DATA / "report" / "summary.md"
+DUCKDB = DATA / "wise.duckdb"
+
+# DuckDB view name -> Parquet file. Names and columns are documented in README.md.
+VIEWS = {
+    "examples": COHORT,
+    "trace_masses": TRACE_MASSES,
+    "trace_steps": TRACE_STEPS,
+    "support_layouts": SUPPORT_LAYOUTS,
+    "supports": SUPPORT_METRICS,
+    "results": CONDITION_RESULTS,
+    "timing": TIMING,
+    "condition_summary": STATS_DIR / "condition_summary.parquet",
+}

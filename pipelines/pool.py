@@ -1,0 +1,184 @@
+"""A pool of model workers: Ray actors (one per GPU, CPU actors when there is none, or the actors of
+an existing cluster), or an in-process executor for debugging.
+
+Each worker loads the model once and runs named tasks (``pipelines.work.TASKS``) on work items;
+results come back to the driver, which alone writes stage outputs.
+
+Ray and the network: every ``ray.init`` starts a dashboard process that, unless it finds
+``~/ray_bootstrap_config.yaml``, probes cloud metadata addresses (169.254.169.254,
+metadata.google.internal). A local pool therefore starts Ray with HOME pointing at a private folder
+that holds a bootstrap file declaring a local provider, while the user's caches (HF_HOME, torch,
+Triton) stay where they were. ``tests/test_pool.py`` checks under strace that only loopback and
+unix sockets are contacted.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from pipelines.params import ComputeParams, ModelParams
+
+_CACHE_VARS = {
+    "HF_HOME": ".cache/huggingface",
+    "TORCH_HOME": ".cache/torch",
+    "TRITON_CACHE_DIR": ".triton/cache",
+    "XDG_CACHE_HOME": ".cache",
+}
+# Environment every Ray process gets: no usage stats, no auth token written to ~/.ray.
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray take the loopback address as the node IP instead of
+# finding "its" address with a UDP connect to 8.8.8.8:53 (seen under strace).
+_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+            "RAY_DISABLE_DOCKER_CPU_WARNING": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+class ModelWorker:
+    """Hosts one model (and, on CUDA, the kernel) and runs tasks on work items."""
+
+    def __init__(self, model: ModelParams, threads: int = 1):
+        import torch
+
+        from wise.models import load_checkpoint
+
+        torch.set_num_threads(max(1, threads))
+        device = model.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[model.dtype]
+        self.model = load_checkpoint(model.source, dtype=dtype, device=device)
+        self.device = device
+
+    def run(self, task: str, item: Any, context: dict) -> Any:
+        from pipelines.work import TASKS
+
+        return TASKS[task](self.model, item, context)
+
+    def ready(self) -> str:
+        return self.device
+
+
+def private_ray_home() -> Path:
+    """A HOME for Ray processes with a local-provider bootstrap file (stops the metadata probe)."""
+    home = Path(tempfile.gettempdir()) / f"wise-ray-home-{os.getuid()}"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "ray_bootstrap_config.yaml").write_text("provider:\n  type: local\n")
+    return home
+
+
+def start_ray(compute: ComputeParams, num_cpus: int | None = None):
+    # The environment must be set before `import ray`: Ray reads some of it at import time.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if compute.ray_address:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=compute.ray_address, include_dashboard=False, log_to_driver=False)
+        return ray
+    for k, v in _RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    real_home = os.environ.get("HOME", str(Path.home()))
+    for var, rel in _CACHE_VARS.items():  # keep the user's caches visible to workers
+        os.environ.setdefault(var, str(Path(real_home) / rel))
+    os.environ["HOME"] = str(private_ray_home())
+    try:
+        # A loopback node IP, so Ray's processes talk to each other over loopback only.
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1",
+                 configure_logging=False, _temp_dir=os.environ.get("RAY_TMPDIR"))
+    finally:
+        os.environ["HOME"] = real_home
+    return ray
+
+
+def _auto_workers(compute: ComputeParams, n_items: int, gpus: int) -> int:
+    if compute.num_workers:
+        return compute.num_workers
+    if gpus:
+        return max(1, int(gpus // max(compute.gpus_per_worker, 1e-9)))
+    cores = os.cpu_count() or 1
+    return max(1, min(n_items, cores // compute.cpus_per_worker))
+
+
+class WorkerPool:
+    """``with WorkerPool(model, compute, n_items) as pool: pool.map(task, items, context)``."""
+
+    def __init__(self, model: ModelParams, compute: ComputeParams, n_items: int):
+        self.model, self.compute, self.n_items = model, compute, n_items
+        self.actors: list = []
+        self.local: ModelWorker | None = None
+
+    def __enter__(self) -> "WorkerPool":
+        if self.compute.executor == "local":
+            self.local = ModelWorker(self.model, threads=os.cpu_count() or 1)
+            return self
+        import torch
+
+        gpus = torch.cuda.device_count() if self.model.device != "cpu" else 0
+        ray = start_ray(self.compute, num_cpus=None if self.compute.ray_address else os.cpu_count())
+        cluster_gpus = int(ray.cluster_resources().get("GPU", 0)) if self.model.device != "cpu" else 0
+        n = _auto_workers(self.compute, self.n_items, cluster_gpus or gpus)
+        use_gpu = bool(cluster_gpus) and self.model.device != "cpu"
+        opts = {"num_cpus": self.compute.cpus_per_worker}
+        if use_gpu:
+            opts["num_gpus"] = self.compute.gpus_per_worker
+        remote = ray.remote(**opts)(ModelWorker)
+        self.actors = [remote.remote(self.model, self.compute.cpus_per_worker) for _ in range(n)]
+        ray.get([a.ready.remote() for a in self.actors])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.actors:
+            import ray
+
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []
+            if not self.compute.ray_address:
+                ray.shutdown()
+
+    @property
+    def size(self) -> int:
+        return len(self.actors) or 1
+
+    def map(self, task: str, items: Sequence[Any], context: dict, desc: str = "") -> list[Any]:
+        """Run `task` on every item; results in item order. A failing item raises with its index."""
+        bar = tqdm(total=len(items), desc=desc or task, unit="item", dynamic_ncols=True)
+        try:
+            if self.local is not None:
+                out = []
+                for item in items:
+                    out.append(self.local.run(task, item, context))
+                    bar.update()
+                return out
+            return self._map_ray(task, items, context, bar)
+        finally:
+            bar.close()
+
+    def _map_ray(self, task: str, items: Sequence[Any], context: dict, bar) -> list[Any]:
+        import ray
+
+        ctx_ref = ray.put(context)
+        results: list[Any] = [None] * len(items)
+        pending: dict = {}
+        queue = list(enumerate(items))
+        idle = list(self.actors)
+        while queue or pending:
+            while queue and idle:  # one item in flight per actor keeps load balanced
+                i, item = queue.pop(0)
+                actor = idle.pop()
+                pending[actor.run.remote(task, item, ctx_ref)] = (i, actor)
+            done, _ = ray.wait(list(pending), num_returns=1)
+            i, actor = pending.pop(done[0])
+            results[i] = ray.get(done[0])
+            idle.append(actor)
+            bar.update()
+        return results
+
+

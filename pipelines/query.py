@@ -1,0 +1,82 @@
+"""SQL over all results: ``python -m pipelines.query "SELECT ..."`` prints a table.
+
+Views (see README.md for columns): examples, trace_masses, trace_steps, support_layouts, supports,
+results, paired, timing, condition_summary. ``--list`` shows the views and their columns;
+``--csv`` / ``--json`` change the output format.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipelines.db import connect
+
+
+def _format_value(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (bytes, bytearray)):
+        return f"<{len(v)} bytes>"
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def format_table(columns: list[str], rows: list[tuple]) -> str:
+    cells = [[_format_value(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+    out = [line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipelines.query", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sql", nargs="?", help="a SQL query over the views")
+    ap.add_argument("--db", default=None, help="database file (default: data/wise.duckdb)")
+    ap.add_argument("--list", action="store_true", help="list views and their columns")
+    fmt = ap.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true")
+    fmt.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.sql and not args.list:
+        ap.error("give a SQL query or --list")
+    try:
+        con = connect(args.db, read_only=True)
+    except FileNotFoundError as exc:
+        print(f"query: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.list:
+            sql = ("SELECT table_name AS view, string_agg(column_name, ', ' ORDER BY ordinal_position) "
+                   "AS columns FROM information_schema.columns GROUP BY table_name ORDER BY table_name")
+        else:
+            sql = args.sql
+        try:
+            cur = con.execute(sql)
+        except Exception as exc:  # duckdb raises several error types; all mean "your SQL"
+            print(f"query: {exc}", file=sys.stderr)
+            return 1
+        columns = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+    finally:
+        con.close()
+    if args.csv:
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(columns)
+        w.writerows(rows)
+    elif args.json:
+        print(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1))
+    else:
+        print(format_table(columns, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

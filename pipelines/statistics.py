@@ -1,0 +1,125 @@
+"""The statistics stage: SQL over the views, then paired bootstrap / McNemar (scipy) per group.
+
+Groups: every (benchmark, context length, condition), plus pooled rows with benchmark = 'all'
+and/or context_length = 0 (all lengths). Every delta pairs a condition with Full on example id.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from pipelines import paths
+from pipelines.artifacts import write_json, write_parquet, write_text
+from pipelines.db import build_database, connect
+from pipelines.params import Params
+from wise.stats import mcnemar, paired_bootstrap
+
+PAIRED_SQL = """
+SELECT benchmark, context_length, condition, example_id, f1, em, full_f1, full_em,
+       delta_f1, delta_em, delta_logprob, gold_logprob, density, retained_future_mass,
+       answer_change
+FROM paired
+ORDER BY benchmark, context_length, condition, example_id
+"""
+
+
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        for bench in (r["benchmark"], "all"):
+            for length in (r["context_length"], 0):
+                groups[(bench, length, r["condition"])].append(r)
+    return groups
+
+
+def summarise(rows: list[dict], p: Params) -> list[dict]:
+    s = p.statistics
+    out = []
+    order = {name: i for i, name in enumerate(p.conditions.names)}
+    for (bench, length, cond), g in sorted(_groups(rows).items(),
+                                           key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99))):
+        def ci(col: str) -> tuple[float, float, float]:
+            vals = np.array([r[col] for r in g], dtype=float)
+            return paired_bootstrap(vals, n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed,
+                                    level=s.ci_level)
+
+        d_f1, d_em, d_lp = ci("delta_f1"), ci("delta_em"), ci("delta_logprob")
+        changes = [r["answer_change"] for r in g]
+        dens = [r["density"] for r in g if r["density"] is not None]
+        fut = [r["retained_future_mass"] for r in g if r["retained_future_mass"] is not None]
+        out.append({
+            "benchmark": bench, "context_length": length, "condition": cond, "n": len(g),
+            "f1": float(np.mean([r["f1"] for r in g])), "em": float(np.mean([r["em"] for r in g])),
+            "delta_f1": d_f1[0], "delta_f1_low": d_f1[1], "delta_f1_high": d_f1[2],
+            "delta_em": d_em[0], "delta_em_low": d_em[1], "delta_em_high": d_em[2],
+            "delta_logprob": d_lp[0], "delta_logprob_low": d_lp[1], "delta_logprob_high": d_lp[2],
+            "mcnemar_p": mcnemar([r["em"] == 1.0 for r in g], [r["full_em"] == 1.0 for r in g]),
+            "correct_to_wrong": changes.count("correct_to_wrong"),
+            "wrong_to_correct": changes.count("wrong_to_correct"),
+            "both_wrong_different": changes.count("both_wrong_different"),
+            "density": float(np.mean(dens)) if dens else None,
+            "retained_future_mass": float(np.mean(fut)) if fut else None,
+            "bootstrap_resamples": s.bootstrap_resamples, "bootstrap_seed": s.bootstrap_seed,
+            "ci_level": s.ci_level,
+        })
+    return out
+
+
+def _fmt(x, digits=3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def table1_markdown(summary: list[dict], p: Params) -> str:
+    pooled = [r for r in summary if r["benchmark"] == "all" and r["context_length"] == 0]
+    lines = [
+        "# WISE evaluation summary",
+        "",
+        f"Model `{p.model.source}`; benchmarks {', '.join(p.cohorts.benchmarks)}; context lengths "
+        f"{', '.join(map(str, p.cohorts.context_lengths))}; T={p.recurrence.steps}, "
+        f"t_d={p.wise.discovery_step}, w={p.wise.window}, B={p.wise.block_size}, η={p.wise.eta}.",
+        f"Deltas are paired against Full on example id; {int(p.statistics.ci_level * 100)}% percentile "
+        f"bootstrap CIs over {p.statistics.bootstrap_resamples} resamples (seed "
+        f"{p.statistics.bootstrap_seed}); McNemar is exact.",
+        "",
+        "## Controls (Table 1 layout, all benchmarks and lengths pooled)",
+        "",
+        "| condition | n | F1 | EM | ΔF1 [CI] | ΔEM [CI] | Δ log-prob [CI] | McNemar p | c→w | w→c | density | future mass |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in pooled:
+        lines.append(
+            f"| {r['condition']} | {r['n']} | {_fmt(r['f1'])} | {_fmt(r['em'])} | "
+            f"{r['delta_f1']:+.3f} [{r['delta_f1_low']:+.3f}, {r['delta_f1_high']:+.3f}] | "
+            f"{r['delta_em']:+.3f} [{r['delta_em_low']:+.3f}, {r['delta_em_high']:+.3f}] | "
+            f"{r['delta_logprob']:+.3f} [{r['delta_logprob_low']:+.3f}, {r['delta_logprob_high']:+.3f}] | "
+            f"{r['mcnemar_p']:.3g} | {r['correct_to_wrong']} | {r['wrong_to_correct']} | "
+            f"{_fmt(r['density'])} | {_fmt(r['retained_future_mass'])} |")
+    lines += ["", "Per benchmark and context length: `python -m pipelines.query "
+              "\"SELECT * FROM condition_summary\"`.", ""]
+    return "\n".join(lines)
+
+
+def headline_metrics(summary: list[dict]) -> dict:
+    pooled = [r for r in summary if r["benchmark"] == "all" and r["context_length"] == 0]
+    return {r["condition"]: {k: r[k] for k in ("n", "f1", "em", "delta_f1", "delta_f1_low", "delta_f1_high",
+                                               "density", "retained_future_mass")}
+            for r in pooled}
+
+
+def run_statistics(p: Params) -> None:
+    build_database()  # views over every stage's output, so the SQL below sees them
+    con = connect(read_only=True)
+    try:
+        cur = con.execute(PAIRED_SQL)
+        columns = [d[0] for d in cur.description]
+        rows = [dict(zip(columns, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+    if not rows:
+        raise ValueError("statistics: the results view is empty; nothing to summarise")
+    summary = summarise(rows, p)
+    write_parquet(summary, paths.STATS_DIR / "condition_summary.parquet")
+    build_database()  # now including condition_summary
+    write_json(headline_metrics(summary), paths.METRICS_JSON)
+    write_text(table1_markdown(summary, p), paths.SUMMARY_MD)

@@ -1,0 +1,69 @@
+"""The timing stage: dense attention vs the block-sparse kernel, per context length and block size.
+
+It calls ``kernels.bench`` (the same code as ``python -m kernels.bench``) on
+(a) WISE-like random supports in the configured geometry (default Huginn: 55 heads, d=96, 4
+layers) at the configured densities, and (b) the real working sets of the supports stage (the
+current model's heads and block counts; q/k/v drawn at ``timing.head_dim``). Without CUDA every
+planned measurement is written with status ``skipped: no CUDA``, so the table says what was not
+measured instead of being silently empty.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipelines import paths
+from pipelines.artifacts import read_parquet, write_parquet
+from pipelines.params import Params
+from wise.support import unpack_layout
+
+
+def model_supports(p: Params) -> list[tuple[str, int, torch.Tensor]]:
+    """(label, n_tokens, WISE layouts [L, H, M, M]) of the longest example per benchmark."""
+    if p.wise.block_size not in p.timing.block_sizes or not paths.SUPPORT_LAYOUTS.is_file():
+        return []
+    cohort = {r["example_id"]: r for r in read_parquet(paths.COHORT).to_pylist()}
+    layers: dict[str, dict[int, torch.Tensor]] = {}
+    for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
+        if r["condition"] == "wise":
+            shape = (r["heads"], r["blocks"], r["blocks"])
+            layers.setdefault(r["example_id"], {})[r["layer"]] = unpack_layout(r["layout_bits"], shape)
+    longest: dict[str, str] = {}
+    for ex_id in layers:
+        bench = cohort[ex_id]["benchmark"]
+        if bench not in longest or cohort[ex_id]["n_tokens"] > cohort[longest[bench]]["n_tokens"]:
+            longest[bench] = ex_id
+    return [(f"model_wise:{ex_id}", cohort[ex_id]["n_tokens"],
+             torch.stack([layers[ex_id][i] for i in sorted(layers[ex_id])]))
+            for _, ex_id in sorted(longest.items())]
+
+
+def run_timing(p: Params) -> None:
+    from kernels import bench
+
+    t = p.timing
+    cuda = torch.cuda.is_available()
+    rows: list[dict] = []
+    gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(t.seed)
+    for n in t.context_lengths:
+        for b in t.block_sizes:
+            for rho in t.densities:
+                label = f"random_rho{rho:g}"
+                if not cuda:
+                    new = bench.planned_rows(n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label, t.layers)
+                else:
+                    lays = torch.stack([bench.random_wise_layout(t.heads, n, b, rho, gen, device="cuda")
+                                        for _ in range(t.layers)])
+                    new = bench.benchmark(lays, n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label,
+                                          seed=t.seed)
+                rows += [{**r, "source": "random", "rho": rho} for r in new]
+    for label, n, lays in model_supports(p):
+        heads = lays.shape[1]
+        if not cuda:
+            new = bench.planned_rows(n, p.wise.block_size, heads, heads, t.head_dim, "bf16", label,
+                                     lays.shape[0])
+        else:
+            new = bench.benchmark(lays.cuda(), n, p.wise.block_size, heads, heads, t.head_dim, "bf16",
+                                  label, seed=t.seed)
+        rows += [{**r, "source": "model_supports", "rho": None} for r in new]
+    write_parquet(rows, paths.TIMING)
+    print(f"timing: {len(rows)} rows ({'measured' if cuda else 'skipped: no CUDA'}) -> {paths.TIMING}")

@@ -1,0 +1,17 @@
+"""Stage `cohorts`: deterministic examples × context lengths, tokenised, with prompt sha256."""
+import sys
+
+from pipelines import paths
+from pipelines.artifacts import write_parquet
+from pipelines.cli import stage_main
+from pipelines.cohorts import build_cohort
+
+
+def run(params) -> None:
+    rows = build_cohort(params)
+    write_parquet(rows, paths.COHORT)
+    print(f"cohorts: {len(rows)} example variants -> {paths.COHORT}")
+
+
+if __name__ == "__main__":
+    sys.exit(stage_main("cohorts", run))

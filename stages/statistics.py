@@ -1,0 +1,8 @@
+"""Stage `statistics`: DuckDB views over all outputs, paired bootstrap / McNemar, metrics, summary."""
+import sys
+
+from pipelines.cli import stage_main
+from pipelines.statistics import run_statistics
+
+if __name__ == "__main__":
+    sys.exit(stage_main("statistics", run_statistics))

@@ -1,0 +1,8 @@
+"""Stage `traces`: the Full trajectory of every example (block masses per step, state change)."""
+import sys
+
+from pipelines.cli import stage_main
+from pipelines.discovery import run_traces
+
+if __name__ == "__main__":
+    sys.exit(stage_main("traces", run_traces))

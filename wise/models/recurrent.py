@@ -1,0 +1,269 @@
+"""The recurrent-depth transformer (Huginn / Recurrent-Llama layout) in one readable module.
+
+    e = prelude(embed(ids) * embed_scale)
+    s = s0 (truncated normal, seeded by the caller)
+    for t in 1..T:  s = core(adapter(cat[s, e]))        # every core attention goes through `route`
+    logits = lm_head(ln_f(coda(ln_f?(s))))
+
+Module and parameter names follow the published checkpoints (``transformer.wte``,
+``transformer.prelude.0.attn.Wqkv``, ``transformer.core_block.3.norm_4`` …) so their safetensors
+load without a mapping table. Attention inside the recurrent block is pluggable: a routing policy
+(see ``wise.routing``) receives ``(q, k, v)`` of one (step, layer) and returns the output; an
+observer sees the same tensors plus the output. Nothing here knows about supports or kernels.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wise.models.config import RecurrentConfig
+
+# attend(q, k, v) -> out; q: [b, H, n, d], k/v: [b, Hkv, n, d], out: [b, H, n, d]
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RoutingPolicy(Protocol):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, step: int,
+                 layer: int) -> torch.Tensor: ...
+
+
+class AttentionObserver(Protocol):
+    def on_attention(self, step: int, layer: int, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, out: torch.Tensor) -> None: ...
+
+    def on_state(self, step: int, state: torch.Tensor) -> None: ...
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Full causal attention with GQA (SDPA picks the fastest backend available)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 for bf16 stability; the weight is applied after casting back, as the
+        # published checkpoints do.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+class Rotary:
+    """RoPE tables for one sequence length, in fp32, shared by every layer of a forward pass."""
+
+    def __init__(self, config: RecurrentConfig, n: int, device: torch.device):
+        d = config.head_dim
+        inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        if config.rope_scaling:
+            inv_freq = _llama3_scale(inv_freq, **config.rope_scaling)
+        angles = torch.outer(torch.arange(n, dtype=torch.float64), inv_freq)  # [n, d/2]
+        self.style = config.rope_style
+        self.cos = angles.cos().float().to(device)
+        self.sin = angles.sin().float().to(device)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [b, n, H, d] -> same shape, rotated by position."""
+        xf = x.float()
+        cos, sin = self.cos[None, :, None, :], self.sin[None, :, None, :]
+        if self.style == "interleaved":  # pairs (x[2i], x[2i+1])
+            a, b = xf[..., 0::2], xf[..., 1::2]
+            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        else:  # rotate_half: pairs (x[i], x[i + d/2])
+            a, b = xf.chunk(2, dim=-1)
+            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        return out.to(x.dtype)
+
+
+def _llama3_scale(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                  high_freq_factor: float, original_max_position: int) -> torch.Tensor:
+    # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = original_max_position / low_freq_factor
+    high_wavelen = original_max_position / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.Wqkv = nn.Linear(c.hidden, c.q_size + 2 * c.kv_size, bias=False)
+        if c.qk_bias:
+            self.qk_bias = nn.Parameter(torch.zeros(2, 1, c.heads, c.head_dim))
+        self.proj = nn.Linear(c.q_size, c.hidden, bias=False)
+
+    def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config
+        b, n, _ = x.shape
+        q, k, v = self.Wqkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.view(b, n, c.heads, c.head_dim)
+        k = k.view(b, n, c.kv_heads, c.head_dim)
+        v = v.view(b, n, c.kv_heads, c.head_dim)
+        if c.qk_bias:
+            q = q + self.qk_bias[0]
+            k = k + self.qk_bias[1]
+        q, k = rope.apply(q), rope.apply(k)
+        # -> [b, heads, n, d]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, rope: Rotary, attend: AttendFn,
+                observe: Callable | None = None) -> torch.Tensor:
+        q, k, v = self.qkv(x, rope)
+        out = attend(q, k, v)  # [b, H, n, d], before the output projection
+        if observe is not None:
+            observe(q, k, v, out)
+        b, _, n, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(b, n, self.config.q_size))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.hidden, 2 * config.intermediate, bias=False)
+        self.proj = nn.Linear(config.intermediate, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.fc(x).chunk(2, dim=-1)  # first half is the gate
+        return self.proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Sandwich (Huginn): x = n2(attn(n1 x) + x); x = n4(mlp(n3 x) + x).
+    Pre-norm (Llama):   x = x + attn(n1 x);  x = x + mlp(n2 x)."""
+
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.sandwich = config.block_style == "sandwich"
+        n_norms = 4 if self.sandwich else 2
+        for i in range(1, n_norms + 1):
+            setattr(self, f"norm_{i}", RMSNorm(config.hidden, config.norm_eps))
+        self.attn = Attention(config)
+        self.mlp = GatedMLP(config)
+
+    def forward(self, x: torch.Tensor, rope: Rotary, attend: AttendFn,
+                observe: Callable | None = None) -> torch.Tensor:
+        if self.sandwich:
+            x = self.norm_2(self.attn(self.norm_1(x), rope, attend, observe) + x)
+            return self.norm_4(self.mlp(self.norm_3(x)) + x)
+        x = x + self.attn(self.norm_1(x), rope, attend, observe)
+        return x + self.mlp(self.norm_2(x))
+
+
+class RecurrentDepthModel(nn.Module):
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(c.vocab_size, c.hidden),
+            prelude=nn.ModuleList(Block(c) for _ in range(c.n_prelude)),
+            adapter=nn.Linear(2 * c.hidden, c.hidden, bias=False),
+            core_block=nn.ModuleList(Block(c) for _ in range(c.n_core)),
+            coda=nn.ModuleList(Block(c) for _ in range(c.n_coda)),
+            ln_f=RMSNorm(c.hidden, c.norm_eps),
+        ))
+        self.lm_head = nn.Linear(c.hidden, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    # -- pieces the runner composes -------------------------------------------------------------
+    def rotary(self, n: int, device: torch.device | None = None) -> Rotary:
+        if n > self.config.max_positions:
+            raise ValueError(f"sequence of {n} tokens exceeds the model's {self.config.max_positions} positions")
+        return Rotary(self.config, n, device or self.lm_head.weight.device)
+
+    def embed(self, ids: torch.Tensor, rope: Rotary) -> torch.Tensor:
+        """ids [b, n] -> prelude output e [b, n, h] (the input injected at every step)."""
+        x = self.transformer.wte(ids) * self.config.embed_scale
+        for block in self.transformer.prelude:
+            x = block(x, rope, causal_attention)
+        return x
+
+    def initial_state(self, e: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Truncated-normal s0 shaped like e. Drawn on the CPU in fp32 so the same generator gives
+        the same state on every device and dtype (conditions of one example must share it)."""
+        c = self.config
+        s0 = torch.empty(e.shape, dtype=torch.float32)
+        std = c.init_state_std
+        nn.init.trunc_normal_(s0, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+        return (s0 * c.init_state_scale).to(device=e.device, dtype=e.dtype)
+
+    def core_step(self, s: torch.Tensor, e: torch.Tensor, step: int, rope: Rotary,
+                  policy: RoutingPolicy | None = None,
+                  observer: AttentionObserver | None = None) -> torch.Tensor:
+        """One application of the recurrent block; `step` counts from 1."""
+        x = self.transformer.adapter(torch.cat([s, e], dim=-1))
+        for layer, block in enumerate(self.transformer.core_block):
+            if policy is None:
+                attend = causal_attention
+            else:
+                def attend(q, k, v, _layer=layer):
+                    return policy(q, k, v, step=step, layer=_layer)
+            observe = None
+            if observer is not None:
+                def observe(q, k, v, out, _layer=layer):
+                    observer.on_attention(step, _layer, q, k, v, out)
+            x = block(x, rope, attend, observe)
+        if observer is not None:
+            observer.on_state(step, x)
+        return x
+
+    def readout(self, s: torch.Tensor, rope: Rotary) -> torch.Tensor:
+        """Final state [b, n, h] -> logits [b, n, vocab] (fp32)."""
+        x = self.transformer.ln_f(s) if self.config.ln_f_after_recurrence else s
+        for block in self.transformer.coda:
+            x = block(x, rope, causal_attention)
+        return self.lm_head(self.transformer.ln_f(x)).float()
+
+    # -- the plain forward pass -------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, num_steps: int | None = None, *,
+                generator: torch.Generator | None = None,
+                policy: RoutingPolicy | None = None,
+                observer: AttentionObserver | None = None) -> torch.Tensor:
+        """ids [b, n] -> logits [b, n, vocab] after `num_steps` (default: mean_recurrence) steps."""
+        steps = self.config.mean_recurrence if num_steps is None else num_steps
+        rope = self.rotary(ids.shape[1], ids.device)
+        e = self.embed(ids, rope)
+        s = self.initial_state(e, generator)
+        for t in range(1, steps + 1):
+            s = self.core_step(s, e, t, rope, policy, observer)
+        return self.readout(s, rope)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+
+def init_weights(model: RecurrentDepthModel, seed: int, std: float = 0.02) -> RecurrentDepthModel:
+    """Seeded random initialisation (small normal weights, unit norms, zero qk bias)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm_1.weight") or ".norm_" in name or name.endswith("ln_f.weight"):
+                p.fill_(1.0)
+            elif name.endswith("qk_bias"):
+                p.zero_()
+            else:
+                # Output projections are scaled down so the residual stream stays O(1) at depth.
+                scale = std / math.sqrt(2 * max(1, model.config.n_core)) if name.endswith("proj.weight") else std
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model
