@@ -60,14 +60,18 @@ class Schedule:
         return self.order.device
 
 
-def default_pack(block_size: int) -> int:
-    """Query blocks per tile: tiles of at least 64 rows where the support union stays cheap.
+def default_pack(block_size: int, head_dim: int | None = None) -> int:
+    """Query blocks per kernel tile (must match the kernel config; see sparse_attention._CONFIGS).
 
-    Chosen by measurement on an H200 (kernels/README.md): with random WISE-like supports the union
-    of two 32-row blocks' key lists costs more than wgmma wins, so B >= 32 run one block per tile;
-    B=16 packs two blocks so that the tile has 32 rows.
+    Tiles of 64+ rows use Hopper's wgmma but pay for the union of the packed rows' key lists.
+    Measured on an H200 (kernels/README.md): B=16 packs 2 blocks (32 rows); B=32 packs 2 for
+    head_dim 64 (wgmma wins despite the union) and 1 otherwise; B >= 64 never packs.
     """
-    return {16: 2, 32: 1, 64: 1, 128: 1}[block_size]
+    if block_size == 16:
+        return 2
+    if block_size == 32 and head_dim == 64:
+        return 2
+    return 1
 
 
 def validate_layout(layout: torch.Tensor) -> None:
@@ -162,19 +166,20 @@ def _use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = None) -> Schedule:
+def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = None,
+                   head_dim: int | None = None) -> Schedule:
     """Turn a one-layer block support into the kernel's schedule, on the layout's device.
 
     layout: bool [Hq, M, M] (causal, no empty row; see validate_layout). Blocks above the diagonal
     are ignored. No host synchronisation: one Triton launch and one argsort, all sizes from shapes.
-    pack: query blocks per tile (default: default_pack(block_size)); the kernel must be launched
-    with a config of the same pack, which sparse_attention checks.
+    pack: query blocks per tile (default: default_pack(block_size, head_dim); pass head_dim so the
+    schedule matches the fastest kernel config). sparse_attention follows the schedule's pack.
     """
     if block_size not in (16, 32, 64, 128):
         raise ValueError(f"block_size must be one of 16, 32, 64, 128, got {block_size}")
     if layout.dtype != torch.bool or layout.dim() != 3 or layout.shape[1] != layout.shape[2]:
         raise ValueError(f"layout must be bool [heads, M, M], got {layout.dtype} {tuple(layout.shape)}")
-    pack = default_pack(block_size) if pack is None else pack
+    pack = default_pack(block_size, head_dim) if pack is None else pack
     if pack not in (1, 2, 4):
         raise ValueError(f"pack must be 1, 2 or 4, got {pack}")
     heads, m, _ = layout.shape

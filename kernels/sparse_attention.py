@@ -39,20 +39,30 @@ class KernelConfig:
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
 
 
-# Fixed configs per block size (no runtime autotuning: it would cost seconds per new shape inside
-# the pipeline). Measured on one H200, bf16, Huginn geometry; see kernels/README.md.
+# Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
+# shape inside the pipeline). Measured on one H200, bf16, n=4096, WISE-like supports at rho=0.37
+# (python -m kernels.tune; kernels/README.md). Tiles of 32 rows run on mma.sync (HMMA), tiles of
+# 64+ rows on wgmma; head_dim 96 on wgmma tiles is padded to 128 (the 64+32 split crashed there).
 _CONFIGS = {
-    16: KernelConfig(pack=2, kb=4, num_warps=4, num_stages=3),
-    32: KernelConfig(pack=1, kb=2, num_warps=4, num_stages=3),
-    64: KernelConfig(pack=1, kb=1, num_warps=4, num_stages=3),
-    128: KernelConfig(pack=1, kb=1, num_warps=8, num_stages=2),
+    (16, 64): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
+    (16, 96): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
+    (16, 128): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
+    (32, 64): KernelConfig(pack=2, kb=2, num_warps=4, num_stages=3),
+    (32, 96): KernelConfig(pack=1, kb=2, num_warps=2, num_stages=2),
+    (32, 128): KernelConfig(pack=1, kb=2, num_warps=2, num_stages=2),
+    (64, 64): KernelConfig(pack=1, kb=1, num_warps=4, num_stages=2),
+    (64, 96): KernelConfig(pack=1, kb=1, num_warps=4, num_stages=2, pad_d=True),
+    (64, 128): KernelConfig(pack=1, kb=1, num_warps=4, num_stages=2),
+    (128, 64): KernelConfig(pack=1, kb=1, num_warps=8, num_stages=2),
+    (128, 96): KernelConfig(pack=1, kb=1, num_warps=8, num_stages=2, pad_d=True),
+    (128, 128): KernelConfig(pack=1, kb=1, num_warps=8, num_stages=1),
 }
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     """The fixed config for a shape. fp32 (tests, interpreter) runs its dots on FMA units with
     4-byte tiles: narrower key tiles and one stage keep it inside registers and shared memory."""
-    cfg = _CONFIGS[block_size]
+    cfg = _CONFIGS[(block_size, head_dim)]
     if dtype == torch.float32:
         return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1)
     return cfg
@@ -94,9 +104,11 @@ def _sparse_attn_fwd(
     n_full = tl.load(row_full_ptr + tile)
 
     offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)  # query token index
-    offs_n = tl.arange(0, BLOCK_N)
-    slot = offs_n // B  # which gathered block a key column belongs to
-    within = offs_n % B
+    # key column c of a tile is token (c % B) of gathered block c // B. The [KB] entries are loaded
+    # once and broadcast; loading them as a [BLOCK_N] vector of repeated addresses instead was
+    # miscompiled (wrong results) by Triton 3.6 on some tile shapes.
+    offs_kb = tl.arange(0, KB)
+    offs_b0 = tl.arange(0, B)
     half = tl.arange(0, BLOCK_M) // B  # which packed query block a row belongs to
     offs_a = tl.arange(0, D_A)
     row_ok = offs_m < n_ctx
@@ -118,8 +130,9 @@ def _sparse_attn_fwd(
     # ---- mask-free part: key blocks strictly below the first query block of the tile ----
     n_main = n_full // KB
     for g in range(0, n_main):
-        ent = tl.load(key_blocks_ptr + start + g * KB + slot)
-        kidx = (ent >> 4) * B + within
+        ent_kb = tl.load(key_blocks_ptr + start + g * KB + offs_kb)  # [KB] entries
+        kidx = tl.reshape((ent_kb >> 4)[:, None] * B + offs_b0[None, :], [BLOCK_N])
+        ent = tl.reshape(tl.broadcast_to(ent_kb[:, None], [KB, B]), [BLOCK_N])
         ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
         if D_B > 0:
@@ -142,10 +155,11 @@ def _sparse_attn_fwd(
 
     # ---- masked tail: leftover entries, the diagonal block(s), the partial last block ----
     for g in range(n_main, tl.cdiv(count, KB)):
-        e = g * KB + slot
-        e_ok = e < count
-        ent = tl.load(key_blocks_ptr + start + e, mask=e_ok, other=0)
-        kidx = (ent >> 4) * B + within
+        e_kb = g * KB + offs_kb
+        ent_kb = tl.load(key_blocks_ptr + start + e_kb, mask=e_kb < count, other=0)
+        kidx = tl.reshape((ent_kb >> 4)[:, None] * B + offs_b0[None, :], [BLOCK_N])
+        ent = tl.reshape(tl.broadcast_to(ent_kb[:, None], [KB, B]), [BLOCK_N])
+        e_ok = tl.reshape(tl.broadcast_to((e_kb < count)[:, None], [KB, B]), [BLOCK_N])
         k_ok = e_ok & (kidx < n_ctx)
         ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)

@@ -1,0 +1,121 @@
+"""A micro end-to-end `dvc repro` in a temporary git repo: all six stages, DVC's rerun logic on a
+params edit, a no-op second repro, identical Parquet from a forced rerun, and the SQL entry point."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(cmd, cwd, env, check=True):
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def project():
+    tmp = Path(tempfile.mkdtemp(prefix="wise-e2e-"))
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        if rel.startswith("data/") and not rel.startswith("data/models/"):
+            continue  # outputs of an earlier run are not part of the project
+        src = ROOT / rel
+        if src.is_file():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tmp / rel)
+    (tmp / "dvc.lock").unlink(missing_ok=True)
+    params = yaml.safe_load((tmp / "params.yaml").read_text())
+    params["cohorts"].update(examples_per_benchmark=1, context_lengths=[160, 224])
+    params["recurrence"].update(steps=6)
+    params["wise"].update(discovery_step=3, window=2, block_size=16)
+    params["conditions"].update(max_new_tokens=2)
+    params["timing"].update(context_lengths=[256])
+    params["statistics"].update(bootstrap_resamples=200)
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"), "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    run(["git", "init", "-q"], tmp, env)
+    run(["git", "add", "-A"], tmp, env)
+    run(["git", "commit", "-qm", "init"], tmp, env)
+    repro = run(["dvc", "repro"], tmp, env)
+    yield tmp, env, repro
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_all_stages_write_outputs(project):
+    tmp, env, repro = project
+    for stage in ("cohorts", "traces", "supports", "conditions", "timing", "statistics"):
+        assert f"Running stage '{stage}'" in repro.stdout
+    for rel in ("data/cohorts/examples.parquet", "data/traces/masses.parquet", "data/traces/steps.parquet",
+                "data/supports/layouts.parquet", "data/supports/metrics.parquet",
+                "data/conditions/results.parquet", "data/timing/timing.parquet",
+                "data/stats/condition_summary.parquet", "data/report/summary.md", "data/wise.duckdb"):
+        assert (tmp / rel).is_file(), rel
+    metrics = json.loads((tmp / "data/metrics.json").read_text())
+    assert set(metrics) == {"full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate"}
+    results = pq.read_table(tmp / "data/conditions/results.parquet").to_pylist()
+    cohort = pq.read_table(tmp / "data/cohorts/examples.parquet")
+    assert cohort.num_rows == 4  # 2 benchmarks x 2 lengths, nothing dropped at these budgets
+    assert len(results) == cohort.num_rows * 7
+    by_example = {}
+    for r in results:
+        by_example.setdefault(r["example_id"], set()).add(r["state_hash_td"])
+        assert r["support_matches_trace"] in (None, True)
+        assert (r["T"], r["t_d"], r["B"], r["w"]) == (6, 3, 16, 2)
+    assert all(len(h) == 1 for h in by_example.values())
+    shown = run(["dvc", "metrics", "show"], tmp, env).stdout
+    assert "wise" in shown
+
+
+def test_repro_again_is_a_noop_and_eta_edit_reruns_only_downstream(project):
+    tmp, env, _ = project
+    assert "Running stage" not in run(["dvc", "repro"], tmp, env).stdout
+    params = yaml.safe_load((tmp / "params.yaml").read_text())
+    params["wise"]["eta"] = 0.9
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = run(["dvc", "status"], tmp, env).stdout
+    assert "supports:" in status and "conditions:" in status
+    assert "cohorts:" not in status and "traces:" not in status
+    out = run(["dvc", "repro"], tmp, env).stdout
+    ran = {s for s in ("cohorts", "traces", "supports", "conditions", "timing", "statistics")
+           if f"Running stage '{s}'" in out}
+    assert {"supports", "conditions", "statistics"} <= ran
+    assert not ran & {"cohorts", "traces"}
+
+
+def test_forced_rerun_gives_identical_parquet(project):
+    tmp, env, _ = project
+    outs = ["data/cohorts/examples.parquet", "data/traces/masses.parquet", "data/supports/layouts.parquet",
+            "data/conditions/results.parquet", "data/stats/condition_summary.parquet"]
+    before = {rel: pq.read_table(tmp / rel) for rel in outs}
+    run(["dvc", "repro", "-f"], tmp, env)
+    for rel in outs:
+        assert pq.read_table(tmp / rel).equals(before[rel]), rel
+
+
+def test_sql_entry_point(project):
+    tmp, env, _ = project
+    sql = ("SELECT condition, count(*) AS n, avg(delta_f1) AS mean_delta_f1 FROM paired "
+           "GROUP BY condition ORDER BY condition")
+    out = run([sys.executable, "-m", "pipelines.query", sql], tmp, env).stdout
+    assert "mean_delta_f1" in out and "size_matched" in out and "(7 rows)" in out
+    ci = run([sys.executable, "-m", "pipelines.query", "--csv",
+              "SELECT condition, delta_f1, delta_f1_low, delta_f1_high FROM condition_summary "
+              "WHERE benchmark = 'all' AND context_length = 0"], tmp, env).stdout.splitlines()
+    assert ci[0] == "condition,delta_f1,delta_f1_low,delta_f1_high" and len(ci) == 8
+    bad = run([sys.executable, "-m", "pipelines.query", "SELECT nope FROM results"], tmp, env, check=False)
+    assert bad.returncode == 1 and "nope" in bad.stderr

@@ -1,0 +1,76 @@
+"""The Ray pool: work fans out to actors and comes back in order, and starting it contacts nothing
+but loopback and unix sockets (checked with strace inside an isolated network namespace)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+POOL_SCRIPT = textwrap.dedent("""
+    import sys
+    from pipelines.params import ModelParams, ComputeParams
+    from pipelines.pool import WorkerPool
+    items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 20 + i))} for i in range(3)]
+    ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
+    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2), 3) as pool:
+        out = pool.map("trace", items, ctx)
+    assert [o["example_id"] for o in out] == ["ex0", "ex1", "ex2"], out
+    assert out[2]["masses"].shape[:2] == (4, 2)
+    print("POOL-OK", pool.size)
+""")
+
+# The same start without the project's precautions: the detector must see the probes.
+UNPROTECTED_SCRIPT = textwrap.dedent("""
+    import ray
+    ray.init(num_cpus=1, include_dashboard=False)
+    ray.shutdown()
+    print("RAY-OK")
+""")
+
+INET = re.compile(r'connect\(\d+, \{sa_family=AF_INET6?, .*?(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")')
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _traced(script: str, tmp_path, env_extra=None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    log = tmp_path / "strace.log"
+    code = tmp_path / "script.py"
+    code.write_text(script)
+    inner = f"ip link set lo up 2>/dev/null; exec strace -f -qq -e trace=connect -o {log} {sys.executable} {code}"
+    cmd = ["unshare", "-n", "bash", "-c", inner]
+    # Ray's unix socket paths must stay under 107 bytes: a short temp dir, not pytest's tmp_path.
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"), **(env_extra or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    addrs = set()
+    for line in log.read_text().splitlines():
+        m = INET.search(line)
+        if m:
+            addrs.add(m.group(1) or m.group(2))
+    return proc, addrs
+
+
+def _can_isolate() -> bool:
+    if not shutil.which("strace") or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_isolate(), reason="needs strace and unshare -n (root)")
+def test_pool_start_contacts_only_loopback(tmp_path):
+    proc, addrs = _traced(POOL_SCRIPT, tmp_path)
+    assert "POOL-OK" in proc.stdout, proc.stderr[-3000:]
+    assert addrs, "strace saw no inet connect at all: the check would be vacuous"
+    assert addrs <= LOOPBACK, f"non-loopback addresses contacted: {sorted(addrs - LOOPBACK)}"
+
+
+@pytest.mark.skipif(not _can_isolate(), reason="needs strace and unshare -n (root)")
+def test_detector_sees_probes_of_an_unprotected_ray_start(tmp_path):
+    # Inside the isolated namespace nothing can leave; this only proves the check can fail.
+    clean_env = {k: "" for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)}
+    proc, addrs = _traced(UNPROTECTED_SCRIPT, tmp_path, env_extra={"HOME": str(tmp_path), **clean_env})
+    assert addrs - LOOPBACK, f"expected non-loopback probes, saw only {sorted(addrs)}"
