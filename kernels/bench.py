@@ -157,8 +157,8 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
             torch.randn(kv_heads, n, head_dim, generator=gen, device=dev, dtype=dtype))
            for _ in range(n_layers)]
     full = full_layout(heads, n, block_size, dev)
-    scheds = [build_schedule(lays[i], block_size) for i in range(n_layers)]
-    full_sched = build_schedule(full, block_size)
+    scheds = [build_schedule(lays[i], block_size, head_dim=head_dim) for i in range(n_layers)]
+    full_sched = build_schedule(full, block_size, head_dim=head_dim)
     outs = [torch.empty_like(q) for q, _, _ in qkv]
 
     pairs = sum(active_pairs(lays[i], block_size, n) for i in range(n_layers)) / n_layers
@@ -174,7 +174,7 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
             sparse_attention(q, k, v, s, out=o, config=kernel_config)
 
     def build_all():
-        return [build_schedule(lays[i], block_size) for i in range(n_layers)]
+        return [build_schedule(lays[i], block_size, head_dim=head_dim) for i in range(n_layers)]
 
     def reuse20():
         fresh = build_all()

@@ -45,7 +45,7 @@ class Schedule:
     heads: int  # Hq
     num_blocks: int  # M = ceil(n / B)
     tiles_per_head: int  # ceil(M / pack)
-    order: torch.Tensor  # int32 [T]: tile ids, most key blocks first (launch order)
+    order: torch.Tensor  # int64 [T]: tile ids, most key blocks first (launch order)
     row_start: torch.Tensor  # int32 [T]: offset of tile's first entry in key_blocks
     row_count: torch.Tensor  # int32 [T]: entries of the tile
     row_full: torch.Tensor  # int32 [T]: leading entries below the tile's first query block
@@ -188,10 +188,10 @@ def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = Non
     num_tiles = heads * tiles_per_head
     dev = layout.device
     if _use_triton(dev):
-        row_start = torch.empty(num_tiles, dtype=torch.int32, device=dev)
-        row_count = torch.empty_like(row_start)
-        row_full = torch.empty_like(row_start)
-        key_blocks = torch.empty(heads * per_head, dtype=torch.int32, device=dev)
+        # one allocation, four views: the build is host-bound, every torch call counts
+        buf = torch.empty(3 * num_tiles + heads * per_head, dtype=torch.int32, device=dev)
+        row_start, row_count, row_full = buf[:3 * num_tiles].view(3, num_tiles).unbind(0)
+        key_blocks = buf[3 * num_tiles:]
         lay8 = layout.view(torch.uint8)
         _build_schedule_kernel[(num_tiles,)](
             lay8, lay8.stride(0), lay8.stride(1), lay8.stride(2),
@@ -202,7 +202,7 @@ def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = Non
     else:
         row_start, row_count, row_full, key_blocks = _build_torch(layout, pack, tiles_per_head)
     # longest rows first: the kernel's grid walks `order`, so the GPU ends on short tiles
-    order = torch.argsort(row_count, descending=True).to(torch.int32)
+    order = torch.argsort(row_count, descending=True)  # int64; no cast launch
     return Schedule(block_size=block_size, pack=pack, heads=heads, num_blocks=m,
                     tiles_per_head=tiles_per_head, order=order, row_start=row_start,
                     row_count=row_count, row_full=row_full, key_blocks=key_blocks)

@@ -11,8 +11,9 @@ How the work is cut (see schedule.py for the schedule itself):
 - the entries below the tile's first query block come first and run without any mask (for pack=1);
   only the last few groups, which hold the diagonal block(s) and the partial last block, pay for
   the causal / bounds / entry-validity masks;
-- head_dim 96 is not padded to 128: it is split into a 64-wide and a 32-wide part (D_A + D_B) and
-  each dot is issued as two, since Triton tiles must be powers of two;
+- head_dim 96 (Triton tiles must be powers of two): on 32-row tiles (mma.sync) it is split into a
+  64-wide and a 32-wide part (D_A + D_B), each dot issued as two; on 64/128-row tiles (wgmma) the
+  split crashed under Triton 3.6, so there it is padded to 128 by masked loads (pad_d);
 - softmax runs in base 2 on scores pre-multiplied by scale·log2(e) (one exp2 per score).
 GQA: query head h reads kv head h // (Hq // Hkv); the groups' K/V blocks are reused through L2.
 """
@@ -231,6 +232,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
         cfg = replace(cfg, pack=schedule.pack)
     if cfg.pack != schedule.pack:
         raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
+    if d == 96 and cfg.pack * B >= 64 and not cfg.pad_d:
+        # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
+        cfg = replace(cfg, pad_d=True)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)

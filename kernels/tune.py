@@ -66,7 +66,7 @@ def sweep(n, heads, kv_heads, head_dim, block_size, rho, dtype=torch.bfloat16, s
     for cfg in configs or candidate_configs(block_size, head_dim):
         row = dict(n=n, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
                    rho=rho, density=density(lay), pack=cfg.pack, kb=cfg.kb, warps=cfg.num_warps,
-                   stages=cfg.num_stages, pad_d=cfg.pad_d, gather=cfg.gather, flash_ms=base["flash"],
+                   stages=cfg.num_stages, pad_d=cfg.pad_d, flash_ms=base["flash"],
                    cudnn_ms=base["cudnn"])
         try:
             s = build_schedule(lay, block_size, cfg.pack)
@@ -118,7 +118,7 @@ def _fmt(r):
     if "error" in r:
         return f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])}: {r['error']}"
     s = (f"n={r['n']} B={r['block_size']} d={r['head_dim']} H={r['heads']}/{r['kv_heads']} "
-         f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])} g={r['gather']} "
+         f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])} "
          f"err={r['rel_err']:.1e} ms={r['ms']:.4f} TF={r['tflops']:.0f} xF={r['x_flash']:.2f} "
          f"xC={r['x_cudnn']:.2f}")
     if "full_ms" in r:
@@ -143,8 +143,7 @@ def main(argv=None):
         configs = []
         for c in a.configs.split(";"):
             x = [int(v) for v in c.split(",")]
-            configs.append(KernelConfig(*x[:4], pad_d=bool(x[4]) if len(x) > 4 else False,
-                                        gather=x[5] if len(x) > 5 else 1))
+            configs.append(KernelConfig(*x[:4], pad_d=bool(x[4]) if len(x) > 4 else False))
     rows = []
     for b in a.block_size:
         for n in a.n:

@@ -53,8 +53,10 @@ def build_database(root: Path | None = None) -> Path:
     try:
         present = set()
         for name, rel in paths.VIEWS.items():
-            if (root / rel).is_file():
-                con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{rel.as_posix()}')")
+            # A glob (the sweeps) becomes one view over all matching files, unioned by column name.
+            if any(root.glob(rel.as_posix())):
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
+                            f"read_parquet('{rel.as_posix()}', union_by_name = true)")
                 present.add(name)
         if "results" in present:
             for name, sql in DERIVED_VIEWS.items():

@@ -37,10 +37,11 @@ def run_spec(p: Params) -> dict[str, Any]:
 def run_traces(p: Params) -> None:
     cohort = read_parquet(paths.COHORT).to_pylist()
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"]} for r in cohort]
-    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed}
+    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
+               "topk": p.diagnostics.topk, "diagnostics": True}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         traces = pool.map("trace", items, context, desc="traces")
-    mass_rows, step_rows = [], []
+    mass_rows, step_rows, layer_rows = [], [], []
     for row, tr in zip(cohort, traces):
         m = tr["masses"]  # [T, L, H, M, M] fp16
         T, L, H, M, _ = m.shape
@@ -50,11 +51,15 @@ def run_traces(p: Params) -> None:
                                   "heads": H, "blocks": M, "n_tokens": row["n_tokens"],
                                   "block_size": p.wise.block_size,
                                   "mass_f16": np.ascontiguousarray(m[t, layer]).tobytes()})
-        for t, change in enumerate(tr["state_change"], start=1):
-            step_rows.append({"example_id": row["example_id"], "step": t, "state_rel_change": change,
+        series = tr["series"]
+        for t in range(T):
+            step_rows.append({"example_id": row["example_id"], "step": t + 1,
+                              **{q: series[q][t] for q in ("S", "A", "H", "O")},
                               "state_hash_td": tr["state_hash_td"]})
+        layer_rows += [{"example_id": row["example_id"], **v} for v in tr["layer_values"]]
     write_parquet(mass_rows, paths.TRACE_MASSES)
     write_parquet(step_rows, paths.TRACE_STEPS)
+    write_parquet(layer_rows, paths.TRACE_LAYERS)
 
 
 def load_trace_masses(table: pa.Table) -> dict[str, torch.Tensor]:

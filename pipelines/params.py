@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from wise.conditions import CONDITIONS
+from wise.diagnostics import THRESHOLD_SETTINGS
 from wise.models.checkpoint import is_hub_id
 
 
@@ -73,6 +74,27 @@ class TimingParams:
 
 
 @dataclass(frozen=True)
+class DiagnosticsParams:
+    topk: int = 16  # S compares causal top-min(topk, i+1) token supports
+    run: int = 3  # a quantity converges at the first of `run` consecutive transitions meeting it
+    early_transitions: int = 4  # A/H/O thresholds scale with the median of the first few finite values
+    default_setting: str = "default"
+    # name -> {S: Jaccard threshold (>=), A/H/O: factor of the early median (<)}
+    thresholds: dict = field(default_factory=lambda: {k: dict(v) for k, v in THRESHOLD_SETTINGS.items()})
+    stability_thresholds: tuple[float, ...] = (0.90, 0.95)
+
+
+@dataclass(frozen=True)
+class SweepParams:
+    eta: tuple[float, ...] = (0.9, 0.95, 0.99)
+    discovery_step: tuple[int, ...] = (8, 12, 16)
+    window: tuple[int, ...] = (1, 4, 8)
+    block_size: tuple[int, ...] = (16, 32, 64)
+    examples_per_benchmark: int = 2  # sweeps run on the first examples of the main cohort
+    context_length: int = 512  # ... at this context length (must be in cohorts.context_lengths)
+
+
+@dataclass(frozen=True)
 class StatisticsParams:
     bootstrap_resamples: int = 10000
     bootstrap_seed: int = 0
@@ -96,6 +118,8 @@ class Params:
     wise: WiseParams = field(default_factory=WiseParams)
     conditions: ConditionParams = field(default_factory=ConditionParams)
     timing: TimingParams = field(default_factory=TimingParams)
+    diagnostics: DiagnosticsParams = field(default_factory=DiagnosticsParams)
+    sweeps: SweepParams = field(default_factory=SweepParams)
     statistics: StatisticsParams = field(default_factory=StatisticsParams)
     compute: ComputeParams = field(default_factory=ComputeParams)
 
@@ -181,6 +205,29 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(t.heads % t.kv_heads == 0, "timing.kv_heads", t.kv_heads, f"must divide timing.heads ({t.heads})")
     _require(t.head_dim in (64, 96, 128), "timing.head_dim", t.head_dim, "must be 64, 96 or 128")
     _require(all(0 < d <= 1 for d in t.densities), "timing.densities", list(t.densities), "each must be in (0, 1]")
+    dg = p.diagnostics
+    _require(dg.topk >= 1, "diagnostics.topk", dg.topk, "must be >= 1")
+    _require(dg.run >= 1, "diagnostics.run", dg.run, "must be >= 1")
+    _require(dg.default_setting in dg.thresholds, "diagnostics.default_setting", dg.default_setting,
+             f"must name one of diagnostics.thresholds ({sorted(dg.thresholds)})")
+    for name, th in dg.thresholds.items():
+        _require(isinstance(th, dict) and set(th) == {"S", "A", "H", "O"}, f"diagnostics.thresholds.{name}",
+                 th, "must give S, A, H and O")
+        _require(0 < th["S"] <= 1, f"diagnostics.thresholds.{name}.S", th["S"], "must be in (0, 1]")
+        for q in ("A", "H", "O"):
+            _require(th[q] > 0, f"diagnostics.thresholds.{name}.{q}", th[q], "must be > 0")
+    sw = p.sweeps
+    _require(all(0 < e <= 1 for e in sw.eta), "sweeps.eta", list(sw.eta), "each must be in (0, 1]")
+    _require(all(isinstance(t, int) and 1 <= t < r.steps for t in sw.discovery_step), "sweeps.discovery_step",
+             list(sw.discovery_step), f"each must satisfy 1 <= t_d < recurrence.steps ({r.steps})")
+    _require(all(1 <= x <= w.discovery_step for x in sw.window), "sweeps.window", list(sw.window),
+             f"each must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
+    _require(all(_is_pow2(b) and b >= 16 for b in sw.block_size), "sweeps.block_size", list(sw.block_size),
+             "each must be a power of two >= 16")
+    _require(sw.examples_per_benchmark >= 1, "sweeps.examples_per_benchmark", sw.examples_per_benchmark,
+             "must be >= 1")
+    _require(sw.context_length in c.context_lengths, "sweeps.context_length", sw.context_length,
+             f"must be one of cohorts.context_lengths {list(c.context_lengths)}")
     s = p.statistics
     _require(s.bootstrap_resamples >= 100, "statistics.bootstrap_resamples", s.bootstrap_resamples, "must be >= 100")
     _require(0.5 < s.ci_level < 1.0, "statistics.ci_level", s.ci_level, "must be in (0.5, 1)")

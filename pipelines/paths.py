@@ -5,10 +5,12 @@ DATA = Path("data")
 COHORT = DATA / "cohorts" / "examples.parquet"
 TRACE_MASSES = DATA / "traces" / "masses.parquet"
 TRACE_STEPS = DATA / "traces" / "steps.parquet"
+TRACE_LAYERS = DATA / "traces" / "layers.parquet"
 SUPPORT_LAYOUTS = DATA / "supports" / "layouts.parquet"
 SUPPORT_METRICS = DATA / "supports" / "metrics.parquet"
 CONDITION_RESULTS = DATA / "conditions" / "results.parquet"
 TIMING = DATA / "timing" / "timing.parquet"
+SWEEPS_DIR = DATA / "sweeps"
 STATS_DIR = DATA / "stats"
 METRICS_JSON = DATA / "metrics.json"
 SUMMARY_MD = DATA / "report" / "summary.md"
@@ -19,9 +21,17 @@ VIEWS = {
     "examples": COHORT,
     "trace_masses": TRACE_MASSES,
     "trace_steps": TRACE_STEPS,
+    "trace_layers": TRACE_LAYERS,
     "support_layouts": SUPPORT_LAYOUTS,
     "supports": SUPPORT_METRICS,
     "results": CONDITION_RESULTS,
     "timing": TIMING,
+    "sweeps": SWEEPS_DIR / "*.parquet",
     "condition_summary": STATS_DIR / "condition_summary.parquet",
+    "convergence": STATS_DIR / "convergence.parquet",
+    "convergence_summary": STATS_DIR / "convergence_summary.parquet",
+    "fraction_converged": STATS_DIR / "fraction_converged.parquet",
+    "stability": STATS_DIR / "stability.parquet",
+    "sweep_summary": STATS_DIR / "sweep_summary.parquet",
+    "context_scaling": STATS_DIR / "context_scaling.parquet",
 }

@@ -10,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from pipelines import paths
-from pipelines.artifacts import write_json, write_parquet, write_text
+from pipelines.artifacts import read_parquet, write_json, write_parquet, write_text
 from pipelines.db import build_database, connect
 from pipelines.params import Params
 from wise.stats import mcnemar, paired_bootstrap
@@ -108,18 +108,56 @@ def headline_metrics(summary: list[dict]) -> dict:
 
 
 def run_statistics(p: Params) -> None:
+    from pipelines.discovery import load_trace_masses
+    from pipelines.report import write_report
+    from pipelines.study import (context_scaling, convergence_tables, query_rows, stability_tables,
+                                 sweep_summary)
+
     build_database()  # views over every stage's output, so the SQL below sees them
     con = connect(read_only=True)
     try:
-        cur = con.execute(PAIRED_SQL)
-        columns = [d[0] for d in cur.description]
-        rows = [dict(zip(columns, r)) for r in cur.fetchall()]
+        rows = query_rows(con, PAIRED_SQL)
+        if not rows:
+            raise ValueError("statistics: the results view is empty; nothing to summarise")
+        per_example, conv_summary, fractions = convergence_tables(con, p)
+        sweeps = sweep_summary(con, p)
+        timing = query_rows(con, "SELECT * FROM timing ORDER BY label, n, block_size")
     finally:
         con.close()
-    if not rows:
-        raise ValueError("statistics: the results view is empty; nothing to summarise")
     summary = summarise(rows, p)
-    write_parquet(summary, paths.STATS_DIR / "condition_summary.parquet")
-    build_database()  # now including condition_summary
-    write_json(headline_metrics(summary), paths.METRICS_JSON)
+    stab_rows, jaccard_mean, stability = stability_tables(
+        load_trace_masses(read_parquet(paths.TRACE_MASSES)), p)
+    out = paths.STATS_DIR
+    write_parquet(summary, out / "condition_summary.parquet")
+    write_parquet(per_example, out / "convergence.parquet")
+    write_parquet(conv_summary, out / "convergence_summary.parquet")
+    write_parquet(fractions, out / "fraction_converged.parquet")
+    write_parquet(stab_rows, out / "stability.parquet")
+    write_parquet(sweeps, out / "sweep_summary.parquet")
+    # CSV copies are the data behind `dvc plots show`.
+    write_csv(fractions, ["quantity", "step", "fraction_converged"], out / "fraction_converged.csv")
+    write_csv(jaccard_mean, ["step", "mean_jaccard"], out / "rolling_jaccard.csv")
+    build_database()  # now including the summaries, for the context-scaling join
+    con = connect(read_only=True)
+    try:
+        scaling = context_scaling(con)
+    finally:
+        con.close()
+    write_parquet(scaling, out / "context_scaling.parquet")
+    build_database()
+    metrics = {"conditions": headline_metrics(summary)}
+    default = [r for r in conv_summary if r["benchmark"] == "all" and r["setting"] == p.diagnostics.default_setting]
+    if default:
+        metrics["convergence"] = {k: default[0][k] for k in ("mean_tau_S", "mean_tau_A", "mean_tau_H",
+                                                              "mean_tau_O", "mean_gap")}
+    metrics["stability"] = stability
+    write_json(metrics, paths.METRICS_JSON)
     write_text(table1_markdown(summary, p), paths.SUMMARY_MD)
+    write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
+                     "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
+                     "sweeps": sweeps, "scaling": scaling})
+
+
+def write_csv(rows: list[dict], columns: list[str], path) -> None:
+    lines = [",".join(columns)] + [",".join(f"{r[c]}" for c in columns) for r in rows]
+    write_text("\n".join(lines) + "\n", path)

@@ -44,6 +44,8 @@ def project():
     params["conditions"].update(max_new_tokens=2)
     params["timing"].update(context_lengths=[256])
     params["statistics"].update(bootstrap_resamples=200)
+    params["sweeps"].update(eta=[0.8, 0.95], discovery_step=[2, 3], window=[1, 2], block_size=[16, 32],
+                            examples_per_benchmark=1, context_length=160)
     (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
            "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"), "GIT_AUTHOR_NAME": "t",
@@ -58,15 +60,22 @@ def project():
 
 def test_all_stages_write_outputs(project):
     tmp, env, repro = project
-    for stage in ("cohorts", "traces", "supports", "conditions", "timing", "statistics"):
+    for stage in ("cohorts", "traces", "supports", "conditions", "timing", "statistics",
+                  "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size"):
         assert f"Running stage '{stage}'" in repro.stdout
     for rel in ("data/cohorts/examples.parquet", "data/traces/masses.parquet", "data/traces/steps.parquet",
                 "data/supports/layouts.parquet", "data/supports/metrics.parquet",
                 "data/conditions/results.parquet", "data/timing/timing.parquet",
-                "data/stats/condition_summary.parquet", "data/report/summary.md", "data/wise.duckdb"):
+                "data/stats/condition_summary.parquet", "data/report/summary.md", "data/wise.duckdb",
+                "data/report/report.md", "data/report/report.html", "data/stats/convergence_summary.parquet",
+                "data/report/figures/fraction_converged.png", "data/report/figures/rolling_jaccard.png",
+                "data/sweeps/eta.parquet", "data/stats/sweep_summary.parquet"):
         assert (tmp / rel).is_file(), rel
     metrics = json.loads((tmp / "data/metrics.json").read_text())
-    assert set(metrics) == {"full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate"}
+    assert set(metrics["conditions"]) == {"full", "wise", "static95", "mass_matched", "size_matched",
+                                          "freeze_a", "truncate"}
+    assert {"mean_tau_S", "mean_gap"} <= set(metrics["convergence"])
+    assert "jaccard_td_final" in metrics["stability"]
     results = pq.read_table(tmp / "data/conditions/results.parquet").to_pylist()
     cohort = pq.read_table(tmp / "data/cohorts/examples.parquet")
     assert cohort.num_rows == 4  # 2 benchmarks x 2 lengths, nothing dropped at these budgets
@@ -79,6 +88,31 @@ def test_all_stages_write_outputs(project):
     assert all(len(h) == 1 for h in by_example.values())
     shown = run(["dvc", "metrics", "show"], tmp, env).stdout
     assert "wise" in shown
+
+
+def test_sweep_point_at_the_default_reproduces_the_default_run(project):
+    tmp, env, _ = project
+    sweep = {r["example_id"]: r for r in pq.read_table(tmp / "data/sweeps/eta.parquet").to_pylist()
+             if r["value"] == 0.95}
+    main = {r["example_id"]: r for r in pq.read_table(tmp / "data/conditions/results.parquet").to_pylist()
+            if r["condition"] == "wise"}
+    assert sweep and set(sweep) <= set(main)
+    for ex, r in sweep.items():
+        m = main[ex]
+        for key in ("prediction", "f1", "em", "gold_logprob", "density", "retained_future_mass", "block_count"):
+            assert r[key] == m[key], (ex, key)
+
+
+def test_report_has_every_table(project):
+    tmp, _, _ = project
+    report = (tmp / "data/report/report.md").read_text()
+    for heading in ("Table 1", "Table 2", "Tables 3–4", "Stability", "Tables 7–9", "Context scaling"):
+        assert heading in report
+    conv = pq.read_table(tmp / "data/stats/convergence_summary.parquet").to_pylist()
+    assert {r["setting"] for r in conv} == {"very_loose", "loose", "default", "strict", "very_strict", "asymmetric"}
+    steps = pq.read_table(tmp / "data/traces/steps.parquet").to_pylist()
+    assert all(r["S"] != r["S"] for r in steps if r["step"] == 1)  # NaN: no predecessor
+    assert all(0.0 <= r["S"] <= 1.0 for r in steps if r["step"] > 1)
 
 
 def test_repro_again_is_a_noop_and_eta_edit_reruns_only_downstream(project):

@@ -89,6 +89,7 @@ def convergence_summary(
     series: Mapping[str, Sequence[float] | np.ndarray],
     settings: str | Mapping[str, float] = "default",
     run: int = 3,
+    first: int = 4,
 ) -> dict[str, float]:
     """tau_S, tau_A, tau_H, tau_O (ints, T+1 when censored) and gap = min(tau_H, tau_O) −
     max(tau_S, tau_A) for one example. series maps "S", "A", "H", "O" to per-step arrays;
@@ -96,7 +97,7 @@ def convergence_summary(
     s = _setting(settings)
     taus = {"tau_S": convergence_step(series["S"], s["S"], higher=True, run=run)}
     for q in ("A", "H", "O"):
-        thr = relative_threshold(series[q], factor=s[q])
+        thr = relative_threshold(series[q], factor=s[q], first=first)
         taus[f"tau_{q}"] = convergence_step(series[q], thr, higher=False, run=run)
     taus["gap"] = min(taus["tau_H"], taus["tau_O"]) - max(taus["tau_S"], taus["tau_A"])
     return taus
@@ -106,9 +107,10 @@ def convergence_by_setting(
     series: Mapping[str, Sequence[float] | np.ndarray],
     settings: Mapping[str, Mapping[str, float]] = THRESHOLD_SETTINGS,
     run: int = 3,
+    first: int = 4,
 ) -> dict[str, dict[str, float]]:
     """convergence_summary under every named setting (the sensitivity table for one example)."""
-    return {name: convergence_summary(series, s, run=run) for name, s in settings.items()}
+    return {name: convergence_summary(series, s, run=run, first=first) for name, s in settings.items()}
 
 
 def fraction_converged_by_step(taus: Sequence[int] | np.ndarray, T: int) -> np.ndarray:

@@ -1,0 +1,275 @@
+"""The report: the paper's tables for the current model and params (markdown + HTML) and figures
+(PNG, also declared as DVC plots). Paper numbers appear beside ours, labelled as Huginn's."""
+from __future__ import annotations
+
+import html
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pipelines import paper_reference as paper  # noqa: E402
+from pipelines.artifacts import write_text  # noqa: E402
+from pipelines.params import Params  # noqa: E402
+
+FIG_DIR = Path("data/report/figures")
+
+
+def f(x, digits: int = 3, signed: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def ci(r: dict, key: str) -> str:
+    return f"{f(r[key], signed=True)} [{f(r[key + '_low'], signed=True)}, {f(r[key + '_high'], signed=True)}]"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return out + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+
+
+def _log2_axis(ax, values) -> None:
+    """Log-2 x axis labelled with the plain values (512, 1024 …, or 16, 32 …)."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(v) for v in values})
+    if ticks:
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+
+
+def _save(fig, name: str) -> str:
+    FIG_DIR.mkdir(parents=True, exist_ok=True)
+    path = FIG_DIR / f"{name}.png"
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=110, metadata={"Software": None})  # no version stamp: stable bytes
+    plt.close(fig)
+    tmp.replace(path)
+    return f"figures/{name}.png"
+
+
+# -- figures -----------------------------------------------------------------------------------
+def fig_fraction_converged(fractions: list[dict], T: int) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for q, label in (("S", "S: top-k support"), ("A", "A: attention (JS)"), ("H", "H: state"),
+                     ("O", "O: attention output")):
+        pts = [r for r in fractions if r["quantity"] == q]
+        ax.plot([r["step"] for r in pts], [r["fraction_converged"] for r in pts], label=label,
+                linestyle="-" if q in "SA" else "--")
+    ax.set(xlabel="recurrent step t", ylabel="fraction of examples converged", xlim=(1, T), ylim=(-0.02, 1.02),
+           title="Routing (S, A) vs representation (H, O) convergence")
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, "fraction_converged")
+
+
+def fig_context(scaling: list[dict]) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    x = [r["context_length"] for r in scaling]
+    ax.plot(x, [r["density"] for r in scaling], "o-", label="block density (ours)")
+    ax.plot(x, [r["retained_future_mass"] for r in scaling], "s-", label="retained future mass (ours)")
+    px = sorted(paper.CONTEXT_SCALING)
+    ax.plot(px, [paper.CONTEXT_SCALING[n][0] for n in px], "o:", color="grey", label="density (paper, Huginn)")
+    ax.plot(px, [paper.CONTEXT_SCALING[n][1] for n in px], "s:", color="silver", label="future mass (paper, Huginn)")
+    _log2_axis(ax, x + px)
+    ax.set(xlabel="context length (tokens)", ylabel="fraction", ylim=(0, 1.05), title="WISE support vs context length")
+    ax.legend(fontsize=8)
+    return _save(fig, "density_vs_context")
+
+
+def fig_speedup(timing: list[dict]) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ok = [r for r in timing if r["status"] == "ok" and r["source"] == "random"]
+    if ok:
+        for key, label in (("call_vs_flash", "one call vs flash"), ("call_vs_cudnn", "one call vs cuDNN"),
+                           ("reuse20_vs_flash", "build + 20 calls vs flash"),
+                           ("traj32_vs_flash", "T=32 trajectory vs flash")):
+            pts = sorted((r["n"], r[key]) for r in ok if r.get(key) is not None)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+        px = sorted(paper.LATE_REUSE_SPEEDUP)
+        ax.plot(px, [paper.LATE_REUSE_SPEEDUP[n] for n in px], "x:", color="grey",
+                label="build + 20 vs flash (paper, A6000)")
+        ax.axhline(1.0, color="black", linewidth=0.6)
+        _log2_axis(ax, [r["n"] for r in ok] + px)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no CUDA device: attention timing was skipped", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set(xlabel="context length (tokens)", ylabel="speedup (×)", title="Block-sparse attention speedup")
+    return _save(fig, "speedup_vs_context")
+
+
+def fig_delta_f1(summary: list[dict]) -> str:
+    pooled = [r for r in summary if r["benchmark"] == "all" and r["context_length"] == 0 and r["condition"] != "full"]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    y = range(len(pooled))
+    ax.errorbar([r["delta_f1"] for r in pooled], list(y),
+                xerr=[[r["delta_f1"] - r["delta_f1_low"] for r in pooled],
+                      [r["delta_f1_high"] - r["delta_f1"] for r in pooled]], fmt="o", capsize=3)
+    ax.axvline(0.0, color="black", linewidth=0.6)
+    ax.set_yticks(list(y), [r["condition"] for r in pooled])
+    ax.set(xlabel="ΔF1 vs Full (paired bootstrap CI)", title="Conditions vs Full")
+    return _save(fig, "delta_f1_by_condition")
+
+
+def fig_block_size(sweeps: list[dict], timing: list[dict]) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    pts = sorted((r["value"], r["density"]) for r in sweeps if r["axis"] == "block_size")
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="density (ours)")
+    bx = sorted(paper.BLOCK_SIZE_2K)
+    ax.plot(bx, [paper.BLOCK_SIZE_2K[b][0] for b in bx], "o:", color="grey", label="density at 2K (paper)")
+    ax.set(xlabel="block size B", ylabel="block density", ylim=(0, 1.05), title="Block-size tradeoff")
+    _log2_axis(ax, [p[0] for p in pts] + bx)
+    ok = [r for r in timing if r["status"] == "ok" and r["source"] == "random"]
+    if ok:
+        ax2 = ax.twinx()
+        sp = sorted((r["block_size"], r["call_vs_flash"]) for r in ok if r["n"] == max(t["n"] for t in ok))
+        ax2.plot([p[0] for p in sp], [p[1] for p in sp], "s--", color="tab:red", label="speedup (ours)")
+        ax2.set_ylabel("speedup vs flash (×)")
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, "block_size_tradeoff")
+
+
+def fig_jaccard(mean_rows: list[dict], t_d: int) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot([r["step"] for r in mean_rows], [r["mean_jaccard"] for r in mean_rows], "o-", markersize=3,
+            label="mean J(W(t-1), W(t))")
+    ax.axvline(t_d, color="grey", linestyle=":", label=f"t_d = {t_d}")
+    ax.axhline(0.9, color="black", linewidth=0.5)
+    ax.set(xlabel="recurrent step t", ylabel="adjacent Jaccard", ylim=(0, 1.02),
+           title="Stability of the rolling working set")
+    ax.legend(fontsize=8)
+    return _save(fig, "rolling_jaccard")
+
+
+# -- markdown ----------------------------------------------------------------------------------
+def build_markdown(p: Params, d: dict) -> str:
+    L = ["# WISE report", "",
+         f"Model `{p.model.source}`; benchmarks {', '.join(p.cohorts.benchmarks)} ({p.cohorts.split} split, "
+         f"{p.cohorts.examples_per_benchmark} per benchmark); context lengths "
+         f"{', '.join(map(str, p.cohorts.context_lengths))}; T={p.recurrence.steps}, t_d={p.wise.discovery_step}, "
+         f"w={p.wise.window}, B={p.wise.block_size}, η={p.wise.eta}. Paired bootstrap: "
+         f"{p.statistics.bootstrap_resamples} resamples, seed {p.statistics.bootstrap_seed}, "
+         f"{int(p.statistics.ci_level * 100)}% percentile CIs.",
+         "", "Columns marked *paper* are the published Huginn-0125 numbers (HotpotQA, RTX A6000), shown for "
+         "orientation only: a different model and benchmark.", ""]
+    pooled = [r for r in d["summary"] if r["benchmark"] == "all" and r["context_length"] == 0]
+    L += ["## Table 1 — controls", ""]
+    L += table(["condition", "n", "F1", "EM", "ΔF1 [CI]", "ΔEM [CI]", "Δ log-prob [CI]", "McNemar p",
+                "c→w", "w→c", "density", "future mass", "F1 (paper)"],
+               [[r["condition"], str(r["n"]), f(r["f1"]), f(r["em"]), ci(r, "delta_f1"), ci(r, "delta_em"),
+                 ci(r, "delta_logprob"), f"{r['mcnemar_p']:.3g}", str(r["correct_to_wrong"]),
+                 str(r["wrong_to_correct"]), f(r["density"]), f(r["retained_future_mass"]),
+                 f(paper.CONTROLS_F1.get(r["condition"]))] for r in pooled])
+    L += [f"![ΔF1 by condition]({d['figures']['delta_f1']})", ""]
+
+    L += ["## Table 2 — attention timing", ""]
+    ok = [r for r in d["timing"] if r["status"] == "ok"]
+    if ok:
+        L += table(["support", "n", "B", "density", "flash ms", "cuDNN ms", "kernel ms", "call ×flash",
+                    "call ×cuDNN", "build+20 ×flash", "T=32 ×flash", "Flex ms", "kernel TFLOP/s", "paper build+20"],
+                   [[r["label"], str(r["n"]), str(r["block_size"]), f(r["density"]), f(r["flash_ms"]),
+                     f(r["cudnn_ms"]), f(r["kernel_ms"]), f(r["call_vs_flash"], 2), f(r["call_vs_cudnn"], 2),
+                     f(r["reuse20_vs_flash"], 2), f(r["traj32_vs_flash"], 2), f(r["flex_ms"]),
+                     f(r["kernel_tflops"], 0), f(paper.LATE_REUSE_SPEEDUP.get(r["n"]), 2)] for r in ok])
+    else:
+        statuses = sorted({r["status"] for r in d["timing"]})
+        L += [f"Not measured on this machine ({', '.join(statuses)}); {len(d['timing'])} planned rows are in "
+              "the `timing` view. Run `dvc repro timing` on a CUDA machine.", ""]
+    L += [f"![speedup]({d['figures']['speedup']})", ""]
+
+    L += ["## Tables 3–4 — convergence and threshold sensitivity", "",
+          "Mean convergence step per quantity (censored examples count as T+1); gap = min(τ_H, τ_O) − "
+          "max(τ_S, τ_A); *routing first* = share of examples with gap > 0.", ""]
+    L += table(["benchmark", "setting", "n", "τ_S", "τ_A", "τ_H", "τ_O", "gap", "routing first",
+                "censored S/A/H/O"],
+               [[r["benchmark"], r["setting"], str(r["n"]), f(r["mean_tau_S"], 1), f(r["mean_tau_A"], 1),
+                 f(r["mean_tau_H"], 1), f(r["mean_tau_O"], 1), f(r["mean_gap"], 1), f(r["routing_first_frac"], 2),
+                 "/".join(str(r[f"censored_{q}"]) for q in "SAHO")] for r in d["convergence"]])
+    L += ["Paper (Huginn, default setting): " + "; ".join(
+        f"{b}: τ_S {v[0]}, τ_A {v[1]}, τ_H {v[2]}, τ_O {v[3]}" for b, v in paper.MECHANISM.items()), "",
+          f"![fraction converged]({d['figures']['fraction']})", ""]
+
+    st = d["stability"]
+    L += ["## Stability of the deployed working set", ""]
+    if st:
+        L += table(["quantity", "ours", "paper (Huginn)"],
+                   [["mean rolling-set Jaccard at t_d", f(st["jaccard_at_td"]), f(paper.ROLLING_JACCARD_AT_12)],
+                    ["J(W(t_d), W(T))", f(st["jaccard_td_final"]), f(paper.JACCARD_W12_W32)],
+                    *[[f"first step with mean J ≥ {k.split('_ge_')[1]} for {p.diagnostics.run} transitions",
+                       str(v), "–"] for k, v in st.items() if k.startswith("first_step")]])
+    L += [f"![rolling Jaccard]({d['figures']['jaccard']})", ""]
+
+    L += ["## Tables 7–9 — sweeps (η, t_d, w, B)", "",
+          f"WISE vs Full on the first {p.sweeps.examples_per_benchmark} examples per benchmark at "
+          f"{p.sweeps.context_length} tokens; other settings at their defaults.", ""]
+    L += table(["axis", "value", "n", "F1", "ΔF1 [CI]", "c→w", "w→c", "both wrong ≠", "density", "future mass",
+                "paper density / future mass"],
+               [[r["axis"], f"{r['value']:g}" + (" (default)" if r["is_default"] else ""), str(r["n"]), f(r["f1"]),
+                 ci(r, "delta_f1"), str(r["correct_to_wrong"]), str(r["wrong_to_correct"]),
+                 str(r["both_wrong_different"]), f(r["density"]), f(r["retained_future_mass"]),
+                 (" / ".join(f(x) for x in paper.ETA[round(r["value"], 2)]) if r["axis"] == "eta" and
+                  round(r["value"], 2) in paper.ETA else "–")] for r in d["sweeps"]])
+    L += [f"![block size]({d['figures']['block_size']})", ""]
+
+    L += ["## Context scaling", ""]
+    L += table(["context", "n", "F1 (WISE)", "ΔF1 [CI]", "density", "future mass", "call ×flash",
+                "build+20 ×flash", "paper density / future mass / ΔF1"],
+               [[str(r["context_length"]), str(r["n"]), f(r["f1"]), ci(r, "delta_f1"), f(r["density"]),
+                 f(r["retained_future_mass"]), f(r["call_vs_flash"], 2), f(r["reuse20_vs_flash"], 2),
+                 (" / ".join(f(x, signed=i == 2) for i, x in enumerate(paper.CONTEXT_SCALING[r["context_length"]]))
+                  if r["context_length"] in paper.CONTEXT_SCALING else "–")] for r in d["scaling"]])
+    L += [f"![density vs context]({d['figures']['context']})", ""]
+    return "\n".join(L)
+
+
+def markdown_to_html(md: str, title: str = "WISE report") -> str:
+    """Enough markdown for this report: headings, paragraphs, pipe tables, images, inline code."""
+    def inline(text: str) -> str:
+        text = html.escape(text)
+        text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+        return re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text)
+
+    out, lines, i = [], md.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip("|").split("|")])
+                i += 1
+            out.append("<table><thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in rows[0]) + "</tr></thead><tbody>")
+            out += ["<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rows[2:]]
+            out.append("</tbody></table>")
+            continue
+        elif m := re.match(r"!\[([^\]]*)\]\(([^)]+)\)", line):
+            out.append(f'<p><img alt="{html.escape(m.group(1))}" src="{html.escape(m.group(2))}"></p>')
+        elif line.strip():
+            out.append(f"<p>{inline(line)}</p>")
+        i += 1
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
+             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{max-width:640px}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style>"
+            f"</head><body>{''.join(out)}</body></html>\n")
+
+
+def write_report(p: Params, d: dict) -> None:
+    d["figures"] = {
+        "fraction": fig_fraction_converged(d["fractions"], p.recurrence.steps),
+        "context": fig_context(d["scaling"]),
+        "speedup": fig_speedup(d["timing"]),
+        "delta_f1": fig_delta_f1(d["summary"]),
+        "block_size": fig_block_size(d["sweeps"], d["timing"]),
+        "jaccard": fig_jaccard(d["jaccard_mean"], p.wise.discovery_step),
+    }
+    md = build_markdown(p, d)
+    write_text(md, "data/report/report.md")
+    write_text(markdown_to_html(md), "data/report/report.html")

@@ -1,0 +1,150 @@
+"""Study tables beyond Table 1: convergence and its threshold sensitivity, working-set stability,
+sweeps, context scaling. SQL fetches the rows; ``wise.diagnostics`` / ``wise.stats`` compute."""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from pipelines.params import Params
+from wise.diagnostics import (QUANTITIES, convergence_by_setting, convergence_step,
+                              fraction_converged_by_step, stability_summary)
+from wise.stats import paired_bootstrap
+from wise.support import mass_support
+
+
+def query_rows(con, sql: str) -> list[dict]:
+    cur = con.execute(sql)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def has_view(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                            [name]).fetchone()[0])
+
+
+# -- convergence (Tables 3-4) ------------------------------------------------------------------
+def convergence_tables(con, p: Params) -> tuple[list[dict], list[dict], list[dict]]:
+    """Per-example taus under every threshold setting, their means per setting, and the fraction
+    of examples converged by each step (default setting)."""
+    rows = query_rows(con, """
+        SELECT s.example_id, e.benchmark, e.context_length, s.step, s.S, s.A, s.H, s.O
+        FROM trace_steps s JOIN examples e USING (example_id)
+        ORDER BY s.example_id, s.step""")
+    series: dict[str, dict] = {}
+    for r in rows:
+        ex = series.setdefault(r["example_id"], {"benchmark": r["benchmark"],
+                                                 "context_length": r["context_length"],
+                                                 **{q: [] for q in QUANTITIES}})
+        for q in QUANTITIES:
+            ex[q].append(np.nan if r[q] is None else r[q])
+    dg = p.diagnostics
+    per_example = []
+    for ex_id, ex in sorted(series.items()):
+        s = {q: np.asarray(ex[q], dtype=float) for q in QUANTITIES}
+        for setting, taus in convergence_by_setting(s, dg.thresholds, run=dg.run,
+                                                    first=dg.early_transitions).items():
+            per_example.append({"example_id": ex_id, "benchmark": ex["benchmark"],
+                                "context_length": ex["context_length"], "setting": setting, **taus})
+    T = p.recurrence.steps
+    summary = []
+    by = defaultdict(list)
+    for r in per_example:
+        for bench in (r["benchmark"], "all"):
+            by[(bench, r["setting"])].append(r)
+    order = list(dg.thresholds)
+    for (bench, setting), g in sorted(by.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
+        row = {"benchmark": bench, "setting": setting, "n": len(g)}
+        for key in ("tau_S", "tau_A", "tau_H", "tau_O", "gap"):
+            row[f"mean_{key}"] = float(np.mean([r[key] for r in g]))
+        for q in QUANTITIES:
+            row[f"censored_{q}"] = sum(r[f"tau_{q}"] == T + 1 for r in g)
+        row["routing_first_frac"] = float(np.mean([r["gap"] > 0 for r in g]))
+        summary.append(row)
+    fractions = []
+    default = [r for r in per_example if r["setting"] == dg.default_setting]
+    if default:
+        for q in QUANTITIES:
+            frac = fraction_converged_by_step([r[f"tau_{q}"] for r in default], T)
+            fractions += [{"quantity": q, "step": t + 1, "fraction_converged": float(frac[t])} for t in range(T)]
+    return per_example, summary, fractions
+
+
+# -- deployed-support stability ------------------------------------------------------------------
+def stability_tables(masses: dict[str, torch.Tensor], p: Params) -> tuple[list[dict], list[dict], dict]:
+    """Rolling working set W(t) from direct supports at wise.eta: per-example J(t), the mean J(t),
+    first stable steps of the mean curve, and J(W(t_d), W(T))."""
+    dg, w = p.diagnostics, p.wise
+    per_step, finals = [], []
+    curves = []
+    for ex_id, m in sorted(masses.items()):
+        direct = mass_support(m.float(), w.eta)  # [T, L, H, M, M]
+        s = stability_summary(direct, w=w.window, t_d=w.discovery_step,
+                              thresholds=dg.stability_thresholds, run=dg.run)
+        curves.append(s["jaccard"])
+        finals.append(s["jaccard_td_final"])
+        per_step += [{"example_id": ex_id, "step": t + 1, "jaccard": float(j)} for t, j in enumerate(s["jaccard"])]
+    if not curves:
+        return per_step, [], {}
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # step 1 has no transition: all NaN
+        mean = np.nanmean(np.stack(curves), axis=0)
+    mean_rows = [{"step": t + 1, "mean_jaccard": float(j)} for t, j in enumerate(mean)]
+    headline = {"jaccard_at_td": float(mean[w.discovery_step - 1]),
+                "jaccard_td_final": float(np.mean(finals)),
+                **{f"first_step_J_ge_{thr:g}": convergence_step(mean, thr, higher=True, run=dg.run)
+                   for thr in dg.stability_thresholds}}
+    return per_step, mean_rows, headline
+
+
+# -- sweeps (Tables 7-9) and context scaling -----------------------------------------------------
+def bootstrap_cols(values: list[float], p: Params, prefix: str) -> dict:
+    s = p.statistics
+    mean, lo, hi = paired_bootstrap(np.asarray(values, dtype=float), n_resamples=s.bootstrap_resamples,
+                                    seed=s.bootstrap_seed, level=s.ci_level)
+    return {prefix: mean, f"{prefix}_low": lo, f"{prefix}_high": hi}
+
+
+def sweep_summary(con, p: Params) -> list[dict]:
+    if not has_view(con, "sweeps"):
+        return []
+    rows = query_rows(con, "SELECT * FROM sweeps ORDER BY axis, value, example_id")
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["axis"], r["value"])].append(r)
+    out = []
+    for (axis, value), g in sorted(groups.items()):
+        changes = [r["answer_change"] for r in g]
+        out.append({"axis": axis, "value": value, "n": len(g),
+                    "is_default": value == float(getattr(p.wise, axis)),
+                    "f1": float(np.mean([r["f1"] for r in g])),
+                    "full_f1": float(np.mean([r["full_f1"] for r in g])),
+                    **bootstrap_cols([r["delta_f1"] for r in g], p, "delta_f1"),
+                    "correct_to_wrong": changes.count("correct_to_wrong"),
+                    "wrong_to_correct": changes.count("wrong_to_correct"),
+                    "both_wrong_different": changes.count("both_wrong_different"),
+                    "density": float(np.mean([r["density"] for r in g])),
+                    "retained_future_mass": float(np.mean([r["retained_future_mass"] for r in g]))})
+    return out
+
+
+def context_scaling(con) -> list[dict]:
+    """WISE per context length, with kernel speedups from `timing` joined on the length."""
+    timing_join = ""
+    timing_cols = "NULL AS call_vs_flash, NULL AS reuse20_vs_flash, NULL AS traj32_vs_flash"
+    if has_view(con, "timing"):
+        timing_join = """LEFT JOIN (SELECT n, avg(call_vs_flash) AS call_vs_flash,
+                                       avg(reuse20_vs_flash) AS reuse20_vs_flash,
+                                       avg(traj32_vs_flash) AS traj32_vs_flash
+                                FROM timing WHERE source = 'random' AND status = 'ok' GROUP BY n) t
+                         ON t.n = s.context_length"""
+        timing_cols = "t.call_vs_flash, t.reuse20_vs_flash, t.traj32_vs_flash"
+    return query_rows(con, f"""
+        SELECT s.context_length, s.n, s.f1, s.delta_f1, s.delta_f1_low, s.delta_f1_high,
+               s.density, s.retained_future_mass, {timing_cols}
+        FROM condition_summary s {timing_join}
+        WHERE s.benchmark = 'all' AND s.condition = 'wise' AND s.context_length > 0
+        ORDER BY s.context_length""")

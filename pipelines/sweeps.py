@@ -1,0 +1,65 @@
+"""Sweep stages (one DVC stage per axis: sweep@eta, sweep@discovery_step, sweep@window,
+sweep@block_size): WISE versus Full on a sub-cohort at each value of one setting, the others at
+their params.yaml defaults. A value equal to the default reproduces the conditions stage's WISE
+rows exactly (same seeds, same code path)."""
+from __future__ import annotations
+
+import dataclasses
+
+from pipelines import paths
+from pipelines.artifacts import read_parquet, write_parquet
+from pipelines.cohorts import model_tokenizer
+from pipelines.discovery import run_spec, wise_settings
+from pipelines.params import Params, ParamsError
+from pipelines.pool import WorkerPool
+from wise.metrics import answer_change, exact_match, f1
+
+AXES = ("eta", "discovery_step", "window", "block_size")
+
+
+def sweep_cohort(p: Params) -> list[dict]:
+    """The first `sweeps.examples_per_benchmark` examples per benchmark at `sweeps.context_length`."""
+    rows = [r for r in read_parquet(paths.COHORT).to_pylist() if r["context_length"] == p.sweeps.context_length]
+    picked, count = [], {}
+    for r in sorted(rows, key=lambda r: (r["benchmark"], r["example_id"])):
+        if count.get(r["benchmark"], 0) < p.sweeps.examples_per_benchmark:
+            picked.append(r)
+            count[r["benchmark"]] = count.get(r["benchmark"], 0) + 1
+    return picked
+
+
+def run_sweep_stage(p: Params, axis: str) -> None:
+    if axis not in AXES:
+        raise ParamsError(f"unknown sweep axis {axis!r}; known: {list(AXES)}")
+    values = list(getattr(p.sweeps, axis))
+    cohort = sweep_cohort(p)
+    tok = model_tokenizer(p.model.source)
+    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
+             for r in cohort]
+    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
+               "axis": axis, "values": values, "max_new_tokens": p.conditions.max_new_tokens,
+               "stop_ids": [tok.token_to_id("<eos>")]}
+    with WorkerPool(p.model, p.compute, len(items)) as pool:
+        outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")
+    spec = run_spec(p)
+    rows = []
+    for ex, out in zip(cohort, outputs):
+        full_pred = tok.decode(out["full_ids"]).strip()
+        full_em = exact_match(full_pred, ex["answers"], ex["benchmark"])
+        full_f1 = f1(full_pred, ex["answers"], ex["benchmark"])
+        for r in out["rows"]:
+            pred = tok.decode(r["prediction_ids"]).strip()
+            em = exact_match(pred, ex["answers"], ex["benchmark"])
+            score = f1(pred, ex["answers"], ex["benchmark"])
+            rows.append({**spec, "axis": axis, "value": float(r["value"]), "example_id": ex["example_id"],
+                         "benchmark": ex["benchmark"], "context_length": ex["context_length"],
+                         "prediction": pred, "full_prediction": full_pred, "em": em, "f1": score,
+                         "full_em": full_em, "full_f1": full_f1, "delta_f1": score - full_f1,
+                         "delta_em": em - full_em, "gold_logprob": r["gold_logprob"],
+                         "delta_logprob": r["gold_logprob"] - out["full_logprob"],
+                         "answer_change": answer_change(pred, full_pred, em == 1.0, full_em == 1.0,
+                                                        ex["benchmark"]),
+                         "density": r["density"], "block_count": r["block_count"],
+                         "retained_future_mass": r["retained_future_mass"]})
+    write_parquet(rows, paths.SWEEPS_DIR / f"{axis}.parquet")
+    print(f"sweep {axis}: {len(values)} values x {len(cohort)} examples -> {paths.SWEEPS_DIR / f'{axis}.parquet'}")

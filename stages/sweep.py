@@ -1,0 +1,13 @@
+"""Stage `sweep@<axis>`: WISE vs Full at each value of one setting (eta, discovery_step, window,
+block_size) on a sub-cohort; the other settings stay at their params.yaml values."""
+import argparse
+import sys
+
+from pipelines.cli import stage_main
+from pipelines.sweeps import AXES, run_sweep_stage
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--axis", required=True, choices=AXES)
+    args, rest = ap.parse_known_args()
+    sys.exit(stage_main(f"sweep@{args.axis}", lambda p: run_sweep_stage(p, args.axis), rest))

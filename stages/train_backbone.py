@@ -1,0 +1,122 @@
+"""Stage `train_backbone`: train the embedded recurrent-depth model (wise-small) on one GPU.
+
+    python stages/train_backbone.py                        # params.yaml `train:` -> data/models/wise-small
+    python stages/train_backbone.py --eval-table           # and measure the quality table into the card
+
+Reads only the `train` section of params.yaml (missing keys take the TrainConfig defaults).
+Writes config.json, model.safetensors, tokenizer.json(+config), loss_curve.csv,
+train_summary.json and the model card README.md into the output folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from wise.training import TrainConfig, train
+
+DEFAULT_OUT = "data/models/wise-small"
+
+
+def read_train_params(path: str | None) -> TrainConfig:
+    if not path or path == "none" or not Path(path).is_file():
+        return TrainConfig()
+    import yaml  # only the stage reads params.yaml; the library takes a TrainConfig
+
+    section = (yaml.safe_load(Path(path).read_text()) or {}).get("train")
+    return TrainConfig.from_dict(section)
+
+
+def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
+    params = "\n".join(f"    {k}: {json.dumps(v)}" for k, v in config.to_dict().items())
+    final = summary.get("final") or {}
+    card = f"""# wise-small
+
+The project's embedded recurrent-depth model: Huginn layout (sandwich blocks, prelude / core /
+coda = {config.preset} preset, adapter injection of the prelude output at every step,
+truncated-normal initial state), trained from scratch on the generated benchmarks (synthhop and
+syntharith, train split) with a byte-level BPE tokenizer trained by the project
+(`tokenizer.json`, BOS=0 EOS=1 PAD=2). Weights in fp32 (`model.safetensors`).
+
+## Training
+
+- Recurrence: a Poisson-lognormal number of steps per batch (mean {config.recurrence_mean},
+  sigma {config.recurrence_sigma}, at most {config.recurrence_max}; the mean ramps up from 4
+  over the first {config.recurrence_ramp_steps} batches), gradients through the last
+  {config.backprop_steps} steps only (truncated backprop), a fresh seeded initial state per batch.
+- Loss: cross-entropy on the answer tokens and EOS, plus {config.lm_loss_weight} x next-token
+  loss on the prompt text.
+- Data: one context budget per batch from {list(config.context_lengths)} (weights
+  {list(config.context_weights)}; only budgets <= {config.short_context} for the first
+  {config.short_steps} batches), {config.tokens_per_batch} tokens per batch, benchmarks mixed
+  {config.benchmarks}; every batch from fresh train-split worlds, deterministic in (seed, batch).
+- AdamW lr {config.lr} (warmup {config.warmup_steps}, cosine to {config.min_lr_ratio} x),
+  betas ({config.beta1}, {config.beta2}), weight decay {config.weight_decay}, clip {config.grad_clip};
+  bf16 autocast on the GPU.
+- Run: {summary['steps']} steps, {summary['tokens']:,} tokens, {summary['train_seconds']} s on
+  {summary['device']} (stopped by {summary['stopped_by']}); final answer loss
+  {final.get('answer_loss', float('nan')):.3f}, LM loss {final.get('lm_loss', float('nan')):.3f}.
+  The loss curve is `loss_curve.csv`. When the time limit stops a run, the learning-rate schedule
+  followed elapsed time, so a rerun on another machine gives a similar, not identical, model.
+
+Params (`train:` in params.yaml):
+
+{params}
+
+Reproduce: `python stages/train_backbone.py --eval-table` (one GPU).
+
+## Measured quality
+
+{'{'}table{'}'}
+"""
+    card = card.replace("{table}", "<!-- quality-table:begin -->\nnot measured yet: run "
+                        "`python -m wise.evaluate --table --update-card`\n<!-- quality-table:end -->")
+    tmp = out / "README.md.tmp"
+    tmp.write_text(card)
+    tmp.replace(out / "README.md")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--workers", type=int, default=None, help="data worker processes (default: params)")
+    ap.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
+    ap.add_argument("--time-limit", type=float, default=None, help="override train.time_limit_s")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override a train key, e.g. --set lr=1e-3 --set 'context_lengths=[256,512]'")
+    ap.add_argument("--eval-table", action="store_true", help="measure the quality table into the card")
+    ap.add_argument("--eval-args", default="", help="extra arguments for wise.evaluate --table")
+    args = ap.parse_args(argv)
+
+    config = read_train_params(args.params)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        config = TrainConfig.from_dict({**config.to_dict(), key: json.loads(value)})
+    if args.max_steps is not None:
+        config = config.replace(max_steps=args.max_steps)
+    if args.time_limit is not None:
+        config = config.replace(time_limit_s=args.time_limit)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    print(f"train_backbone: {config.preset} on {device} -> {args.out}", flush=True)
+    summary = train(config, args.out, device=device, workers=args.workers)
+    write_card(Path(args.out), config, summary)
+    print(json.dumps(summary), flush=True)
+    if summary["stopped_by"].startswith("error"):
+        print(f"train_backbone: training failed ({summary['stopped_by']}); the checkpoint holds "
+              f"the weights after {summary['steps']} steps", file=sys.stderr)
+        return 1
+    if args.eval_table:
+        from wise import evaluate
+
+        evaluate.main(["--model", args.out, "--table", "--update-card", "--device", device,
+                       *args.eval_args.split()])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

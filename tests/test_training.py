@@ -1,0 +1,117 @@
+"""Training the backbone: batches, truncated backprop, a few deterministic steps that learn."""
+import numpy as np
+import pytest
+import torch
+
+from wise.data.tokenizer import EOS_ID, PAD_ID, load_tokenizer
+from wise.models import load_checkpoint
+from wise.training import (BatchStream, TrainConfig, batch_budget, batch_loss, build_model,
+                           make_batch, recurrent_forward, sample_recurrence, train)
+from wise.training.batches import IGNORE
+from wise.training.loop import make_optimizer
+
+TOKENIZER = "data/models/wise-tiny-random"  # vocab 2048, matches the tiny-random preset
+
+CFG = TrainConfig(preset="tiny-random", context_lengths=(256, 512), context_weights=(1.0, 1.0),
+                  short_steps=2, short_context=256, tokens_per_batch=1024, recurrence_mean=4,
+                  recurrence_max=8, recurrence_ramp_steps=0, backprop_steps=2, warmup_steps=1,
+                  lr=3e-3, data_workers=0, log_every=1, tokenizer_examples=16)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(TOKENIZER)
+
+
+def test_batches_are_deterministic_and_mark_the_answer(tok):
+    a, b = make_batch(CFG, tok, 3), make_batch(CFG, tok, 3)
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.is_answer, b.is_answer)
+    assert not np.array_equal(make_batch(CFG, tok, 4).ids[:1, :50], a.ids[:1, :50]) or a.budget != 256
+    assert a.ids.shape[1] <= a.budget
+    for row in range(a.ids.shape[0]):
+        answer = a.targets[row][a.is_answer[row]]
+        assert answer[-1] == EOS_ID  # answer tokens, then EOS
+        text = tok.decode(answer[:-1].tolist())
+        prompt = tok.decode(a.ids[row][a.ids[row] != PAD_ID].tolist())
+        assert prompt.rstrip().endswith("Answer:" + text)
+        assert (a.targets[row][a.ids[row] == PAD_ID] == IGNORE).all()
+    assert {batch_budget(CFG, i) for i in range(2)} == {256}  # curriculum: short budgets first
+
+
+def test_batch_stream_workers_match_in_process(tok):
+    with BatchStream(CFG, TOKENIZER, workers=0) as s0, BatchStream(CFG, TOKENIZER, workers=2) as s2:
+        for _ in range(3):
+            x, y = next(s0), next(s2)
+            assert x.index == y.index and np.array_equal(x.ids, y.ids)
+
+
+def test_recurrence_samples_are_seeded_and_bounded():
+    cfg = CFG.replace(recurrence_mean=24, recurrence_max=64, recurrence_ramp_steps=100)
+    draws = [sample_recurrence(cfg, i) for i in range(100, 400)]
+    assert draws == [sample_recurrence(cfg, i) for i in range(100, 400)]
+    assert 1 <= min(draws) and max(draws) <= 64 and 18 < np.mean(draws) < 30
+    assert np.mean([sample_recurrence(cfg, i) for i in range(0, 20)]) < 12  # ramped mean early
+
+
+class GradSteps:
+    def __init__(self):
+        self.with_grad = []
+
+    def on_attention(self, *args):
+        pass
+
+    def on_state(self, step, state):
+        self.with_grad.append((step, state.requires_grad))
+
+
+@pytest.mark.parametrize("num_steps,k", [(7, 3), (2, 3)])
+def test_truncated_backprop_builds_a_graph_only_through_the_last_k_steps(num_steps, k):
+    model = build_model(CFG)
+    ids = torch.randint(3, 2048, (2, 24), generator=torch.Generator().manual_seed(0))
+    obs = GradSteps()
+    logits = recurrent_forward(model, ids, num_steps, k, torch.Generator().manual_seed(0), obs)
+    assert [s for s, _ in obs.with_grad] == list(range(1, num_steps + 1))
+    graded = [s for s, g in obs.with_grad if g]
+    assert graded == list(range(max(1, num_steps - k + 1), num_steps + 1))
+    logits.sum().backward()  # and the graph is usable
+    assert model.transformer.adapter.weight.grad is not None
+
+
+def _fit_fixed_batch(batch, steps=6):
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    opt = make_optimizer(model, CFG, torch.device("cpu"))
+    ids, targets, is_answer = (torch.from_numpy(x) for x in (batch.ids, batch.targets, batch.is_answer))
+    losses = []
+    for i in range(steps):
+        logits = recurrent_forward(model, ids, 3, 2, torch.Generator().manual_seed(i))
+        loss, _, _ = batch_loss(logits, targets, is_answer, 0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_few_steps_reduce_the_loss_on_a_fixed_batch_deterministically(tok):
+    batch = make_batch(CFG, tok, 0)
+    a = _fit_fixed_batch(batch)
+    assert a[-1] < a[0] - 0.3
+    assert a == _fit_fixed_batch(batch)
+
+
+def test_train_writes_a_loadable_checkpoint_with_tokenizer_and_loss_curve(tmp_path):
+    summary = train(CFG.replace(max_steps=2), tmp_path, device="cpu", workers=0, progress=False)
+    assert summary["steps"] == 2 and summary["stopped_by"] == "max_steps"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "loss_curve.csv"):
+        assert (tmp_path / name).is_file()
+    assert (tmp_path / "loss_curve.csv").read_text().startswith("step,tokens,loss,answer_loss")
+    model = load_checkpoint(str(tmp_path))
+    assert model.config.name == "tiny-random"
+
+
+def test_bad_params_name_the_key():
+    with pytest.raises(ValueError, match="train.context_weights"):
+        TrainConfig(context_lengths=(256, 512), context_weights=(1.0,))
+    with pytest.raises(ValueError, match="train.bogus"):
+        TrainConfig.from_dict({"bogus": 1})

@@ -1,0 +1,283 @@
+"""Answer quality of a checkpoint on a fresh generated test world: greedy, Full attention.
+
+    python -m wise.evaluate --benchmark synthhop --context 512 --steps 32 --n 200 --seed 123
+    python -m wise.evaluate --table                      # benchmark x context length x T
+    python -m wise.evaluate --table --update-card        # and write the table into README.md
+
+The last line printed is ``EM=<float> F1=<float> n=<int>`` (for the --benchmark/--context/--steps
+cell, also with --table). Examples are the first n of the test split for --seed, their context
+variants are built exactly as the cohorts stage builds them (BOS counted, same seed), and each
+generated token re-runs the whole recurrence from a fresh initial state seeded by
+``state_seed("<example id>@<context>", init_seed, length)``, so the answers are those of
+``wise.runner.greedy_generate`` with condition "full" (which this module batches: rows are
+right-padded, which causal attention makes invisible to the real positions). Examples whose
+evidence alone exceeds the budget are skipped and not counted in n.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data.tokenizer import load_tokenizer
+from wise.metrics import exact_match, f1
+from wise.models.checkpoint import load_checkpoint
+from wise.models.recurrent import RecurrentDepthModel
+from wise.runner import state_seed
+
+DEFAULT_MODEL = "data/models/wise-small"
+TABLE_CONTEXTS = (512, 1024, 2048, 4096)
+TABLE_STEPS = (2, 32, 64)
+CARD_BEGIN, CARD_END = "<!-- quality-table:begin -->", "<!-- quality-table:end -->"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    example_id: str  # "<base id>@<context>", the id the cohorts stage gives the variant
+    ids: list[int]  # BOS + prompt tokens
+    answers: tuple[str, ...]
+    benchmark: str
+
+
+@dataclass(frozen=True)
+class Score:
+    benchmark: str
+    context: int
+    steps: int
+    em: float
+    f1: float
+    n: int
+    seconds: float
+
+    def line(self) -> str:
+        return f"EM={self.em:.4f} F1={self.f1:.4f} n={self.n}"
+
+
+def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_positions: int,
+                  max_new_tokens: int, split: str = "test") -> list[Prompt]:
+    bos = tok.token_to_id("<bos>")
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def count_tokens(text: str) -> int:
+        return 1 + len(encode(text))
+
+    # Room for the generated tokens only where the budget would otherwise run past the model's
+    # positions (4096 at 4096); shorter budgets are built exactly as the cohorts stage builds them.
+    reserve = max(0, context + max_new_tokens - max_positions)
+    examples = load_examples(benchmark, split, n, seed)
+    out = []
+    for cv in build_cohort_variants(examples, [context], count_tokens, seed, reserve_tokens=reserve):
+        if context in cv.variants:
+            var = cv.variants[context]
+            out.append(Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var)),
+                              var.answers, benchmark))
+    return out
+
+
+@torch.no_grad()
+def batched_greedy(model: RecurrentDepthModel, prompts: Sequence[Sequence[int]],
+                   example_ids: Sequence[str], init_seed: int, steps: int, max_new_tokens: int,
+                   stop_ids: set[int], batch_tokens: int = 65536) -> list[list[int]]:
+    """Greedy continuation of every prompt under Full attention, as ``greedy_generate`` does it
+    one example at a time: each new token re-runs the recurrence over prompt + prefix from an
+    initial state seeded by (example id, init_seed, current length)."""
+    seqs = [list(p) for p in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))
+    pad = model.config.pad_token_id
+    for _ in range(max_new_tokens):
+        if not active:
+            break
+        active.sort(key=lambda i: len(seqs[i]))
+        still = []
+        start = 0
+        while start < len(active):
+            # Rows of similar length together, at most batch_tokens padded tokens per forward.
+            end = start + 1
+            while end < len(active) and (end - start + 1) * len(seqs[active[end]]) <= batch_tokens:
+                end += 1
+            chunk = active[start:end]
+            start = end
+            lengths = [len(seqs[i]) for i in chunk]
+            width = max(lengths)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            for row, i in enumerate(chunk):
+                ids[row, :lengths[row]] = torch.tensor(seqs[i])
+            ids = ids.to(model.device)
+            rope = model.rotary(width)
+            e = model.embed(ids, rope)
+            s = torch.zeros_like(e)
+            for row, (i, n) in enumerate(zip(chunk, lengths)):
+                g = torch.Generator().manual_seed(state_seed(example_ids[i], init_seed, n))
+                s[row, :n] = model.initial_state(e[row:row + 1, :n], g)[0]
+            for t in range(1, steps + 1):
+                s = model.core_step(s, e, t, rope)
+            logits = model.readout(s, rope)  # [b, width, vocab]
+            last = torch.tensor(lengths, device=logits.device) - 1
+            tokens = logits[torch.arange(len(chunk), device=logits.device), last].argmax(-1).tolist()
+            for i, token in zip(chunk, tokens):
+                if token in stop_ids:
+                    continue
+                new[i].append(token)
+                seqs[i].append(token)
+                still.append(i)
+        active = still
+    return new
+
+
+def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], context: int, steps: int,
+               init_seed: int = 0, max_new_tokens: int = 8, batch_tokens: int = 65536) -> Score:
+    start = time.monotonic()
+    stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
+    outs = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts],
+                          init_seed, steps, max_new_tokens, stop, batch_tokens)
+    ems, f1s = [], []
+    for p, out in zip(prompts, outs):
+        pred = tok.decode(out, skip_special_tokens=True).strip()
+        ems.append(exact_match(pred, list(p.answers), p.benchmark))
+        f1s.append(f1(pred, list(p.answers), p.benchmark))
+    n = len(prompts)
+    bench = prompts[0].benchmark if prompts else ""
+    return Score(bench, context, steps, sum(ems) / max(n, 1), sum(f1s) / max(n, 1), n,
+                 round(time.monotonic() - start, 1))
+
+
+def load_model(source: str, device: str, dtype: torch.dtype = torch.float32):
+    path = Path(source)
+    if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+        raise SystemExit(f"error: no trained checkpoint at {source!r} (need config.json, "
+                         "model.safetensors and tokenizer.json); train one with "
+                         "`python -m stages.train_backbone` or pass --model <folder>")
+    return load_checkpoint(str(path), dtype=dtype, device=device), load_tokenizer(path)
+
+
+def merge_scores(path: str | None, scores: Sequence[Score]) -> list[Score]:
+    """Cells already in the JSON file at `path` (from earlier runs), overridden by `scores`: a
+    table can be measured in several invocations (e.g. T=64 only at short contexts)."""
+    cells: dict = {}
+    if path and Path(path).is_file():
+        for row in json.loads(Path(path).read_text()):
+            sc = Score(**row)
+            cells[(sc.benchmark, sc.context, sc.steps)] = sc
+    for sc in scores:
+        cells[(sc.benchmark, sc.context, sc.steps)] = sc
+    return [cells[k] for k in sorted(cells)]
+
+
+def markdown_table(scores: Sequence[Score], n_by_context: dict | None = None) -> str:
+    steps = sorted({s.steps for s in scores})
+    lines = ["| benchmark | context | n | " + " | ".join(f"EM T={t}" for t in steps) + " | "
+             + " | ".join(f"F1 T={t}" for t in steps) + " |",
+             "|---|---|---|" + "---|" * (2 * len(steps))]
+    cells = {(s.benchmark, s.context, s.steps): s for s in scores}
+    for bench, ctx in sorted({(s.benchmark, s.context) for s in scores}):
+        row = [cells.get((bench, ctx, t)) for t in steps]
+        n = next(s.n for s in row if s is not None)
+        lines.append(f"| {bench} | {ctx} | {n} | "
+                     + " | ".join("-" if s is None else f"{s.em:.3f}" for s in row) + " | "
+                     + " | ".join("-" if s is None else f"{s.f1:.3f}" for s in row) + " |")
+    return "\n".join(lines)
+
+
+def update_card(folder: Path, table: str, note: str) -> None:
+    card = folder / "README.md"
+    text = card.read_text() if card.is_file() else f"# {folder.name}\n"
+    block = f"{CARD_BEGIN}\n{note}\n\n{table}\n{CARD_END}"
+    if CARD_BEGIN in text and CARD_END in text:
+        text = re.sub(re.escape(CARD_BEGIN) + ".*?" + re.escape(CARD_END), lambda _: block, text,
+                      flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n## Measured quality\n\n" + block + "\n"
+    tmp = card.with_name(card.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(card)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder with tokenizer.json")
+    ap.add_argument("--benchmark", default="synthhop")
+    ap.add_argument("--context", type=int, default=512, help="prompt token budget")
+    ap.add_argument("--steps", type=int, default=32, help="recurrence steps T")
+    ap.add_argument("--n", type=int, default=200, help="test examples (first n of the split)")
+    ap.add_argument("--seed", type=int, default=123, help="test-world seed (also orders distractors)")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--init-seed", type=int, default=0, help="base seed of the initial state")
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per forward")
+    ap.add_argument("--table", action="store_true", help="benchmark x context x T table")
+    ap.add_argument("--benchmarks", nargs="+", default=["synthhop", "syntharith"])
+    ap.add_argument("--contexts", nargs="+", type=int, default=list(TABLE_CONTEXTS))
+    ap.add_argument("--table-steps", nargs="+", type=int, default=list(TABLE_STEPS))
+    ap.add_argument("--table-n", nargs="*", default=[],
+                    help="per-context n overrides for the table, e.g. 4096=100")
+    ap.add_argument("--time-budget", type=float, default=0.0,
+                    help="table: skip the remaining cells after this many seconds (0: none)")
+    ap.add_argument("--update-card", action="store_true", help="write the table into <model>/README.md")
+    ap.add_argument("--json", default=None,
+                    help="also write the scores to this JSON file (cells already there are kept "
+                         "unless measured again, and the table covers them all)")
+    args = ap.parse_args(argv)
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights; TF32 products
+        torch.backends.cudnn.allow_tf32 = True
+    model, tok = load_model(args.model, device)
+    cfg = model.config
+
+    def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
+        return build_prompts(tok, bench, ctx, n, args.seed, cfg.max_positions, args.max_new_tokens,
+                             args.split)
+
+    def cell(prompts, ctx, steps) -> Score:
+        return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens,
+                          args.batch_tokens)
+
+    scores: list[Score] = []
+    target: Score | None = None
+    if args.table:
+        n_over = {int(k): int(v) for k, v in (s.split("=") for s in args.table_n)}
+        start = time.monotonic()
+        for ctx in args.contexts:  # in the order given: the first contexts matter most
+            for bench in args.benchmarks:
+                prompts = prompts_for(bench, ctx, n_over.get(ctx, args.n))
+                for steps in args.table_steps:
+                    if args.time_budget and time.monotonic() - start > args.time_budget:
+                        print(f"time budget reached: skipping {bench} @{ctx} T={steps}", flush=True)
+                        continue
+                    sc = cell(prompts, ctx, steps)
+                    scores.append(sc)
+                    print(f"{bench:>10} @{ctx:<5} T={steps:<3} {sc.line()}  ({sc.seconds}s)", flush=True)
+        table = markdown_table(merge_scores(args.json, scores))
+        print(table)
+        if args.update_card:
+            note = (f"Held-out test split, world seed {args.seed}, greedy decoding (max "
+                    f"{args.max_new_tokens} new tokens), Full attention, initial-state seed "
+                    f"{args.init_seed}; measured with `python -m wise.evaluate --table` on {device}.")
+            update_card(Path(args.model), table, note)
+        target = next((s for s in scores if (s.benchmark, s.context, s.steps)
+                       == (args.benchmark, args.context, args.steps)), None)
+    if target is None:
+        target = cell(prompts_for(args.benchmark, args.context, args.n), args.context, args.steps)
+        scores.append(target)
+    if args.json:
+        merged = merge_scores(args.json, scores)
+        Path(args.json).write_text(json.dumps([s.__dict__ for s in merged], indent=2) + "\n")
+    print(target.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Training batches, generated on the fly from the train split, deterministic in (seed, index).
+
+Batch i draws one context budget (bucketing: every row of a batch has about the same length, so
+padding is small), then ``tokens_per_batch // budget`` examples from the benchmark mixture, each
+from its own freshly generated train-split world. A row is
+
+    <bos> prompt(variant at the budget) answer <eos> <pad>...
+
+with two target masks: the answer tokens plus EOS (the main loss) and the prompt text (the
+optional language-model loss). Rows are right-padded; causal attention never lets a real token
+see a pad, so padding changes nothing for the real positions.
+
+Generation runs in worker processes (``BatchStream``) so the GPU never waits for Python text
+work; the batch for an index is the same whichever process makes it.
+"""
+from __future__ import annotations
+
+import collections
+import multiprocessing as mp
+import os
+import random
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
+from wise.data.splits import derive_seed
+from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
+from wise.training.config import TrainConfig
+
+IGNORE = -100  # target value that no loss counts
+
+
+@dataclass
+class Batch:
+    index: int
+    budget: int
+    ids: np.ndarray  # [B, L] int64, right-padded with PAD
+    targets: np.ndarray  # [B, L] int64: ids shifted left; IGNORE where no loss
+    is_answer: np.ndarray  # [B, L] bool: target is an answer token or the closing EOS
+
+    @property
+    def tokens(self) -> int:
+        return int((self.ids != PAD_ID).sum())
+
+
+def batch_budget(config: TrainConfig, index: int) -> int:
+    """The context budget of batch `index` (short ones only during the curriculum's first phase)."""
+    rng = random.Random(derive_seed(config.seed, "budget", index))
+    pairs = list(zip(config.context_lengths, config.context_weights))
+    if index < config.short_steps:
+        pairs = [(b, w) for b, w in pairs if b <= config.short_context] or pairs
+    budgets, weights = zip(*pairs)
+    return rng.choices(budgets, weights)[0]
+
+
+def encode_row(tok, example, budget_example) -> tuple[list[int], int]:
+    """Token ids of one training row and the length of its prompt part (incl. BOS)."""
+    prompt = [BOS_ID] + tok.encode(format_prompt(budget_example), add_special_tokens=False).ids
+    answer = tok.encode(answer_continuation(example), add_special_tokens=False).ids
+    return prompt + answer + [EOS_ID], len(prompt)
+
+
+def make_batch(config: TrainConfig, tok, index: int) -> Batch:
+    budget = batch_budget(config, index)
+    rows_wanted = max(1, config.tokens_per_batch // budget)
+    rng = random.Random(derive_seed(config.seed, "mix", index))
+    names = sorted(config.benchmarks)
+    picks = collections.Counter(rng.choices(names, [config.benchmarks[b] for b in names], k=rows_wanted))
+
+    def count_tokens(text: str) -> int:
+        return 1 + len(tok.encode(text, add_special_tokens=False).ids)  # + BOS, as the cohorts count
+
+    rows: list[tuple[list[int], int]] = []
+    for bench in names:
+        need = picks.get(bench, 0)
+        attempt = 0
+        while need > 0 and attempt < 4:
+            # A fresh loader seed per (batch, benchmark, attempt): new worlds, never a test world
+            # (worlds are hashed from the split name). Extra examples cover the ones whose
+            # evidence alone exceeds the budget.
+            seed = derive_seed(config.seed, "examples", index, bench, attempt) % (2**31)
+            examples = load_examples(bench, "train", need + 2 + need // 4, seed)
+            variants = build_cohort_variants(examples, [budget], count_tokens, seed,
+                                             reserve_tokens=config.answer_reserve)
+            for example, cv in zip(examples, variants):
+                if need == 0 or budget not in cv.variants:
+                    continue
+                ids, prompt_len = encode_row(tok, example, cv.variants[budget])
+                if len(ids) > budget:  # an unusually long answer: skip rather than truncate
+                    continue
+                rows.append((ids, prompt_len))
+                need -= 1
+            attempt += 1
+    rng.shuffle(rows)
+    length = max(len(r) for r, _ in rows)
+    ids = np.full((len(rows), length), PAD_ID, dtype=np.int64)
+    targets = np.full((len(rows), length), IGNORE, dtype=np.int64)
+    is_answer = np.zeros((len(rows), length), dtype=bool)
+    for i, (row, prompt_len) in enumerate(rows):
+        n = len(row)
+        ids[i, :n] = row
+        targets[i, :n - 1] = row[1:]  # position j predicts token j + 1
+        is_answer[i, prompt_len - 1:n - 1] = True  # the answer tokens and EOS
+    return Batch(index, budget, ids, targets, is_answer)
+
+
+# -- worker processes ----------------------------------------------------------------------------
+_WORKER: dict = {}
+
+
+def _init_worker(config: TrainConfig, tokenizer_path: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER["config"] = config
+    _WORKER["tok"] = load_tokenizer(tokenizer_path)
+
+
+def _worker_batch(index: int) -> Batch:
+    return make_batch(_WORKER["config"], _WORKER["tok"], index)
+
+
+class BatchStream:
+    """Batches `start`, `start+1`, … in order, made `prefetch` ahead by `workers` processes
+    (0: in this process). Use as a context manager so the pool is closed."""
+
+    def __init__(self, config: TrainConfig, tokenizer_path: str, start: int = 0, workers: int | None = None):
+        self.config, self.next_index = config, start
+        if workers is None:
+            workers = config.data_workers if config.data_workers >= 0 else max(1, (os.cpu_count() or 2) - 2)
+        self.workers = workers
+        self.pending: collections.deque = collections.deque()
+        self.pool = None
+        if workers > 0:
+            # fork: cheap start; the children only run tokenizers and Python, never CUDA.
+            self.pool = mp.get_context("fork").Pool(workers, _init_worker, (config, tokenizer_path))
+        else:
+            _init_worker(config, tokenizer_path)
+
+    def _fill(self) -> None:
+        while len(self.pending) < max(1, self.config.prefetch):
+            i = self.next_index + len(self.pending)
+            self.pending.append(self.pool.apply_async(_worker_batch, (i,)))
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        if self.pool is None:
+            batch = _worker_batch(self.next_index)
+        else:
+            self._fill()
+            batch = self.pending.popleft().get()
+        self.next_index += 1
+        return batch
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,104 @@
+"""Typed training params (the ``train:`` section of params.yaml), validated before any work starts.
+
+A bad value raises ``ValueError`` naming the key (``train.lr = -1: must be > 0``). Missing keys
+take the defaults below, which are the settings the shipped ``wise-small`` checkpoint used.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from wise.models.config import PRESETS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # -- model and tokenizer ----------------------------------------------------------------------
+    preset: str = "wise-small"  # architecture preset (wise/models/config.py)
+    init_std: float = 0.02  # std of the seeded normal weight init
+    tokenizer_seed: int = 0  # BPE trained on corpus_for_tokenizer(tokenizer_seed, tokenizer_examples)
+    tokenizer_examples: int = 400
+    # -- data (train split, generated on the fly, deterministic from seed and batch index) -------
+    seed: int = 0
+    benchmarks: dict = field(default_factory=lambda: {"synthhop": 0.6, "syntharith": 0.4})
+    context_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)  # prompt token budgets
+    context_weights: tuple[float, ...] = (0.3, 0.3, 0.2, 0.1, 0.1)  # sampling weight per batch
+    short_steps: int = 300  # curriculum: the first batches use only budgets <= short_context
+    short_context: int = 512
+    tokens_per_batch: int = 49152  # batch size = tokens_per_batch // budget (one budget per batch)
+    answer_reserve: int = 8  # prompt budget minus this leaves room for answer + EOS
+    # -- recurrence -------------------------------------------------------------------------------
+    recurrence_mean: float = 24.0  # mean of the Poisson-lognormal step count
+    recurrence_sigma: float = 0.5
+    recurrence_max: int = 64
+    recurrence_ramp_steps: int = 400  # the mean grows linearly from 4 to recurrence_mean
+    backprop_steps: int = 8  # truncated backprop: gradients through the last k steps only
+    # -- loss and optimisation --------------------------------------------------------------------
+    lm_loss_weight: float = 0.1  # next-token loss on the prompt text, besides the answer loss
+    max_steps: int = 6000
+    time_limit_s: float = 0.0  # 0: none; else stop (and save) after this many seconds of training
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 150
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    # -- execution --------------------------------------------------------------------------------
+    data_workers: int = -1  # -1: cpu count - 2 (0: generate batches in the training process)
+    prefetch: int = 32  # batches generated ahead
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, key: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"train.{key} = {getattr(self, key)!r}: {why}")
+
+        need(self.preset in PRESETS, "preset", f"unknown preset; known: {sorted(PRESETS)}")
+        need(bool(self.benchmarks) and all(w > 0 for w in self.benchmarks.values()),
+             "benchmarks", "needs at least one benchmark with a positive weight")
+        need(len(self.context_lengths) == len(self.context_weights), "context_weights",
+             "must have one weight per context length")
+        need(all(b > self.answer_reserve for b in self.context_lengths), "context_lengths",
+             "every budget must exceed answer_reserve")
+        need(max(self.context_lengths) <= PRESETS[self.preset].max_positions, "context_lengths",
+             f"must fit the model's {PRESETS[self.preset].max_positions} positions")
+        need(all(w >= 0 for w in self.context_weights) and sum(self.context_weights) > 0,
+             "context_weights", "must be >= 0 with a positive sum")
+        need(any(b <= self.short_context for b in self.context_lengths) or self.short_steps == 0,
+             "short_context", "no context length is that short")
+        need(self.tokens_per_batch >= max(self.context_lengths), "tokens_per_batch",
+             "must hold at least one sequence of the longest budget")
+        need(self.recurrence_mean >= 1, "recurrence_mean", "must be >= 1")
+        need(self.recurrence_sigma >= 0, "recurrence_sigma", "must be >= 0")
+        need(self.recurrence_max >= self.recurrence_mean, "recurrence_max", "must be >= recurrence_mean")
+        need(self.backprop_steps >= 1, "backprop_steps", "must be >= 1")
+        need(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
+        need(self.max_steps >= 1, "max_steps", "must be >= 1")
+        need(self.time_limit_s >= 0, "time_limit_s", "must be >= 0")
+        need(self.lr > 0, "lr", "must be > 0")
+        need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        need(self.grad_clip > 0, "grad_clip", "must be > 0")
+        need(self.log_every >= 1, "log_every", "must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["context_lengths"], d["context_weights"] = list(self.context_lengths), list(self.context_weights)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "TrainConfig":
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown train key(s): {', '.join('train.' + k for k in unknown)}")
+        for key in ("context_lengths", "context_weights"):
+            if key in d:
+                d[key] = tuple(d[key])
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,227 @@
+"""The training loop of the recurrent-depth backbone, the way recurrent-depth models are trained.
+
+Per batch: a step count r from a Poisson-lognormal around the mean (Huginn: tau ~ N(log m -
+sigma^2/2, sigma), r = Poisson(e^tau) + 1, clipped), a fresh truncated-normal initial state from
+a seeded generator, r - k recurrence steps without gradients, then k steps with gradients
+(truncated backprop; the state is detached in between, the injected embeddings are not), and
+the loss: cross-entropy on the answer tokens (+ EOS) plus ``lm_loss_weight`` times the next-token
+loss on the prompt text.
+
+    train(TrainConfig(...), out="data/models/wise-small", device="cuda")
+
+writes config.json, model.safetensors, tokenizer.json and loss_curve.csv into `out`; the model
+card is written by the caller (stages/train_backbone.py) which knows the measured quality.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from wise.data.splits import derive_seed
+from wise.data.tokenizer import corpus_for_tokenizer, save_tokenizer, train_tokenizer
+from wise.models.checkpoint import save_checkpoint
+from wise.models.config import RecurrentConfig
+from wise.models.recurrent import RecurrentDepthModel, init_weights
+from wise.training.batches import IGNORE, Batch, BatchStream
+from wise.training.config import TrainConfig
+
+LOSS_CURVE = "loss_curve.csv"
+
+
+def sample_recurrence(config: TrainConfig, index: int) -> int:
+    """Step count of batch `index`: Poisson-lognormal around the (ramped) mean, in [1, max]."""
+    rng = np.random.default_rng(derive_seed(config.seed, "recurrence", index))
+    ramp = min(1.0, index / config.recurrence_ramp_steps) if config.recurrence_ramp_steps else 1.0
+    mean = min(config.recurrence_mean, 4.0) + ramp * max(0.0, config.recurrence_mean - 4.0)
+    sigma = config.recurrence_sigma
+    tau = rng.normal(math.log(mean) - 0.5 * sigma**2, sigma)
+    return int(min(config.recurrence_max, rng.poisson(math.exp(tau)) + 1))
+
+
+def initial_state(model: RecurrentDepthModel, e: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Like ``model.initial_state`` but drawn on the generator's device (a CUDA generator keeps
+    the draw off the host during training); same truncated normal, same scale."""
+    c = model.config
+    s0 = torch.empty(e.shape, dtype=torch.float32, device=generator.device)
+    std = c.init_state_std
+    nn.init.trunc_normal_(s0, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+    return (s0 * c.init_state_scale).to(device=e.device, dtype=e.dtype)
+
+
+def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: int,
+                      backprop_steps: int, generator: torch.Generator, observer=None) -> torch.Tensor:
+    """ids [b, n] -> logits [b, n, vocab] after `num_steps` steps; only the last `backprop_steps`
+    build an autograd graph (the state entering them is detached)."""
+    rope = model.rotary(ids.shape[1], ids.device)
+    e = model.embed(ids, rope)
+    s = initial_state(model, e, generator)
+    free = max(0, num_steps - backprop_steps)
+    with torch.no_grad():
+        for t in range(1, free + 1):
+            s = model.core_step(s, e, t, rope, observer=observer)
+    s = s.detach()
+    for t in range(free + 1, num_steps + 1):
+        s = model.core_step(s, e, t, rope, observer=observer)
+    return model.readout(s, rope)
+
+
+def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
+               lm_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(total, answer loss, lm loss): token means of cross-entropy over the two target sets."""
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
+                         reduction="none").view_as(targets)
+    valid = targets != IGNORE
+    answer = ce[is_answer].mean()
+    lm_mask = valid & ~is_answer
+    lm = ce[lm_mask].mean() if bool(lm_mask.any()) else ce.new_zeros(())
+    return answer + lm_weight * lm, answer, lm
+
+
+def lr_at(config: TrainConfig, progress: float, step: int) -> float:
+    """Linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio over progress."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cos)
+
+
+def build_model(config: TrainConfig) -> RecurrentDepthModel:
+    return init_weights(RecurrentDepthModel(RecurrentConfig.from_name(config.preset)), config.seed,
+                        std=config.init_std)
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
+                             fused=device.type == "cuda")
+
+
+def train_tokenizer_for(config: TrainConfig, out: Path):
+    vocab = RecurrentConfig.from_name(config.preset).vocab_size
+    tok = train_tokenizer(corpus_for_tokenizer(config.tokenizer_seed, config.tokenizer_examples),
+                          vocab_size=vocab)
+    if tok.get_vocab_size() > vocab:
+        raise ValueError(f"tokenizer has {tok.get_vocab_size()} tokens, the model only {vocab}")
+    return tok, save_tokenizer(tok, out)
+
+
+def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.device = "cpu",
+          workers: int | None = None, progress: bool = True) -> dict:
+    """Train from scratch and write the checkpoint folder; returns a summary dict."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device)
+    _, tokenizer_path = train_tokenizer_for(config, out)
+    # The worker pool is forked before CUDA is touched.
+    stream = BatchStream(config, str(tokenizer_path), workers=workers)
+    torch.manual_seed(config.seed)  # nothing should draw from it; a belt for library internals
+    model = build_model(config).to(device).train()
+    opt = make_optimizer(model, config, device)
+    autocast = _autocast_for(model, device)
+    state_gen = torch.Generator(device=device)
+    log: list[dict] = []
+    start = time.monotonic()
+    tokens_seen, stopped_by = 0, "max_steps"
+    step = 0
+    bar = tqdm(total=config.max_steps, disable=not progress, mininterval=5.0, desc="train")
+    try:
+        for step in range(config.max_steps):
+            elapsed = time.monotonic() - start
+            if config.time_limit_s and elapsed >= config.time_limit_s:
+                stopped_by = "time_limit"
+                break
+            frac = step / config.max_steps
+            if config.time_limit_s:
+                frac = max(frac, elapsed / config.time_limit_s)
+            lr = lr_at(config, frac, step)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            batch: Batch = next(stream)
+            ids = torch.from_numpy(batch.ids).to(device, non_blocking=True)
+            targets = torch.from_numpy(batch.targets).to(device, non_blocking=True)
+            is_answer = torch.from_numpy(batch.is_answer).to(device, non_blocking=True)
+            steps = sample_recurrence(config, step)
+            state_gen.manual_seed(derive_seed(config.seed, "state", step))
+            with autocast:
+                logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen)
+            loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            opt.step()
+            tokens_seen += batch.tokens
+            bar.update(1)
+            if step % config.log_every == 0 or step == config.max_steps - 1:
+                row = {"step": step, "tokens": tokens_seen, "loss": loss.item(),
+                       "answer_loss": answer_loss.item(), "lm_loss": lm_loss.item(),
+                       "grad_norm": grad_norm.item(), "lr": lr, "recurrence": steps,
+                       "budget": batch.budget, "rows": int(batch.ids.shape[0]),
+                       "elapsed_s": round(time.monotonic() - start, 2)}
+                if not math.isfinite(row["loss"]):
+                    raise FloatingPointError(f"loss is {row['loss']} at step {step}")
+                log.append(row)
+                bar.set_postfix(ans=f"{row['answer_loss']:.3f}", lm=f"{row['lm_loss']:.3f}",
+                                r=steps, ctx=batch.budget)
+    except (Exception, KeyboardInterrupt) as err:  # keep what was learned; the caller sees stopped_by
+        stopped_by = f"error: {type(err).__name__}: {err}"
+        traceback.print_exc()
+    finally:
+        bar.close()
+        stream.close()
+    steps_done = config.max_steps if stopped_by == "max_steps" else step
+    train_seconds = time.monotonic() - start
+    model = model.float().cpu().eval()
+    meta = {"preset": config.preset, "train_steps": str(steps_done), "seed": str(config.seed)}
+    save_checkpoint(model, out, metadata=meta)
+    write_loss_curve(log, out / LOSS_CURVE)
+    summary = {"steps": steps_done, "stopped_by": stopped_by, "train_seconds": round(train_seconds, 1),
+               "tokens": tokens_seen, "final": log[-1] if log else None,
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _autocast_for(model: RecurrentDepthModel, device: torch.device):
+    """bf16 autocast on CUDA, after a small forward/backward proves it runs on this stack;
+    otherwise fp32 (with TF32 products on CUDA)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    ids = torch.randint(3, model.config.vocab_size, (2, 64), device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = recurrent_forward(model, ids, 3, 2, gen)
+        logits.float().mean().backward()
+        model.zero_grad(set_to_none=True)
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    except RuntimeError as err:  # pragma: no cover - depends on the CUDA stack
+        model.zero_grad(set_to_none=True)
+        print(f"bf16 autocast failed ({err}); training in fp32 with TF32", flush=True)
+        return contextlib.nullcontext()
+
+
+def write_loss_curve(log: list[dict], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        if log:
+            writer = csv.DictWriter(f, fieldnames=list(log[0]))
+            writer.writeheader()
+            writer.writerows(log)
+    os.replace(tmp, path)
+
