@@ -8,26 +8,38 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from dataclasses import dataclass
 
 from pipelines.params import Params
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.prompts import answer_continuation
 from wise.data.tokenizer import load_tokenizer
+from wise.models.checkpoint import load_config, resolve_model_source
 
 
-def model_tokenizer(source: str):
-    path = Path(source) / "tokenizer.json"
+@dataclass(frozen=True)
+class ModelText:
+    """The checkpoint's tokenizer and the special ids the pipeline needs."""
+
+    tokenizer: object  # tokenizers.Tokenizer
+    bos_id: int
+    stop_ids: tuple[int, ...]  # EOS and any end-of-turn tokens
+
+
+def model_text(source: str) -> ModelText:
+    folder = resolve_model_source(source)
+    path = folder / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"model.source {source!r} has no tokenizer.json beside the weights")
-    return load_tokenizer(path)
+    cfg = load_config(folder)
+    return ModelText(load_tokenizer(path), cfg.bos_token_id,
+                     (cfg.eos_token_id, *cfg.extra_eos_token_ids))
 
 
 def build_cohort(p: Params) -> list[dict]:
     c = p.cohorts
-    tok = model_tokenizer(p.model.source)
-    bos = tok.token_to_id("<bos>")
-    eos = tok.token_to_id("<eos>")
+    text = model_text(p.model.source)
+    tok, bos, eos = text.tokenizer, text.bos_id, text.stop_ids[0]
 
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False).ids
@@ -37,7 +49,8 @@ def build_cohort(p: Params) -> list[dict]:
 
     rows = []
     for bench in c.benchmarks:
-        examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed)
+        options = dict(c.sources.get(bench, {}))  # e.g. {path: hotpot_dev_distractor_v1.json}
+        examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **options)
         for ex, cv in zip(examples, build_cohort_variants(examples, list(c.context_lengths), count_tokens,
                                                           c.seed, style=c.prompt_style)):
             if cv.dropped:

@@ -23,7 +23,7 @@ from wise.support import pack_layout
 def wise_settings(p: Params) -> WiseSettings:
     return WiseSettings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step,
                         window=p.wise.window, block_size=p.wise.block_size, eta=p.wise.eta,
-                        backend="kernel" if p.conditions.backend == "kernel" else "reference")
+                        backend=p.conditions.backend)
 
 
 def run_spec(p: Params) -> dict[str, Any]:

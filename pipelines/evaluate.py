@@ -10,7 +10,7 @@ import dataclasses
 
 from pipelines import paths
 from pipelines.artifacts import read_parquet, write_parquet
-from pipelines.cohorts import model_tokenizer
+from pipelines.cohorts import model_text
 from pipelines.discovery import run_spec, wise_settings
 from pipelines.params import Params
 from pipelines.pool import WorkerPool
@@ -27,8 +27,8 @@ def run_condition_stage(p: Params) -> None:
     layouts = {}
     for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
         layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
-    tok = model_tokenizer(p.model.source)
-    stop = [tok.token_to_id("<eos>")]
+    text = model_text(p.model.source)
+    tok, stop = text.tokenizer, list(text.stop_ids)
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,

@@ -37,6 +37,9 @@ class CohortParams:
     context_lengths: tuple[int, ...] = (256, 512)
     seed: int = 0
     prompt_style: str = "plain"
+    # benchmark -> loader options, e.g. {hotpotqa: {path: hotpot_dev_distractor_v1.json}} or
+    # {hotpotqa: {hub_id: hotpotqa/hotpot_qa, config: distractor}}; empty: the loader's default
+    sources: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,17 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
                  f"{too_long} exceed the model's {max_positions} positions")
     _require(c.examples_per_benchmark >= 1, "cohorts.examples_per_benchmark", c.examples_per_benchmark, "must be >= 1")
     _require(len(c.benchmarks) > 0, "cohorts.benchmarks", list(c.benchmarks), "must not be empty")
+    from wise.data import BENCHMARKS, PROMPT_STYLES
+
+    unknown_b = [b for b in c.benchmarks if b not in BENCHMARKS]
+    _require(not unknown_b, "cohorts.benchmarks", list(c.benchmarks),
+             f"unknown benchmark(s) {unknown_b}; known: {sorted(BENCHMARKS)}")
+    _require(c.prompt_style in PROMPT_STYLES, "cohorts.prompt_style", c.prompt_style,
+             f"known styles: {sorted(PROMPT_STYLES)}")
+    _require(isinstance(c.sources, dict) and all(isinstance(v, dict) for v in c.sources.values()),
+             "cohorts.sources", c.sources, "must map benchmark names to option mappings")
+    stray = [b for b in c.sources if b not in c.benchmarks]
+    _require(not stray, "cohorts.sources", c.sources, f"names benchmark(s) not in cohorts.benchmarks: {stray}")
     _require(c.split in ("train", "validation", "test"), "cohorts.split", c.split,
              "must be one of train, validation, test")
     unknown = [n for n in p.conditions.names if n not in CONDITIONS]
@@ -252,18 +266,37 @@ def parse(raw: dict[str, Any]) -> Params:
     return Params(**parts)
 
 
-def model_max_positions(source: str) -> int | None:
-    """Positions of the configured model, read cheaply from config.json (None if unknown here)."""
+def model_facts(source: str) -> dict | None:
+    """Config facts of the configured model read cheaply (config.json or preset), None if unknown
+    here (a hub id not downloaded yet)."""
     from wise.models.config import RecurrentConfig
 
     if source.startswith("preset:"):
-        return RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0]).max_positions
-    cfg = Path(source) / "config.json"
-    if cfg.is_file():
+        cfg = RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0])
+        return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim}
+    path = Path(source) / "config.json"
+    if path.is_file():
         import json
 
-        return int(json.loads(cfg.read_text()).get("max_positions", 0)) or None
+        raw = json.loads(path.read_text())
+        return {"max_positions": raw.get("max_positions"), "head_dim": raw.get("head_dim")}
     return None
+
+
+def _check_backend(p: Params, facts: dict | None) -> None:
+    if p.conditions.backend != "kernel":
+        return
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ParamsError("params.yaml: conditions.backend = 'kernel': needs a CUDA device "
+                          "(or TRITON_INTERPRET=1 to run the kernel in Triton's CPU interpreter)")
+    if facts and facts.get("head_dim") not in (64, 96, 128):
+        raise ParamsError(f"params.yaml: conditions.backend = 'kernel': the kernel supports head_dim "
+                          f"64, 96 or 128, model {p.model.source} has {facts.get('head_dim')}; "
+                          "use 'reference' or 'flex'")
 
 
 def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> Params:
@@ -275,7 +308,10 @@ def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> P
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
     params = parse(raw)
-    max_pos = model_max_positions(params.model.source) if check_model else None
-    if check_model and max_pos is None and not is_hub_id(params.model.source):
+    facts = model_facts(params.model.source) if check_model else None
+    if check_model and facts is None and not is_hub_id(params.model.source):
         raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
-    return validate(params, max_pos)
+    validate(params, facts.get("max_positions") if facts else None)
+    if check_model:
+        _check_backend(params, facts)
+    return params

@@ -52,9 +52,9 @@ class ModelWorker:
         self.device = device
 
     def run(self, task: str, item: Any, context: dict) -> Any:
-        from pipelines.work import TASKS
+        from pipelines.work import get_task
 
-        return TASKS[task](self.model, item, context)
+        return get_task(task)(self.model, item, context)
 
     def ready(self) -> str:
         return self.device

@@ -8,7 +8,7 @@ import dataclasses
 
 from pipelines import paths
 from pipelines.artifacts import read_parquet, write_parquet
-from pipelines.cohorts import model_tokenizer
+from pipelines.cohorts import model_text
 from pipelines.discovery import run_spec, wise_settings
 from pipelines.params import Params, ParamsError
 from pipelines.pool import WorkerPool
@@ -33,12 +33,13 @@ def run_sweep_stage(p: Params, axis: str) -> None:
         raise ParamsError(f"unknown sweep axis {axis!r}; known: {list(AXES)}")
     values = list(getattr(p.sweeps, axis))
     cohort = sweep_cohort(p)
-    tok = model_tokenizer(p.model.source)
+    text = model_text(p.model.source)
+    tok = text.tokenizer
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "axis": axis, "values": values, "max_new_tokens": p.conditions.max_new_tokens,
-               "stop_ids": [tok.token_to_id("<eos>")]}
+               "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")
     spec = run_spec(p)

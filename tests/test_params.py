@@ -71,3 +71,9 @@ def test_stage_exits_nonzero_and_keeps_existing_outputs(tmp_path):
     assert proc.returncode == 2
     assert "wise.eta" in proc.stderr
     assert out.read_bytes() == b"previous run"
+
+
+def test_kernel_backend_needs_a_supported_head_dim(tmp_path):
+    # the default tiny model has head_dim 16, which the Triton kernel does not support
+    with pytest.raises(ParamsError, match="conditions.backend"):
+        load_params(write(tmp_path, lambda r: r["conditions"].update(backend="kernel")))

@@ -4,7 +4,8 @@ import torch
 
 from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, supports_from_trace
 from wise.models import RecurrentDepthModel, RecurrentConfig, init_weights
-from wise.routing import BlockMassRecorder, MaskedSupportAttention, Observers, StateChangeRecorder
+from wise.mechanism import TrajectoryObserver
+from wise.routing import MaskedSupportAttention
 from wise.runner import WiseSettings, greedy_generate, gold_logprob, run_condition, state_seed
 from wise.support import density
 
@@ -77,9 +78,9 @@ def test_masked_support_with_full_layout_equals_full_attention():
 
 def test_supports_stage_reproduces_the_runner_support_from_a_full_trace(model):
     ids = ids_of(70, seed=3)
-    masses = BlockMassRecorder(SETTINGS.block_size, steps=None, dtype=torch.float16)
+    masses = TrajectoryObserver(SETTINGS.block_size)
     run_condition(model, ids, "full", SETTINGS, seed=9, observer=masses)
-    trace = torch.stack([masses.stacked(t) for t in range(1, SETTINGS.steps + 1)])
+    trace = masses.stacked_masses(SETTINGS.steps)
     summaries = supports_from_trace(trace, 70, ["wise", "size_matched", "mass_matched", "static95"],
                                     SETTINGS.eta, SETTINGS.discovery_step, SETTINGS.window)
     for name, s in summaries.items():
@@ -114,11 +115,14 @@ def test_generation_and_teacher_forcing_are_paired_and_deterministic(model):
     assert lp < 0 and lp == gold_logprob(model, prompt, [5, 6, 1], "full", SETTINGS, "ex-1", 0)
 
 
-def test_state_change_recorder_measures_relative_l2():
-    rec = StateChangeRecorder()
-    rec.on_state(0, torch.tensor([3.0, 4.0]))
-    rec.on_state(1, torch.tensor([3.0, 4.0]) * 1.1)
-    assert rec.values[1] == pytest.approx(0.1, rel=1e-6)
+def test_trajectory_observer_series():
+    obs = TrajectoryObserver(16)
+    obs.on_state(0, torch.tensor([3.0, 4.0]))
+    obs.on_state(1, torch.tensor([3.0, 4.0]) * 1.1)
+    obs.on_state(2, torch.tensor([3.0, 4.0]) * 1.21)
+    series = obs.step_series(2)
+    # H at step 1 compares with the random initial state and is left undefined
+    assert series["H"][0] != series["H"][0] and series["H"][1] == pytest.approx(0.1, rel=1e-6)
 
 
 def test_settings_validate_relations():

@@ -1,4 +1,7 @@
-"""Instrumentation of the Full trajectory: block masses and the S/A/H/O diagnostics per step.
+"""Instrumentation of a trajectory: block masses and the S/A/H/O diagnostics per step.
+
+The same observer records the discovery masses inside every run (``wise.runner``) and the Full
+traces of the traces stage, so both compute block masses with exactly the same code.
 
 ``TrajectoryObserver`` plugs into the model's observer seam. At each (step, layer) it builds the
 layer's attention probabilities once, takes their block masses, and compares them with the same
@@ -28,11 +31,14 @@ class TrajectoryObserver:
     """Records per step: block masses [L, H, M, M] (fp16) and S, A, O per layer, H per step."""
 
     def __init__(self, block_size: int, mass_dtype: torch.dtype = torch.float16, k_max: int = 16,
-                 diagnostics: bool = True):
+                 diagnostics: bool = True, steps=None, keep_qk_step: int | None = None):
         self.block_size = block_size
         self.mass_dtype = mass_dtype
         self.k_max = k_max
         self.diagnostics = diagnostics
+        self.steps = None if steps is None else set(steps)  # record masses only at these steps
+        self.keep_qk_step = keep_qk_step  # keep (q, k) of this step (Freeze-A rebuilds its weights)
+        self.qk: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.masses: dict[int, dict[int, torch.Tensor]] = {}
         self.layer_values: dict[tuple[int, int], dict[str, float]] = {}  # (step, layer) -> S, A, O
         self.state_change: dict[int, float] = {}
@@ -42,8 +48,13 @@ class TrajectoryObserver:
 
     def on_attention(self, step, layer, q, k, v, out) -> None:
         q, k, out = q[0].detach(), k[0].detach(), out[0].detach()
+        if step == self.keep_qk_step:
+            self.qk[layer] = (q, k)
+        if not self.diagnostics and self.steps is not None and step not in self.steps:
+            return  # nothing to record at this step: skip the n x n work
         probs = layer_probs(q, k)
-        self.masses.setdefault(step, {})[layer] = block_mass(probs, self.block_size).to(self.mass_dtype)
+        if self.steps is None or step in self.steps:
+            self.masses.setdefault(step, {})[layer] = block_mass(probs, self.block_size).to(self.mass_dtype)
         if self.diagnostics:
             values = {"S": math.nan, "A": math.nan, "O": math.nan}
             if layer in self._prev_qk:
@@ -63,10 +74,13 @@ class TrajectoryObserver:
             self.state_change[step] = relative_change(self._prev_state, cur)
         self._prev_state = cur
 
+    def step_masses(self, step: int) -> torch.Tensor:
+        """Masses of one step as [L, H, M, M]."""
+        return torch.stack([self.masses[step][l] for l in sorted(self.masses[step])])
+
     def stacked_masses(self, steps: int) -> torch.Tensor:
         """[T, L, H, M, M] in step order."""
-        return torch.stack([torch.stack([self.masses[t][l] for l in sorted(self.masses[t])])
-                            for t in range(1, steps + 1)])
+        return torch.stack([self.step_masses(t) for t in range(1, steps + 1)])
 
     def step_series(self, steps: int) -> dict[str, list[float]]:
         """Per-step S, A, O (mean over layers) and H; index i is step i+1."""
@@ -80,3 +94,18 @@ class TrajectoryObserver:
             # is left undefined like S, A and O so the early-scale medians start at step 2.
             out["H"].append(self.state_change.get(t, math.nan) if t > 1 else math.nan)
         return out
+
+
+class Observers:
+    """Fans one seam out to several observers."""
+
+    def __init__(self, *observers):
+        self.observers = [o for o in observers if o is not None]
+
+    def on_attention(self, step, layer, q, k, v, out) -> None:
+        for o in self.observers:
+            o.on_attention(step, layer, q, k, v, out)
+
+    def on_state(self, step, state) -> None:
+        for o in self.observers:
+            o.on_state(step, state)

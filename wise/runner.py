@@ -18,8 +18,8 @@ import torch
 
 from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, discovery_steps
 from wise.models.recurrent import RecurrentDepthModel
-from wise.routing import (BlockMassRecorder, FrozenWeightsAttention, Observers,
-                          make_support_policy, masked_softmax_weights)
+from wise.mechanism import Observers, TrajectoryObserver
+from wise.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
 from wise.support import density
 
 
@@ -30,7 +30,7 @@ class WiseSettings:
     window: int = 4  # w
     block_size: int = 32  # B
     eta: float = 0.95
-    backend: str = "reference"  # late sparse attention: "reference" (masked dense) or "kernel"
+    backend: str = "reference"  # late sparse attention: "reference" (masked dense), "kernel", "flex"
 
     def __post_init__(self) -> None:
         if not 1 <= self.window <= self.discovery_step < self.steps:
@@ -74,9 +74,11 @@ def run_condition(model: RecurrentDepthModel, ids: torch.Tensor, condition: str,
     window = discovery_steps(s_.discovery_step, s_.window)
     recorder = None
     if condition not in ("full", "truncate"):
-        # fp16 masses, exactly as traces store them, so the supports stage reproduces these sets.
-        recorder = BlockMassRecorder(s_.block_size, steps={1, *window}, dtype=torch.float16,
-                                     keep_qk_step=s_.discovery_step if condition == "freeze_a" else None)
+        # fp16 masses from the traces stage's own observer, so the supports stage reproduces
+        # these sets exactly from a Full trace.
+        recorder = TrajectoryObserver(s_.block_size, mass_dtype=torch.float16, diagnostics=False,
+                                      steps={1, *window},
+                                      keep_qk_step=s_.discovery_step if condition == "freeze_a" else None)
     early_obs = Observers(recorder, observer)
     for t in range(1, s_.discovery_step + 1):
         s = model.core_step(s, e, t, rope, None, early_obs)
@@ -89,8 +91,8 @@ def run_condition(model: RecurrentDepthModel, ids: torch.Tensor, condition: str,
 
     policy = None
     if recorder is not None:
-        masses = DiscoveryMasses(step1=recorder.stacked(1).float(),
-                                 window=[recorder.stacked(t).float() for t in window])
+        masses = DiscoveryMasses(step1=recorder.step_masses(1).float(),
+                                 window=[recorder.step_masses(t).float() for t in window])
         layouts = condition_support(condition, masses, s_.eta)
         result.layouts, result.discovery = layouts, masses
         if condition == "freeze_a":

@@ -1,0 +1,28 @@
+"""Work item run inside a ``ModelWorker``: the Full trajectory of one prompt.
+
+Plain dicts in and out."""
+from __future__ import annotations
+
+import torch
+
+from wise.mechanism import TrajectoryObserver
+from wise.runner import WiseSettings, run_condition, state_seed
+
+
+def trace_example(model, item: dict, context: dict) -> dict:
+    """Full trajectory of the prompt: block masses of every step (fp16) and S/A/H/O per step."""
+    settings = WiseSettings(**context["settings"])
+    ids = torch.tensor(item["token_ids"], dtype=torch.long)
+    seed = state_seed(item["example_id"], context["init_seed"], len(ids))
+    obs = TrajectoryObserver(settings.block_size, k_max=context.get("topk", 16),
+                             diagnostics=context.get("diagnostics", True))
+    res = run_condition(model, ids, "full", settings, seed, observer=obs)
+    T = settings.steps
+    masses = obs.stacked_masses(T)  # [T, L, H, M, M]
+    return {
+        "example_id": item["example_id"],
+        "masses": masses.cpu().numpy(),
+        "series": obs.step_series(T),
+        "layer_values": [{"step": s, "layer": l, **v} for (s, l), v in sorted(obs.layer_values.items())],
+        "state_hash_td": res.state_hash,
+    }
