@@ -1,7 +1,10 @@
 """Stage `train_backbone`: train the embedded recurrent-depth model (wise-small) on one GPU.
 
-    python stages/train_backbone.py                        # params.yaml `train:` -> data/models/wise-small
-    python stages/train_backbone.py --eval-table           # and measure the quality table into the card
+    python -m stages.train_backbone                        # params.yaml `train:` -> data/models/wise-small
+    python -m stages.train_backbone --eval-table           # and measure the quality table into the card
+
+Run it with `-m` from the repository root: run as a script, `stages/` comes first on sys.path
+and `stages/statistics.py` shadows the standard library module that torch imports.
 
 Reads only the `train` section of params.yaml (missing keys take the TrainConfig defaults).
 Writes config.json, model.safetensors, tokenizer.json(+config), loss_curve.csv,
@@ -66,7 +69,7 @@ Params (`train:` in params.yaml):
 
 {params}
 
-Reproduce: `python stages/train_backbone.py --eval-table` (one GPU).
+Reproduce: `python -m stages.train_backbone --eval-table` (one GPU).
 
 ## Measured quality
 

@@ -26,7 +26,46 @@ def _plain(example: Example) -> str:
     return "\n\n".join(blocks)
 
 
-PROMPT_STYLES: dict[str, PromptStyle] = {"plain": _plain}
+# Huginn-0125's chat template (tokenizer_config.json of tomg-group-umd/huginn-0125) renders each
+# message as <|begin_header|>{role}<|end_header|>\n\n{content | trim}<|end_turn|>, prefixes the
+# first with the BOS token, and opens the assistant turn with <|begin_header|>Huginn<|end_header|>
+# \n\n. The BOS token is left out here: the pipeline prepends the BOS id to every prompt.
+HUGINN_SYSTEM_PROMPT = "You are a helpful assistant."  # the model card's chat example
+_HUGINN_TURN = "<|begin_header|>{role}<|end_header|>\n\n{content}<|end_turn|>"
+_HUGINN_ASSISTANT_OPEN = "<|begin_header|>Huginn<|end_header|>\n\n"
+
+
+def _task_text(example: Example) -> str:
+    # Passages then the question, as in "plain"; the answer cue is added by each style.
+    blocks = [format_passage(p) for p in example.passages]
+    blocks.append(f"Question: {example.question}")
+    return "\n\n".join(blocks)
+
+
+def _huginn_chat(example: Example) -> str:
+    instruction = ("Answer the question using the passages. Reply with the answer only."
+                   if example.passages else "Answer the question. Reply with the answer only.")
+    user = f"{instruction}\n\n{_task_text(example)}".strip()  # the template trims content
+    return (_HUGINN_TURN.format(role="system", content=HUGINN_SYSTEM_PROMPT)
+            + _HUGINN_TURN.format(role="user", content=user)
+            # The assistant turn is left open and prefilled with "Answer:" so that the scored
+            # continuation " <answer>" (see answer_continuation) reads naturally in every style.
+            + _HUGINN_ASSISTANT_OPEN + "Answer:")
+
+
+def _llama_completion(example: Example) -> str:
+    # Recurrent-Llama-3.2 is a retrofitted base model (no chat tuning): a fixed instruction line,
+    # then the plain prompt, which ends with "Answer:".
+    instruction = ("Answer the question based on the passages below." if example.passages
+                   else "Answer the question.")
+    return f"{instruction}\n\n{_plain(example)}"
+
+
+PROMPT_STYLES: dict[str, PromptStyle] = {
+    "plain": _plain,
+    "huginn_chat": _huginn_chat,
+    "llama_completion": _llama_completion,
+}
 
 
 def register_prompt_style(name: str, style: PromptStyle) -> None:

@@ -2,6 +2,11 @@
 
 Tensor names are the published ones (see ``recurrent.py``), so loading is a strict name/shape match
 with errors that name the offending tensor. Writes are atomic (temporary name, then rename).
+
+Reads the project's own checkpoints (``model_type: wise_recurrent``) and the published Raven ones
+(``huginn_raven``: Huginn-0125 and the retrofitted Recurrent-Llama checkpoints; config mapping in
+``hf_configs.py``, tensor-name normalisation in ``state_dict_map.py``), single-file or sharded
+(``model.safetensors.index.json`` + shards), in any stored float dtype.
 """
 from __future__ import annotations
 
@@ -11,13 +16,17 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from wise.models.config import RecurrentConfig
+from wise.models.hf_configs import RAVEN_MODEL_TYPE, config_from_raven
 from wise.models.recurrent import RecurrentDepthModel, init_weights
+from wise.models.state_dict_map import to_project_names
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"  # sharded layout: {"weight_map": {tensor: shard file}}
 TOKENIZER_NAME = "tokenizer.json"
 
 
@@ -48,13 +57,18 @@ def load_config(folder: str | os.PathLike) -> RecurrentConfig:
         raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint folder {folder}")
     raw = json.loads(path.read_text())
     model_type = raw.get("model_type", "wise_recurrent")
-    if model_type != "wise_recurrent":
-        raise ValueError(f"{path}: model_type {model_type!r} is not a wise checkpoint "
-                         "(loading Huginn / Recurrent-Llama configs is not implemented yet)")
-    return RecurrentConfig.from_dict(raw)
+    if model_type == "wise_recurrent":
+        return RecurrentConfig.from_dict(raw)
+    if model_type == RAVEN_MODEL_TYPE:  # Huginn-0125, Recurrent-Llama-3.2 and siblings
+        return config_from_raven(raw, folder=Path(folder), source=str(path))
+    raise ValueError(f"{path}: model_type {model_type!r} is not supported; known: "
+                     f"'wise_recurrent', {RAVEN_MODEL_TYPE!r}")
 
 
-def load_state_strict(model: RecurrentDepthModel, state: dict[str, torch.Tensor], source: str) -> None:
+def load_state_strict(model: RecurrentDepthModel, state: dict[str, torch.Tensor], source: str,
+                      assign: bool = False) -> None:
+    """Names and shapes must match exactly. ``assign=True`` adopts the given tensors as the
+    parameters (no copy; the model may live on the meta device)."""
     expected = model.state_dict()
     if model.config.tie_embeddings:
         expected.pop("lm_head.weight", None)
@@ -69,7 +83,45 @@ def load_state_strict(model: RecurrentDepthModel, state: dict[str, torch.Tensor]
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise ValueError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(expected[name].shape)}")
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict(state, strict=False, assign=assign)
+
+
+def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files of a checkpoint folder and, when sharded, the index's tensor->file map."""
+    index = folder / INDEX_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no weight_map")
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index}: shard(s) {absent} not in {folder}")
+        return files, weight_map
+    if (folder / WEIGHTS_NAME).is_file():
+        return [folder / WEIGHTS_NAME], None
+    raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in checkpoint folder {folder}")
+
+
+def read_state(folder: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of a (sharded) checkpoint on the CPU; floating tensors cast to ``dtype`` one at
+    a time, so a bf16 model never holds an fp32 copy of the weights (and bf16 files upcast exactly)."""
+    files, weight_map = weight_files(folder)
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name in state:
+                    raise ValueError(f"{path}: tensor {name} is stored in more than one shard")
+                if weight_map is not None and weight_map.get(name) != path.name:
+                    raise ValueError(f"{path}: tensor {name} is not listed for this shard in {INDEX_NAME}")
+                t = f.get_tensor(name)
+                state[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    if weight_map is not None:
+        lost = sorted(set(weight_map) - set(state))
+        if lost:
+            raise KeyError(f"{folder / INDEX_NAME}: tensor(s) {lost[:5]} listed but absent from their shards")
+    return state
 
 
 def is_hub_id(source: str) -> bool:
@@ -100,13 +152,12 @@ def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
         return model.to(device=device, dtype=dtype).eval()
     folder = resolve_model_source(source)
     config = load_config(folder)
-    weights = folder / WEIGHTS_NAME
-    if not weights.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_NAME} in checkpoint folder {folder}")
+    state = to_project_names(read_state(folder, dtype), config, str(folder))
+    # Built on the meta device and given the loaded tensors (assign), so the weights exist once
+    # in memory, in the requested dtype.
     with torch.device("meta"):
         model = RecurrentDepthModel(config)
-    model = model.to_empty(device="cpu")
-    load_state_strict(model, load_file(str(weights)), str(weights))
+    load_state_strict(model, state, str(folder), assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     return model.to(device=device, dtype=dtype).eval()
