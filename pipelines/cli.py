@@ -16,7 +16,7 @@ for _k, _v in {"DVC_NO_ANALYTICS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUT
 
 
 def stage_main(name: str, run: Callable[[Params], None], argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=f"DVC stage: {name}")
+    parser = argparse.ArgumentParser(prog=f"python -m stages.{name.split('@')[0]}", description=f"DVC stage: {name}")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     try:

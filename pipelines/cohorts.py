@@ -24,6 +24,7 @@ class ModelText:
     tokenizer: object  # tokenizers.Tokenizer
     bos_id: int
     stop_ids: tuple[int, ...]  # EOS and any end-of-turn tokens
+    max_positions: int
 
 
 def model_text(source: str) -> ModelText:
@@ -33,13 +34,30 @@ def model_text(source: str) -> ModelText:
         raise FileNotFoundError(f"model.source {source!r} has no tokenizer.json beside the weights")
     cfg = load_config(folder)
     return ModelText(load_tokenizer(path), cfg.bos_token_id,
-                     (cfg.eos_token_id, *cfg.extra_eos_token_ids))
+                     (cfg.eos_token_id, *cfg.extra_eos_token_ids), cfg.max_positions)
+
+
+# Room for the gold answer in teacher forcing beyond what generation needs.
+ANSWER_HEADROOM = 16
+
+
+def generation_reserve(p: Params, max_positions: int) -> int:
+    """Tokens every prompt leaves free when the longest budget would otherwise run past the
+    model's positions during generation (budget = max_positions, as in the paper's 4K runs on a
+    4096-position Huginn). Zero when there is room, so budgets stay exact."""
+    room = p.conditions.max_new_tokens + ANSWER_HEADROOM
+    if max(p.cohorts.context_lengths) + room <= max_positions:
+        return 0
+    print(f"cohorts: prompts leave {room} tokens free for generation "
+          f"(cohorts.context_lengths reach the model's {max_positions} positions)")
+    return room
 
 
 def build_cohort(p: Params) -> list[dict]:
     c = p.cohorts
     text = model_text(p.model.source)
     tok, bos, eos = text.tokenizer, text.bos_id, text.stop_ids[0]
+    reserve = generation_reserve(p, text.max_positions)
 
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False).ids
@@ -52,7 +70,8 @@ def build_cohort(p: Params) -> list[dict]:
         options = dict(c.sources.get(bench, {}))  # e.g. {path: hotpot_dev_distractor_v1.json}
         examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **options)
         for ex, cv in zip(examples, build_cohort_variants(examples, list(c.context_lengths), count_tokens,
-                                                          c.seed, style=c.prompt_style)):
+                                                          c.seed, style=c.prompt_style,
+                                                          reserve_tokens=reserve)):
             if cv.dropped:
                 # An example whose evidence does not fit a budget is dropped at that budget, never
                 # truncated; the stage says so instead of hiding it.

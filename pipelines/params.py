@@ -274,12 +274,14 @@ def model_facts(source: str) -> dict | None:
     if source.startswith("preset:"):
         cfg = RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0])
         return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim}
-    path = Path(source) / "config.json"
-    if path.is_file():
-        import json
+    if (Path(source) / "config.json").is_file():
+        from wise.models.checkpoint import load_config
 
-        raw = json.loads(path.read_text())
-        return {"max_positions": raw.get("max_positions"), "head_dim": raw.get("head_dim")}
+        try:  # the checkpoint's own mapping (wise, Huginn or Recurrent-Llama config.json)
+            cfg = load_config(source)
+        except (KeyError, ValueError) as exc:
+            raise ParamsError(f"params.yaml: model.source = {source!r}: {exc}") from exc
+        return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim}
     return None
 
 

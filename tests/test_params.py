@@ -66,7 +66,7 @@ def test_stage_exits_nonzero_and_keeps_existing_outputs(tmp_path):
     out = tmp_path / "data" / "cohorts" / "examples.parquet"
     out.parent.mkdir(parents=True)
     out.write_bytes(b"previous run")
-    proc = subprocess.run([sys.executable, str(ROOT / "stages" / "cohorts.py"), "--params", str(params)],
+    proc = subprocess.run([sys.executable, "-m", "stages.cohorts", "--params", str(params)],
                           cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "wise.eta" in proc.stderr
@@ -74,6 +74,23 @@ def test_stage_exits_nonzero_and_keeps_existing_outputs(tmp_path):
 
 
 def test_kernel_backend_needs_a_supported_head_dim(tmp_path):
-    # the default tiny model has head_dim 16, which the Triton kernel does not support
-    with pytest.raises(ParamsError, match="conditions.backend"):
+    import json
+
+    from wise.models import RecurrentConfig
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(RecurrentConfig(head_dim=32).to_dict()))
+    edit = lambda r: (r["conditions"].update(backend="kernel"), r["model"].update(source=str(model)))
+    with pytest.raises(ParamsError, match="head_dim"):
+        load_params(write(tmp_path, edit))
+
+
+def test_kernel_backend_without_cuda_or_interpreter_is_refused(tmp_path, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ParamsError, match="needs a CUDA device"):
         load_params(write(tmp_path, lambda r: r["conditions"].update(backend="kernel")))

@@ -91,7 +91,10 @@ class FlexSupportAttention:
         n = q.shape[2]
         if (layer, n) not in self._masks:
             self._masks[(layer, n)] = flex_block_mask(self.layouts[layer], self.block_size, n)
-        return flex_attention_call(q[0], k[0], v[0], self._masks[(layer, n)])[None]
+        options = None
+        if q.is_cuda:  # Flex's GPU tiles must divide the sparse block size (default tiles: 128)
+            options = {"BLOCK_M": min(self.block_size, 64), "BLOCK_N": min(self.block_size, 64)}
+        return flex_attention_call(q[0], k[0], v[0], self._masks[(layer, n)], kernel_options=options)[None]
 
 
 class FrozenWeightsAttention:

@@ -94,14 +94,15 @@ class RecurrentConfig:
 
 PRESETS: dict[str, RecurrentConfig] = {
     # Seeded random weights for tests and the walking skeleton: attention does not route
-    # meaningfully, but every code path runs.
+    # meaningfully, but every code path runs. head_dim 64 so the Triton kernel can serve it.
     "tiny-random": RecurrentConfig(
-        vocab_size=2048, hidden=64, heads=4, kv_heads=4, head_dim=16, intermediate=128,
+        vocab_size=2048, hidden=64, heads=2, kv_heads=2, head_dim=64, intermediate=128,
         n_prelude=1, n_core=2, n_coda=1, embed_scale=8.0, init_state_scale=8.0, name="tiny-random",
     ),
-    # The embedded default that the project trains (Huginn layout, small).
+    # The embedded default that the project trains (Huginn layout, small; head_dim 64 so the
+    # Triton kernel can serve its late steps).
     "wise-small": RecurrentConfig(
-        vocab_size=4096, hidden=256, heads=8, kv_heads=8, head_dim=32, intermediate=640,
+        vocab_size=4096, hidden=256, heads=4, kv_heads=4, head_dim=64, intermediate=640,
         n_prelude=1, n_core=2, n_coda=1, embed_scale=16.0, init_state_scale=16.0, name="wise-small",
     ),
     "huginn-0125": RecurrentConfig(

@@ -45,6 +45,7 @@ IGNORED_KEYS = frozenset({
     "name", "hf_config", "use_cache", "padding_multiple", "init_strategy", "init_orthogonal",
     "sampling_scheme", "mean_backprop_depth", "activation_checkpoint_impl",
     "effective_expected_depth", "n_layers", "num_hidden_layers", "test_time_noise_type",
+    "_attn_implementation_autoset", "attn_implementation",  # written by some transformers 4.x
 })
 # Keys whose value selects a component; only these values are implemented.
 REQUIRED_VALUES: dict[str, Any] = {
@@ -118,7 +119,8 @@ def config_from_raven(raw: dict[str, Any], folder: str | Path | None = None,
     def alias(*keys: str) -> Any:
         present = [k for k in keys if k in raw]
         if not present:
-            raise fail(keys[0], f"missing required key (or its alias {keys[1:]})")
+            also = f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""
+            raise fail(keys[0], f"missing required key{also}")
         if len({json.dumps(raw[k]) for k in present}) > 1:
             raise fail(present[1], f"disagrees with {present[0]}: {raw[present[1]]!r} vs {raw[present[0]]!r}")
         return raw[present[0]]
@@ -165,7 +167,8 @@ def config_from_raven(raw: dict[str, Any], folder: str | Path | None = None,
             qk_bias=bool(raw["qk_bias"]), init_state_std=float(init["std"]),
             # Both modeling files multiply the drawn state by emb_scale when it is not 1.
             init_state_scale=embed_scale, mean_recurrence=int(raw["mean_recurrence"]),
-            name=Path(folder).name if folder is not None else family, **rope, **layout, **ids)
+            # A hub download lives in a snapshot folder named by commit hash, so name the family.
+            name=family, **rope, **layout, **ids)
     except ValueError as exc:
         raise ConfigKeyError(f"{source}: {exc}") from exc
 
@@ -177,7 +180,7 @@ def _retrofit_rope(raw: dict[str, Any], fail) -> dict[str, Any]:
     theta = raw.get("rope_theta", params.get("rope_theta", raw.get("rope_base")))
     if theta is None:
         raise fail("rope_theta", "missing (no rope_theta, rope_parameters.rope_theta or rope_base)")
-    out: dict[str, Any] = {"rope_base": float(raw["rope_base"]), "rope_scaling": None,
+    out: dict[str, Any] = {"rope_base": float(theta), "rope_scaling": None,
                            "max_positions": int(raw.get("max_position_embeddings", raw.get("block_size", 0)))}
     if not out["max_positions"]:
         raise fail("max_position_embeddings", "missing")
