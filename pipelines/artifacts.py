@@ -30,6 +30,56 @@ def write_parquet(rows: Sequence[dict[str, Any]] | pa.Table, path: str | Path,
     return path
 
 
+class ParquetStream:
+    """Append row groups to one Parquet file as results arrive, so a stage never holds all of them
+    (a Huginn 4K trace is ~230 MB of fp16 masses per example). Written under a temporary name and
+    renamed only when the ``with`` block completes; on an error the partial file is removed.
+    Every ``write`` call becomes one row group (stages write one per example)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.tmp = _tmp(self.path)
+        self.writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def __enter__(self) -> "ParquetStream":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def write(self, rows: Sequence[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        if self.writer is None:
+            table = pa.Table.from_pylist(list(rows))
+            self.writer = pq.ParquetWriter(self.tmp, table.schema, compression="zstd",
+                                           use_dictionary=True, write_statistics=True)
+        else:
+            table = pa.Table.from_pylist(list(rows), schema=self.writer.schema)
+        self.writer.write_table(table)
+        self.rows += len(rows)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if exc_type is None and self.writer is not None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+            if exc_type is None:
+                raise ValueError(f"no rows were written to {self.path}")
+
+
+def iter_row_groups(path: str | Path):
+    """Yield each row group of a Parquet file as a pyarrow Table (one example at a time)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"expected artifact {path} is missing: run the stage that writes it "
+                                f"(dvc repro) first")
+    f = pq.ParquetFile(path)
+    for i in range(f.num_row_groups):
+        yield f.read_row_group(i)
+
+
 def read_parquet(path: str | Path) -> pa.Table:
     path = Path(path)
     if not path.is_file():

@@ -256,7 +256,8 @@ def parse(raw: dict[str, Any]) -> Params:
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
     sections = {f.name: f for f in dataclasses.fields(Params)}
-    unknown = sorted(set(raw) - set(sections))
+    # `train:` belongs to stages/train_backbone.py, which validates it with wise.training.TrainConfig.
+    unknown = sorted(set(raw) - set(sections) - {"train"})
     if unknown:
         raise ParamsError(f"params.yaml: unknown section(s) {unknown}; known: {sorted(sections)}")
     parts = {}

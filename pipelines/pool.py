@@ -143,32 +143,33 @@ class WorkerPool:
             if not self.compute.ray_address:
                 ray.shutdown()
 
-    @property
-    def size(self) -> int:
-        return len(self.actors) or 1
-
     def map(self, task: str, items: Sequence[Any], context: dict, desc: str = "") -> list[Any]:
-        """Run `task` on every item; results in item order. A failing item raises with its index."""
+        """Run `task` on every item; results in item order."""
+        return list(self.imap(task, items, context, desc))
+
+    def imap(self, task: str, items: Sequence[Any], context: dict, desc: str = ""):
+        """Like `map`, but yields results in item order as soon as they are available, so the
+        driver can write each one out instead of holding them all."""
         bar = tqdm(total=len(items), desc=desc or task, unit="item", dynamic_ncols=True)
         try:
             if self.local is not None:
-                out = []
                 for item in items:
-                    out.append(self.local.run(task, item, context))
+                    yield self.local.run(task, item, context)
                     bar.update()
-                return out
-            return self._map_ray(task, items, context, bar)
+            else:
+                yield from self._imap_ray(task, items, context, bar)
         finally:
             bar.close()
 
-    def _map_ray(self, task: str, items: Sequence[Any], context: dict, bar) -> list[Any]:
+    def _imap_ray(self, task: str, items: Sequence[Any], context: dict, bar):
         import ray
 
         ctx_ref = ray.put(context)
-        results: list[Any] = [None] * len(items)
+        ready: dict[int, Any] = {}  # finished out of order, waiting for their turn
         pending: dict = {}
         queue = list(enumerate(items))
         idle = list(self.actors)
+        next_out = 0
         while queue or pending:
             while queue and idle:  # one item in flight per actor keeps load balanced
                 i, item = queue.pop(0)
@@ -176,9 +177,11 @@ class WorkerPool:
                 pending[actor.run.remote(task, item, ctx_ref)] = (i, actor)
             done, _ = ray.wait(list(pending), num_returns=1)
             i, actor = pending.pop(done[0])
-            results[i] = ray.get(done[0])
+            ready[i] = ray.get(done[0])
             idle.append(actor)
             bar.update()
-        return results
+            while next_out in ready:
+                yield ready.pop(next_out)
+                next_out += 1
 
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from pipelines import paths
-from pipelines.artifacts import read_parquet, write_json, write_parquet, write_text
+from pipelines.artifacts import write_json, write_parquet, write_text
 from pipelines.db import build_database, connect
 from pipelines.params import Params
 from wise.stats import mcnemar, paired_bootstrap
@@ -108,7 +108,7 @@ def headline_metrics(summary: list[dict]) -> dict:
 
 
 def run_statistics(p: Params) -> None:
-    from pipelines.discovery import load_trace_masses
+    from pipelines.discovery import iter_trace_masses
     from pipelines.report import write_report
     from pipelines.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
@@ -125,8 +125,7 @@ def run_statistics(p: Params) -> None:
     finally:
         con.close()
     summary = summarise(rows, p)
-    stab_rows, jaccard_mean, stability = stability_tables(
-        load_trace_masses(read_parquet(paths.TRACE_MASSES)), p)
+    stab_rows, jaccard_mean, stability = stability_tables(iter_trace_masses(), p)
     out = paths.STATS_DIR
     write_parquet(summary, out / "condition_summary.parquet")
     write_parquet(per_example, out / "convergence.parquet")

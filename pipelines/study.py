@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -74,13 +75,14 @@ def convergence_tables(con, p: Params) -> tuple[list[dict], list[dict], list[dic
 
 
 # -- deployed-support stability ------------------------------------------------------------------
-def stability_tables(masses: dict[str, torch.Tensor], p: Params) -> tuple[list[dict], list[dict], dict]:
+def stability_tables(masses: Iterable[tuple[str, torch.Tensor]], p: Params) -> tuple[list[dict], list[dict], dict]:
     """Rolling working set W(t) from direct supports at wise.eta: per-example J(t), the mean J(t),
-    first stable steps of the mean curve, and J(W(t_d), W(T))."""
+    first stable steps of the mean curve, and J(W(t_d), W(T)). `masses` yields (example id,
+    [T, L, H, M, M]) one example at a time."""
     dg, w = p.diagnostics, p.wise
     per_step, finals = [], []
     curves = []
-    for ex_id, m in sorted(masses.items()):
+    for ex_id, m in masses:
         direct = mass_support(m.float(), w.eta)  # [T, L, H, M, M]
         s = stability_summary(direct, w=w.window, t_d=w.discovery_step,
                               thresholds=dg.stability_thresholds, run=dg.run)

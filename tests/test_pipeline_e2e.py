@@ -153,3 +153,11 @@ def test_sql_entry_point(project):
     assert ci[0] == "condition,delta_f1,delta_f1_low,delta_f1_high" and len(ci) == 8
     bad = run([sys.executable, "-m", "pipelines.query", "SELECT nope FROM results"], tmp, env, check=False)
     assert bad.returncode == 1 and "nope" in bad.stderr
+
+
+def test_one_off_experiment_with_set_param(project):
+    tmp, env, _ = project
+    out = run(["dvc", "exp", "run", "-n", "eta085", "-S", "wise.eta=0.85"], tmp, env).stdout
+    assert "Running stage 'supports'" in out and "Running stage 'traces'" not in out
+    shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], tmp, env).stdout
+    assert "eta085" in shown and "0.85" in shown

@@ -22,7 +22,7 @@ POOL_SCRIPT = textwrap.dedent("""
         out = pool.map("trace", items, ctx)
     assert [o["example_id"] for o in out] == ["ex0", "ex1", "ex2"], out
     assert out[2]["masses"].shape[:2] == (4, 2)
-    print("POOL-OK", pool.size)
+    print("POOL-OK", len(pool.actors))
 """)
 
 # The same start without the project's precautions: the detector must see the probes.

@@ -87,7 +87,8 @@ class SupportSummary:
 
 
 def supports_from_trace(masses: torch.Tensor, n_tokens: int, names: Sequence[str], eta: float,
-                        discovery_step: int, window: int) -> dict[str, SupportSummary]:
+                        discovery_step: int, window: int,
+                        block_size: int | None = None) -> dict[str, SupportSummary]:
     """Late supports of every support-type condition from a Full trace.
 
     masses: [T, L, H, M, M] block masses of the Full trajectory (step 1 first). Retained future
@@ -105,7 +106,8 @@ def supports_from_trace(masses: torch.Tensor, n_tokens: int, names: Sequence[str
         layout = condition_support(name, d, eta)
         if layout is None:
             continue
-        future = sum(float(retained_mass(late[i], layout, n_tokens)) for i in range(late.shape[0]))
+        future = sum(float(retained_mass(late[i], layout, n_tokens, block_size=block_size))
+                     for i in range(late.shape[0]))
         out[name] = SupportSummary(layout, float(density(layout)), int(layout.sum()),
                                    future / late.shape[0])
     return out

@@ -20,7 +20,6 @@ from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, disc
 from wise.models.recurrent import RecurrentDepthModel
 from wise.mechanism import Observers, TrajectoryObserver
 from wise.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
-from wise.support import density
 
 
 @dataclass(frozen=True)
@@ -146,6 +145,3 @@ def gold_logprob(model: RecurrentDepthModel, prompt_ids: torch.Tensor, answer_id
     target = torch.tensor(answer_ids, device=logp.device)
     return float(logp.gather(-1, target[:, None]).mean())
 
-
-def layout_density(layouts: torch.Tensor | None) -> float:
-    return 1.0 if layouts is None else density(layouts)

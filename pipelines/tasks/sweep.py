@@ -30,7 +30,7 @@ def run_sweep(model, item: dict, context: dict) -> dict:
             run_condition(model, prompt, "full", s, state_seed(ex_id, seed0, len(prompt)), observer=obs)
             traces[s.block_size] = obs.stacked_masses(s.steps)
         support = supports_from_trace(traces[s.block_size], len(prompt), ["wise"], s.eta,
-                                      s.discovery_step, s.window)["wise"]
+                                      s.discovery_step, s.window, s.block_size)["wise"]
         gen = greedy_generate(model, prompt, "wise", s, ex_id, seed0, max_new, stop)
         if gen.state_hash != full.state_hash and s.discovery_step == base.discovery_step:
             raise RuntimeError(f"{ex_id}: sweep point {context['axis']}={value} lost pairing with Full")
