@@ -13,7 +13,7 @@ import sys
 from pipelines.db import connect
 
 
-def _format_value(v) -> str:
+def _format_value(v, width: int | None = 60) -> str:
     if v is None:
         return "NULL"
     if isinstance(v, float):
@@ -21,11 +21,12 @@ def _format_value(v) -> str:
     if isinstance(v, (bytes, bytearray)):
         return f"<{len(v)} bytes>"
     s = str(v)
-    return s if len(s) <= 60 else s[:57] + "..."
+    return s if width is None or len(s) <= width else s[:width - 3] + "..."
 
 
-def format_table(columns: list[str], rows: list[tuple]) -> str:
-    cells = [[_format_value(v) for v in r] for r in rows]
+def format_table(columns: list[str], rows: list[tuple], width: int | None = 60) -> str:
+    """Aligned text table; cells longer than `width` characters are cut (None: never)."""
+    cells = [[_format_value(v, width) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
     out = [line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells]
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.json:
         print(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1))
     else:
-        print(format_table(columns, rows))
+        print(format_table(columns, rows, width=None if args.list else 60))
     return 0
 
 

@@ -72,6 +72,11 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
     def count_tokens(text: str) -> int:
         return 1 + len(tok.encode(text, add_special_tokens=False).ids)  # + BOS, as the cohorts count
 
+    ev_rng = random.Random(derive_seed(config.seed, "evidence_only", index))
+
+    def evidence_only() -> bool:  # curriculum: drop the distractors of this row
+        return index < config.evidence_only_steps or ev_rng.random() < config.evidence_only_frac
+
     rows: list[tuple[list[int], int]] = []
     for bench in names:
         need = picks.get(bench, 0)
@@ -87,7 +92,11 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
             for example, cv in zip(examples, variants):
                 if need == 0 or budget not in cv.variants:
                     continue
-                ids, prompt_len = encode_row(tok, example, cv.variants[budget])
+                variant = cv.variants[budget]
+                evidence = [p for p in variant.passages if p.is_evidence]
+                if evidence and evidence_only():
+                    variant = variant.with_passages(evidence)
+                ids, prompt_len = encode_row(tok, example, variant)
                 if len(ids) > budget:  # an unusually long answer: skip rather than truncate
                     continue
                 rows.append((ids, prompt_len))

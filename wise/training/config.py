@@ -28,6 +28,10 @@ class TrainConfig:
     short_context: int = 512
     tokens_per_batch: int = 49152  # batch size = tokens_per_batch // budget (one budget per batch)
     answer_reserve: int = 8  # prompt budget minus this leaves room for answer + EOS
+    # curriculum: during the first evidence_only_steps batches every row shows only its evidence
+    # passages (no distractors); afterwards a fraction evidence_only_frac of rows still does.
+    evidence_only_steps: int = 0
+    evidence_only_frac: float = 0.0
     # -- recurrence -------------------------------------------------------------------------------
     recurrence_mean: float = 24.0  # mean of the Poisson-lognormal step count
     recurrence_sigma: float = 0.5
@@ -70,6 +74,8 @@ class TrainConfig:
              "short_context", "no context length is that short")
         need(self.tokens_per_batch >= max(self.context_lengths), "tokens_per_batch",
              "must hold at least one sequence of the longest budget")
+        need(self.evidence_only_steps >= 0, "evidence_only_steps", "must be >= 0")
+        need(0 <= self.evidence_only_frac <= 1, "evidence_only_frac", "must be in [0, 1]")
         need(self.recurrence_mean >= 1, "recurrence_mean", "must be >= 1")
         need(self.recurrence_sigma >= 0, "recurrence_sigma", "must be >= 0")
         need(self.recurrence_max >= self.recurrence_mean, "recurrence_max", "must be >= recurrence_mean")
