@@ -115,3 +115,21 @@ def test_bad_params_name_the_key():
         TrainConfig(context_lengths=(256, 512), context_weights=(1.0,))
     with pytest.raises(ValueError, match="train.bogus"):
         TrainConfig.from_dict({"bogus": 1})
+
+
+def test_evidence_only_curriculum_drops_the_distractors_then_mixes(tok):
+    cfg = CFG.replace(benchmarks={"synthhop": 1.0}, evidence_only_steps=2, evidence_only_frac=0.0)
+    early, late = make_batch(cfg, tok, 1), make_batch(cfg, tok, 2)
+    assert np.array_equal(late.ids, make_batch(CFG.replace(benchmarks={"synthhop": 1.0}), tok, 2).ids)
+    # evidence-only rows are shorter than the full-budget rows of the same batch index
+    full = make_batch(CFG.replace(benchmarks={"synthhop": 1.0}), tok, 1)
+    assert (early.ids != PAD_ID).sum() < (full.ids != PAD_ID).sum()
+    for row in range(early.ids.shape[0]):  # the answer is still marked right after the prompt
+        answer = early.targets[row][early.is_answer[row]]
+        assert answer[-1] == EOS_ID
+        prompt = tok.decode(early.ids[row][early.ids[row] != PAD_ID].tolist())
+        assert prompt.rstrip().endswith("Answer:" + tok.decode(answer[:-1].tolist()))
+    mixed = CFG.replace(evidence_only_frac=0.5)
+    assert np.array_equal(make_batch(mixed, tok, 5).ids, make_batch(mixed, tok, 5).ids)
+    with pytest.raises(ValueError, match="train.evidence_only_frac"):
+        CFG.replace(evidence_only_frac=1.5)
