@@ -133,3 +133,4 @@ def test_evidence_only_curriculum_drops_the_distractors_then_mixes(tok):
     assert np.array_equal(make_batch(mixed, tok, 5).ids, make_batch(mixed, tok, 5).ids)
     with pytest.raises(ValueError, match="train.evidence_only_frac"):
         CFG.replace(evidence_only_frac=1.5)
+
