@@ -136,14 +136,9 @@ def run_statistics(p: Params) -> None:
     # CSV copies are the data behind `dvc plots show`.
     write_csv(fractions, ["quantity", "step", "fraction_converged"], out / "fraction_converged.csv")
     write_csv(jaccard_mean, ["step", "mean_jaccard"], out / "rolling_jaccard.csv")
-    build_database()  # now including the summaries, for the context-scaling join
-    con = connect(read_only=True)
-    try:
-        scaling = context_scaling(con)
-    finally:
-        con.close()
+    scaling = context_scaling(summary, timing)
     write_parquet(scaling, out / "context_scaling.parquet")
-    build_database()
+    build_database()  # again, now with views over the summaries written above
     metrics = {"conditions": headline_metrics(summary)}
     default = [r for r in conv_summary if r["benchmark"] == "all" and r["setting"] == p.diagnostics.default_setting]
     if default:

@@ -133,20 +133,19 @@ def sweep_summary(con, p: Params) -> list[dict]:
     return out
 
 
-def context_scaling(con) -> list[dict]:
-    """WISE per context length, with kernel speedups from `timing` joined on the length."""
-    timing_join = ""
-    timing_cols = "NULL AS call_vs_flash, NULL AS reuse20_vs_flash, NULL AS traj32_vs_flash"
-    if has_view(con, "timing"):
-        timing_join = """LEFT JOIN (SELECT n, avg(call_vs_flash) AS call_vs_flash,
-                                       avg(reuse20_vs_flash) AS reuse20_vs_flash,
-                                       avg(traj32_vs_flash) AS traj32_vs_flash
-                                FROM timing WHERE source = 'random' AND status = 'ok' GROUP BY n) t
-                         ON t.n = s.context_length"""
-        timing_cols = "t.call_vs_flash, t.reuse20_vs_flash, t.traj32_vs_flash"
-    return query_rows(con, f"""
-        SELECT s.context_length, s.n, s.f1, s.delta_f1, s.delta_f1_low, s.delta_f1_high,
-               s.density, s.retained_future_mass, {timing_cols}
-        FROM condition_summary s {timing_join}
-        WHERE s.benchmark = 'all' AND s.condition = 'wise' AND s.context_length > 0
-        ORDER BY s.context_length""")
+def context_scaling(summary: list[dict], timing: list[dict]) -> list[dict]:
+    """WISE per context length (pooled over benchmarks), with the mean kernel speedups of the
+    timing stage's random supports at the same n joined in (None without CUDA timing)."""
+    speed = defaultdict(lambda: defaultdict(list))
+    for r in timing:
+        if r.get("source") == "random" and r.get("status") == "ok":
+            for key in ("call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash"):
+                speed[r["n"]][key].append(r[key])
+    rows = []
+    for r in summary:
+        if r["benchmark"] == "all" and r["condition"] == "wise" and r["context_length"] > 0:
+            joined = {key: float(np.mean(speed[r["context_length"]][key])) if speed[r["context_length"]][key]
+                      else None for key in ("call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash")}
+            rows.append({k: r[k] for k in ("context_length", "n", "f1", "delta_f1", "delta_f1_low",
+                                           "delta_f1_high", "density", "retained_future_mass")} | joined)
+    return sorted(rows, key=lambda r: r["context_length"])
