@@ -7,8 +7,11 @@ Run it with `-m` from the repository root: run as a script, `stages/` comes firs
 and `stages/statistics.py` shadows the standard library module that torch imports.
 
 Reads only the `train` section of params.yaml (missing keys take the TrainConfig defaults).
-Writes config.json, model.safetensors, tokenizer.json(+config), loss_curve.csv,
-train_summary.json and the model card README.md into the output folder.
+Writes config.json, model.safetensors, tokenizer.json(+config), loss_curve.csv, eval_curve.csv,
+train_summary.json, train_recipe.json and the model card README.md into the output folder. When
+the folder already holds a checkpoint of exactly this recipe (train_recipe.json equals the params)
+it is kept and nothing is trained, unless --retrain: `dvc repro -f` must not silently replace the
+shipped model. Without a GPU the stage refuses to train (unless --device cpu).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 from wise.training import TrainConfig, train
 
 DEFAULT_OUT = "data/models/wise-small"
+RECIPE = "train_recipe.json"  # the exact TrainConfig a checkpoint folder was trained with
 
 
 def read_train_params(path: str | None) -> TrainConfig:
@@ -56,6 +60,9 @@ syntharith, train split) with a byte-level BPE tokenizer trained by the project
   {list(config.context_weights)}; only budgets <= {config.short_context} for the first
   {config.short_steps} batches), {config.tokens_per_batch} tokens per batch, benchmarks mixed
   {config.benchmarks}; every batch from fresh train-split worlds, deterministic in (seed, batch).
+  After its own question and answer, each row asks up to {config.extra_questions} more questions
+  that its passages answer (one-hop facts, other bridges and comparisons; the other problems of
+  a syntharith context), each answer followed by EOS and scored like the main answer.
 - AdamW lr {config.lr} (warmup {config.warmup_steps}, cosine to {config.min_lr_ratio} x),
   betas ({config.beta1}, {config.beta2}), weight decay {config.weight_decay}, clip {config.grad_clip};
   bf16 autocast on the GPU.
@@ -69,7 +76,8 @@ Params (`train:` in params.yaml):
 
 {params}
 
-Reproduce: `python -m stages.train_backbone --eval-table` (one GPU).
+Reproduce: `python -m stages.train_backbone --eval-table` (one GPU), or `dvc repro train_backbone`
+after changing `train:` in params.yaml. Held-out EM during training: `eval_curve.csv`.
 
 ## Measured quality
 
@@ -93,21 +101,47 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="override a train key, e.g. --set lr=1e-3 --set 'context_lengths=[256,512]'")
     ap.add_argument("--eval-table", action="store_true", help="measure the quality table into the card")
+    ap.add_argument("--retrain", action="store_true",
+                    help="train even if --out already holds a checkpoint of exactly this recipe")
     ap.add_argument("--eval-args", default="", help="extra arguments for wise.evaluate --table")
     args = ap.parse_args(argv)
 
     config = read_train_params(args.params)
-    for item in args.set:
+    overrides = {}
+    for item in args.set:  # applied together: keys that must agree (lengths/weights) change at once
         key, _, value = item.partition("=")
-        config = TrainConfig.from_dict({**config.to_dict(), key: json.loads(value)})
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"error: --set {item!r}: the value is not JSON ({err})") from None
+    if overrides:
+        config = TrainConfig.from_dict({**config.to_dict(), **overrides})
     if args.max_steps is not None:
         config = config.replace(max_steps=args.max_steps)
     if args.time_limit is not None:
         config = config.replace(time_limit_s=args.time_limit)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    recipe_path = Path(args.out) / RECIPE
+    if not args.retrain and recipe_path.is_file() and json.loads(recipe_path.read_text()) == config.to_dict():
+        # `dvc repro -f`, or a code change under wise/training, lands here: the shipped checkpoint
+        # was trained with exactly these params, and retraining (time-limited, so similar but not
+        # identical) would silently change every downstream result. Keep it unless asked.
+        print(f"train_backbone: {args.out} was trained with exactly these `train:` params "
+              f"({RECIPE}); keeping it. Pass --retrain to train again.", flush=True)
+        return 0
+    if args.device == "auto" and not torch.cuda.is_available():
+        # `dvc repro` lands here when train: or the training code changed on a machine without a
+        # GPU: refuse rather than start a job of many hours. An explicit --device cpu still runs.
+        raise SystemExit("error: train_backbone needs a CUDA GPU (about 8 minutes on an H200; the "
+                         "CPU would take many hours). The committed data/models/wise-small matches "
+                         "the committed `train:` params: revert your `train:` edits, or run this "
+                         "stage on a GPU machine, or pass --device cpu to force it.")
+    device = "cuda" if args.device == "auto" else args.device
     print(f"train_backbone: {config.preset} on {device} -> {args.out}", flush=True)
     summary = train(config, args.out, device=device, workers=args.workers)
     write_card(Path(args.out), config, summary)
+    tmp = recipe_path.with_name(RECIPE + ".tmp")
+    tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    tmp.replace(recipe_path)
     print(json.dumps(summary), flush=True)
     if summary["stopped_by"].startswith("error"):
         print(f"train_backbone: training failed ({summary['stopped_by']}); the checkpoint holds "
@@ -117,7 +151,7 @@ def main(argv=None) -> int:
         from wise import evaluate
 
         evaluate.main(["--model", args.out, "--table", "--update-card", "--device", device,
-                       *args.eval_args.split()])
+                       "--json", str(Path(args.out) / "quality.json"), *args.eval_args.split()])
     return 0
 
 

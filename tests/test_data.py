@@ -279,3 +279,27 @@ def test_meta_fits_parquet_columns():
     for benchmark in GENERATED:
         for e in load_examples(benchmark, "train", 16, 0):
             assert 0 <= e.meta["world_seed"] < 2**63
+
+
+def test_context_questions_are_answered_by_the_context():
+    from wise.data.registry import context_questions
+
+    kinds = set()
+    for e in load_examples("synthhop", "train", 16, seed=4):
+        text = format_prompt(e)
+        extras = context_questions(e)
+        assert extras == context_questions(e)  # deterministic
+        assert (e.question, e.answer) not in {(q, a) for q, a, _ in extras}
+        for question, answer, kind in extras:
+            kinds.add(kind)
+            # every entity a question names is a passage of this context, and the answer is
+            # written in the context (names verbatim, years as digits)
+            assert answer in text, (question, answer)
+    assert kinds == {"fact", "bridge", "comparison"}
+    for e in load_examples("syntharith", "train", 8, seed=4):
+        extras = context_questions(e)
+        titles = {p.title for p in e.passages}
+        assert len(extras) == len(titles) - 1  # every other problem of the context
+        for question, answer, kind in extras:
+            assert kind == "problem" and int(answer) >= 0
+            assert any(t in question for t in titles - {e.meta["supporting_titles"][0]})

@@ -94,3 +94,11 @@ def test_kernel_backend_without_cuda_or_interpreter_is_refused(tmp_path, monkeyp
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ParamsError, match="needs a CUDA device"):
         load_params(write(tmp_path, lambda r: r["conditions"].update(backend="kernel")))
+
+
+def test_presets_carry_the_train_section_of_params_yaml():
+    # dvc.yaml's train_backbone stage reads `train:`; a preset copied over params.yaml with another
+    # (or no) train section would retrain the embedded model (or fail on a missing param).
+    main = yaml.safe_load(Path("params.yaml").read_text())["train"]
+    for preset in sorted(Path("params").glob("*.yaml")):
+        assert yaml.safe_load(preset.read_text()).get("train") == main, preset

@@ -15,7 +15,8 @@ TOKENIZER = "data/models/wise-tiny-random"  # vocab 2048, matches the tiny-rando
 CFG = TrainConfig(preset="tiny-random", context_lengths=(256, 512), context_weights=(1.0, 1.0),
                   short_steps=2, short_context=256, tokens_per_batch=1024, recurrence_mean=4,
                   recurrence_max=8, recurrence_ramp_steps=0, backprop_steps=2, warmup_steps=1,
-                  lr=3e-3, data_workers=0, log_every=1, tokenizer_examples=16)
+                  lr=3e-3, data_workers=0, log_every=1, tokenizer_examples=16, extra_questions=0,
+                  extra_reserve=0, eval_every=0, time_limit_s=0)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,31 @@ def test_batches_are_deterministic_and_mark_the_answer(tok):
         assert prompt.rstrip().endswith("Answer:" + text)
         assert (a.targets[row][a.ids[row] == PAD_ID] == IGNORE).all()
     assert {batch_budget(CFG, i) for i in range(2)} == {256}  # curriculum: short budgets first
+
+
+def _runs(mask):
+    """[start, end) of each run of True in a 1-d bool array."""
+    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
+
+
+def test_extra_questions_are_scored_like_the_main_answer(tok):
+    cfg = CFG.replace(extra_questions=3, extra_reserve=96)
+    batch = make_batch(cfg, tok, 5)
+    assert batch.ids.shape[1] <= batch.budget
+    counts = []
+    for row in range(batch.ids.shape[0]):
+        spans = _runs(batch.is_answer[row])
+        counts.append(len(spans))
+        assert 1 <= len(spans) <= 4
+        for start, end in spans:
+            # position j predicts token j + 1: the span's targets are the answer and its EOS,
+            # and the tokens read up to the span's first position end with "Answer:".
+            assert batch.targets[row][end - 1] == EOS_ID
+            assert tok.decode(batch.ids[row][:start + 1].tolist()).endswith("Answer:")
+    assert max(counts) > 1  # extras were added
+    plain = make_batch(CFG.replace(extra_reserve=96), tok, 5)
+    assert all(len(_runs(plain.is_answer[r])) == 1 for r in range(plain.ids.shape[0]))
 
 
 def test_batch_stream_workers_match_in_process(tok):

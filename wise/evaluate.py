@@ -189,6 +189,31 @@ def markdown_table(scores: Sequence[Score], n_by_context: dict | None = None) ->
     return "\n".join(lines)
 
 
+# The quality the embedded model is meant to reach (issue 3), checked against a table's cells.
+QUALITY_BARS = (
+    ("synthhop @512, T=32: EM >= 0.70", lambda c: c[("synthhop", 512, 32)] >= 0.70),
+    ("synthhop @4096, T=32: EM >= 0.50", lambda c: c[("synthhop", 4096, 32)] >= 0.50),
+    ("depth matters @512: EM(T=32) - EM(T=2) >= 0.20",
+     lambda c: c[("synthhop", 512, 32)] - c[("synthhop", 512, 2)] >= 0.20),
+    ("settles @512: EM(T=64) >= EM(T=32) - 0.05",
+     lambda c: c[("synthhop", 512, 64)] >= c[("synthhop", 512, 32)] - 0.05),
+    ("syntharith @512, T=32: EM >= 0.50", lambda c: c[("syntharith", 512, 32)] >= 0.50),
+)
+
+
+def bars_report(scores: Sequence[Score]) -> str:
+    """One line per quality bar: met / NOT met / not measured (a cell it needs is missing)."""
+    cells = {(s.benchmark, s.context, s.steps): s.em for s in scores}
+    lines = []
+    for text, check in QUALITY_BARS:
+        try:
+            verdict = "met" if check(cells) else "NOT met"
+        except KeyError:
+            verdict = "not measured"
+        lines.append(f"- {text}: {verdict}")
+    return "\n".join(lines)
+
+
 def update_card(folder: Path, table: str, note: str) -> None:
     card = folder / "README.md"
     text = card.read_text() if card.is_file() else f"# {folder.name}\n"
@@ -260,12 +285,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     sc = cell(prompts, ctx, steps)
                     scores.append(sc)
                     print(f"{bench:>10} @{ctx:<5} T={steps:<3} {sc.line()}  ({sc.seconds}s)", flush=True)
-        table = markdown_table(merge_scores(args.json, scores))
+        merged = merge_scores(args.json, scores)
+        table = markdown_table(merged)
         print(table)
+        print(bars_report(merged))
         if args.update_card:
             note = (f"Held-out test split, world seed {args.seed}, greedy decoding (max "
                     f"{args.max_new_tokens} new tokens), Full attention, initial-state seed "
-                    f"{args.init_seed}; measured with `python -m wise.evaluate --table` on {device}.")
+                    f"{args.init_seed}; measured with `python -m wise.evaluate --table` on {device}."
+                    f"\n\nQuality bars:\n{bars_report(merged)}")
             update_card(Path(args.model), table, note)
         target = next((s for s in scores if (s.benchmark, s.context, s.steps)
                        == (args.benchmark, args.context, args.steps)), None)

@@ -31,16 +31,19 @@ class Benchmark:
     loader: Loader
     distractor_pool: Optional[DistractorPool] = None
     description: str = ""
+    # (question, answer, kind) triples that an example's own passages also answer (training extras)
+    context_questions: Optional[Callable[[Example], list[tuple[str, str, str]]]] = None
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
 
 
 def register_benchmark(name: str, loader: Loader, distractor_pool: Optional[DistractorPool] = None,
-                       description: str = "", replace: bool = False) -> Benchmark:
+                       description: str = "", replace: bool = False,
+                       context_questions: Optional[Callable] = None) -> Benchmark:
     if name in BENCHMARKS and not replace:
         raise ValueError(f"benchmark {name!r} is already registered (pass replace=True to override)")
-    BENCHMARKS[name] = Benchmark(name, loader, distractor_pool, description)
+    BENCHMARKS[name] = Benchmark(name, loader, distractor_pool, description, context_questions)
     return BENCHMARKS[name]
 
 
@@ -66,6 +69,13 @@ def load_examples(benchmark: str, split: str, n: int, seed: int, **options) -> l
     return examples
 
 
+def context_questions(example: Example) -> list[tuple[str, str, str]]:
+    """Other (question, answer, kind) triples the example's passages answer; [] if the benchmark
+    has none. Kinds: synthhop "fact" / "bridge" / "comparison", syntharith "problem"."""
+    spec = get_benchmark(example.benchmark)
+    return list(spec.context_questions(example)) if spec.context_questions else []
+
+
 def distractor_pool(example: Example, cohort: Iterable[Example] = ()) -> tuple[Passage, ...]:
     """Natural passages that a longer context of `example` may add (before deduplication)."""
     spec = get_benchmark(example.benchmark)
@@ -85,9 +95,11 @@ def build_cohort_variants(examples: Sequence[Example], budgets: Sequence[int],
 
 
 register_benchmark("synthhop", synthhop.load_synthhop, synthhop.world_distractor_pool,
-                   "generated HotpotQA-like multi-hop questions (bridge 2/3 hops, comparison)")
+                   "generated HotpotQA-like multi-hop questions (bridge 2/3 hops, comparison)",
+                   context_questions=synthhop.context_questions)
 register_benchmark("syntharith", syntharith.load_syntharith, syntharith.world_distractor_pool,
-                   "generated GSM8K-like arithmetic word problems (2-4 calculations)")
+                   "generated GSM8K-like arithmetic word problems (2-4 calculations)",
+                   context_questions=syntharith.context_questions)
 
 # Real benchmarks: rows through Hugging Face `datasets` (hub id) or local files (path=...).
 # Their extra distractors are paragraphs of the other examples loaded with them.

@@ -172,3 +172,15 @@ def world_distractor_pool(example: Example) -> tuple[Passage, ...]:
     world = generate_world(int(example.meta["world_seed"]), opts["world_problems"],
                            opts["min_steps"], opts["max_steps"], opts["max_value"])
     return tuple(p.passage for p in world)
+
+
+def context_questions(example: Example) -> list[tuple[str, str, str]]:
+    """(question, answer, "problem") for every other problem in the example's context (each
+    passage is a complete problem of the example's world). Used as extra training questions."""
+    opts = example.meta["world_options"]
+    world = generate_world(int(example.meta["world_seed"]), opts["world_problems"],
+                           opts["min_steps"], opts["max_steps"], opts["max_value"])
+    by_name = {p.name: p for p in world}
+    present = sorted({p.title for p in example.passages} & set(by_name))
+    out = [(by_name[n].question, str(by_name[n].answer), "problem") for n in present]
+    return [qa for qa in out if qa[:2] != (example.question, example.answer)]

@@ -206,6 +206,60 @@ def load_synthhop(split: str, n: int, seed: int, *, questions_per_world: int = 8
     return examples
 
 
+# One-hop fact questions, used as extra training questions (`context_questions`); the benchmark
+# itself asks only the multi-hop types above. Phrasings differ from the bridge templates.
+FACTS = {
+    "city": (("country", "Which country is the city of {x} in?"),
+             ("founded", "In what year was the city of {x} founded?")),
+    "university": (("city", "In which city is {x}?"), ("founded", "When was {x} established?")),
+    "person": (("birth_city", "Where was {x} born?"), ("birth_year", "In what year was {x} born?"),
+               ("alma_mater", "Which university did {x} attend?"),
+               ("occupation", "What is the occupation of {x}?")),
+    "company": (("founder", "Who founded {x}?"), ("headquarters", "Where is {x} headquartered?"),
+                ("founded", "In what year was {x} founded?")),
+    "film": (("director", "Who directed {x}?"), ("studio", "Which company produced {x}?"),
+             ("released", "In what year was {x} released?")),
+}
+
+
+def context_questions(example: Example) -> list[tuple[str, str, str]]:
+    """Every (question, answer, kind) the example's own passages answer, besides its question: one-hop
+    facts of each passage, bridges whose whole path is present, comparisons of present pairs.
+    Deterministic (sorted); the training batches draw extra questions per row from it, which
+    multiplies the answer supervision per context token."""
+    size = WorldSize().scaled(example.meta.get("world_scale", 1.0))
+    world = cached_world(int(example.meta["world_seed"]), size)
+    present = {p.title for p in example.passages} & set(world.entities)
+    ents = [world.entities[name] for name in sorted(present)]
+    out: set[tuple[str, str, str]] = set()
+    for e in ents:
+        for attr, template in FACTS[e.kind]:
+            if e.attrs.get(attr) is not None:
+                out.add((template.format(x=e.name), str(e.attrs[attr]), "fact"))
+    for bridge in BRIDGES_2 + BRIDGES_3:
+        for e in ents:
+            if e.kind != bridge.start:
+                continue
+            value, ok = e.name, True
+            for i, attr in enumerate(bridge.path):
+                value = world.entities[value].attrs[attr]
+                if i < len(bridge.path) - 1 and value not in present:
+                    ok = False
+                    break
+            if ok:
+                out.add((bridge.templates[0].format(x=e.name), str(value), "bridge"))
+    for comp in COMPARISONS:
+        same = [e for e in ents if e.kind == comp.kind]
+        for i, a in enumerate(same):
+            for b in same[i + 1:]:
+                if a.attrs[comp.attr] == b.attrs[comp.attr]:
+                    continue
+                first, last = sorted((a, b), key=lambda x: x.attrs[comp.attr])
+                out.add((comp.earlier[0].format(a=a.name, b=b.name), first.name, "comparison"))
+                out.add((comp.later[0].format(a=b.name, b=a.name), last.name, "comparison"))
+    return sorted(qa for qa in out if qa[:2] != (example.question, example.answer))
+
+
 def world_distractor_pool(example: Example) -> tuple[Passage, ...]:
     """Every passage of the example's world (regenerated from its seed): the natural source of
     extra distractors for longer contexts. The variant builder drops the ones already present."""

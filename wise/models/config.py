@@ -103,7 +103,7 @@ PRESETS: dict[str, RecurrentConfig] = {
     # Triton kernel can serve its late steps).
     "wise-small": RecurrentConfig(
         vocab_size=4096, hidden=256, heads=4, kv_heads=4, head_dim=64, intermediate=640,
-        n_prelude=1, n_core=2, n_coda=1, embed_scale=16.0, init_state_scale=16.0, name="wise-small",
+        n_prelude=2, n_core=1, n_coda=1, embed_scale=16.0, init_state_scale=16.0, name="wise-small",
     ),
     "huginn-0125": RecurrentConfig(
         vocab_size=65536, hidden=5280, heads=55, kv_heads=55, head_dim=96, intermediate=17920,

@@ -25,6 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
+from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
 from wise.training.config import TrainConfig
@@ -62,6 +63,38 @@ def encode_row(tok, example, budget_example) -> tuple[list[int], int]:
     return prompt + answer + [EOS_ID], len(prompt)
 
 
+def interleave_kinds(questions: list[tuple[str, str, str]], rng: random.Random) -> list[tuple[str, str]]:
+    """Shuffle within each kind, then take the kinds in turn (random order), so the O(n^2)
+    comparisons of a context do not crowd out its facts and bridges."""
+    by_kind: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+    for question, answer, kind in questions:
+        by_kind[kind].append((question, answer))
+    queues = [by_kind[k] for k in sorted(by_kind)]
+    for queue in queues:
+        rng.shuffle(queue)
+    rng.shuffle(queues)
+    out: list[tuple[str, str]] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop())
+    return out
+
+
+def append_extra_questions(tok, row: list[int], answer_spans: list[tuple[int, int]],
+                           questions: list[tuple[str, str]], limit: int) -> None:
+    """Append "\n\nQuestion: q\nAnswer: a<eos>" blocks while the row stays within `limit`
+    tokens; each block's answer span (answer tokens + EOS) is added to `answer_spans`."""
+    for question, answer in questions:
+        prompt = tok.encode(f"\n\nQuestion: {question}\nAnswer:", add_special_tokens=False).ids
+        reply = tok.encode(" " + answer, add_special_tokens=False).ids + [EOS_ID]
+        if len(row) + len(prompt) + len(reply) > limit:
+            break
+        row.extend(prompt)
+        answer_spans.append((len(row), len(row) + len(reply)))
+        row.extend(reply)
+
+
 def make_batch(config: TrainConfig, tok, index: int) -> Batch:
     budget = batch_budget(config, index)
     rows_wanted = max(1, config.tokens_per_batch // budget)
@@ -73,11 +106,12 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
         return 1 + len(tok.encode(text, add_special_tokens=False).ids)  # + BOS, as the cohorts count
 
     ev_rng = random.Random(derive_seed(config.seed, "evidence_only", index))
+    extra_rng = random.Random(derive_seed(config.seed, "extra_questions", index))
 
     def evidence_only() -> bool:  # curriculum: drop the distractors of this row
         return index < config.evidence_only_steps or ev_rng.random() < config.evidence_only_frac
 
-    rows: list[tuple[list[int], int]] = []
+    rows: list[tuple[list[int], list[tuple[int, int]]]] = []  # ids, answer spans [start, end)
     for bench in names:
         need = picks.get(bench, 0)
         attempt = 0
@@ -88,7 +122,7 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
             seed = derive_seed(config.seed, "examples", index, bench, attempt) % (2**31)
             examples = load_examples(bench, "train", need + 2 + need // 4, seed)
             variants = build_cohort_variants(examples, [budget], count_tokens, seed,
-                                             reserve_tokens=config.answer_reserve)
+                                             reserve_tokens=config.answer_reserve + config.extra_reserve)
             for example, cv in zip(examples, variants):
                 if need == 0 or budget not in cv.variants:
                     continue
@@ -99,7 +133,11 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
                 ids, prompt_len = encode_row(tok, example, variant)
                 if len(ids) > budget:  # an unusually long answer: skip rather than truncate
                     continue
-                rows.append((ids, prompt_len))
+                spans = [(prompt_len, len(ids))]
+                if config.extra_questions:
+                    extras = interleave_kinds(context_questions(variant), extra_rng)
+                    append_extra_questions(tok, ids, spans, extras[:config.extra_questions], budget)
+                rows.append((ids, spans))
                 need -= 1
             attempt += 1
     rng.shuffle(rows)
@@ -107,11 +145,12 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
     ids = np.full((len(rows), length), PAD_ID, dtype=np.int64)
     targets = np.full((len(rows), length), IGNORE, dtype=np.int64)
     is_answer = np.zeros((len(rows), length), dtype=bool)
-    for i, (row, prompt_len) in enumerate(rows):
+    for i, (row, spans) in enumerate(rows):
         n = len(row)
         ids[i, :n] = row
         targets[i, :n - 1] = row[1:]  # position j predicts token j + 1
-        is_answer[i, prompt_len - 1:n - 1] = True  # the answer tokens and EOS
+        for start, end in spans:  # tokens [start, end) are an answer and its EOS
+            is_answer[i, start - 1:end - 1] = True
     return Batch(index, budget, ids, targets, is_answer)
 
 

@@ -21,30 +21,35 @@ class TrainConfig:
     tokenizer_examples: int = 400
     # -- data (train split, generated on the fly, deterministic from seed and batch index) -------
     seed: int = 0
-    benchmarks: dict = field(default_factory=lambda: {"synthhop": 0.6, "syntharith": 0.4})
+    benchmarks: dict = field(default_factory=lambda: {"synthhop": 0.7, "syntharith": 0.3})
     context_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)  # prompt token budgets
-    context_weights: tuple[float, ...] = (0.3, 0.3, 0.2, 0.1, 0.1)  # sampling weight per batch
+    context_weights: tuple[float, ...] = (0.25, 0.3, 0.2, 0.15, 0.1)  # sampling weight per batch
     short_steps: int = 300  # curriculum: the first batches use only budgets <= short_context
     short_context: int = 512
-    tokens_per_batch: int = 49152  # batch size = tokens_per_batch // budget (one budget per batch)
+    tokens_per_batch: int = 32768  # batch size = tokens_per_batch // budget (one budget per batch)
     answer_reserve: int = 8  # prompt budget minus this leaves room for answer + EOS
     # curriculum: during the first evidence_only_steps batches every row shows only its evidence
     # passages (no distractors); afterwards a fraction evidence_only_frac of rows still does.
     evidence_only_steps: int = 0
     evidence_only_frac: float = 0.0
+    # extra questions: after its own answer, a row asks up to extra_questions more questions that
+    # its passages answer (one-hop facts, other bridges and comparisons; other problems), each
+    # "Question: ...\nAnswer: <answer><eos>", inside extra_reserve tokens kept free for them.
+    extra_questions: int = 8
+    extra_reserve: int = 160
     # -- recurrence -------------------------------------------------------------------------------
     recurrence_mean: float = 24.0  # mean of the Poisson-lognormal step count
     recurrence_sigma: float = 0.5
-    recurrence_max: int = 64
-    recurrence_ramp_steps: int = 400  # the mean grows linearly from 4 to recurrence_mean
-    backprop_steps: int = 8  # truncated backprop: gradients through the last k steps only
+    recurrence_max: int = 48
+    recurrence_ramp_steps: int = 300  # the mean grows linearly from 4 to recurrence_mean
+    backprop_steps: int = 10  # truncated backprop: gradients through the last k steps only
     # -- loss and optimisation --------------------------------------------------------------------
-    lm_loss_weight: float = 0.1  # next-token loss on the prompt text, besides the answer loss
-    max_steps: int = 6000
-    time_limit_s: float = 0.0  # 0: none; else stop (and save) after this many seconds of training
-    lr: float = 2e-3
+    lm_loss_weight: float = 1.0  # next-token loss on the prompt text, besides the answer loss
+    max_steps: int = 100000
+    time_limit_s: float = 465.0  # 0: none; else stop (and save) after this many seconds of training
+    lr: float = 1.5e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 150
+    warmup_steps: int = 100
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -52,7 +57,13 @@ class TrainConfig:
     # -- execution --------------------------------------------------------------------------------
     data_workers: int = -1  # -1: cpu count - 2 (0: generate batches in the training process)
     prefetch: int = 32  # batches generated ahead
-    log_every: int = 10
+    log_every: int = 20
+    # quick held-out check during training: greedy EM on the first eval_n validation examples of
+    # each benchmark at eval_context tokens, T = eval_steps, every eval_every batches (0: off)
+    eval_every: int = 400
+    eval_n: int = 64
+    eval_context: int = 512
+    eval_steps: int = 32
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, why: str) -> None:
@@ -76,6 +87,10 @@ class TrainConfig:
              "must hold at least one sequence of the longest budget")
         need(self.evidence_only_steps >= 0, "evidence_only_steps", "must be >= 0")
         need(0 <= self.evidence_only_frac <= 1, "evidence_only_frac", "must be in [0, 1]")
+        need(self.extra_questions >= 0, "extra_questions", "must be >= 0")
+        need(self.extra_reserve >= 0, "extra_reserve", "must be >= 0")
+        need(all(b > self.answer_reserve + self.extra_reserve for b in self.context_lengths),
+             "extra_reserve", "every budget must exceed answer_reserve + extra_reserve")
         need(self.recurrence_mean >= 1, "recurrence_mean", "must be >= 1")
         need(self.recurrence_sigma >= 0, "recurrence_sigma", "must be >= 0")
         need(self.recurrence_max >= self.recurrence_mean, "recurrence_max", "must be >= recurrence_mean")
@@ -88,6 +103,11 @@ class TrainConfig:
         need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         need(self.grad_clip > 0, "grad_clip", "must be > 0")
         need(self.log_every >= 1, "log_every", "must be >= 1")
+        need(self.eval_every >= 0, "eval_every", "must be >= 0")
+        need(self.eval_n >= 1, "eval_n", "must be >= 1")
+        need(self.answer_reserve < self.eval_context <= PRESETS[self.preset].max_positions,
+             "eval_context", "must fit the model's positions")
+        need(self.eval_steps >= 1, "eval_steps", "must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -38,6 +38,35 @@ from wise.training.batches import IGNORE, Batch, BatchStream
 from wise.training.config import TrainConfig
 
 LOSS_CURVE = "loss_curve.csv"
+EVAL_CURVE = "eval_curve.csv"
+
+
+class HeldOutCheck:
+    """Greedy EM on fixed validation prompts (never the test worlds), for the eval log."""
+
+    def __init__(self, config: TrainConfig, tokenizer_path: Path, max_positions: int):
+        from wise.data.tokenizer import load_tokenizer
+        from wise.evaluate import build_prompts
+
+        self.config = config
+        self.tok = load_tokenizer(tokenizer_path)
+        self.prompts = {b: build_prompts(self.tok, b, config.eval_context, config.eval_n,
+                                         derive_seed(config.seed, "heldout") % 2**31, max_positions,
+                                         max_new_tokens=8, split="validation")
+                        for b in sorted(config.benchmarks)}
+
+    def __call__(self, model: RecurrentDepthModel, autocast) -> dict[str, float]:
+        from wise.evaluate import score_cell
+
+        model.eval()
+        out = {}
+        with autocast:
+            for bench, prompts in self.prompts.items():
+                score = score_cell(model, self.tok, prompts, self.config.eval_context,
+                                   self.config.eval_steps)
+                out[f"{bench}_em"] = round(score.em, 4)
+        model.train()
+        return out
 
 
 def sample_recurrence(config: TrainConfig, index: int) -> int:
@@ -134,6 +163,9 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
     opt = make_optimizer(model, config, device)
     autocast = _autocast_for(model, device)
     state_gen = torch.Generator(device=device)
+    check = (HeldOutCheck(config, tokenizer_path, model.config.max_positions)
+             if config.eval_every else None)
+    eval_log: list[dict] = []
     log: list[dict] = []
     start = time.monotonic()
     tokens_seen, stopped_by = 0, "max_steps"
@@ -177,6 +209,11 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
                 log.append(row)
                 bar.set_postfix(ans=f"{row['answer_loss']:.3f}", lm=f"{row['lm_loss']:.3f}",
                                 r=steps, ctx=batch.budget)
+            if check is not None and step > 0 and step % config.eval_every == 0:
+                scores = check(model, autocast)
+                eval_log.append({"step": step, "elapsed_s": round(time.monotonic() - start, 2),
+                                 "answer_loss": log[-1]["answer_loss"] if log else float("nan"), **scores})
+                bar.write(f"step {step}: held-out EM {scores}")
     except (Exception, KeyboardInterrupt) as err:  # keep what was learned; the caller sees stopped_by
         stopped_by = f"error: {type(err).__name__}: {err}"
         traceback.print_exc()
@@ -189,8 +226,11 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
     meta = {"preset": config.preset, "train_steps": str(steps_done), "seed": str(config.seed)}
     save_checkpoint(model, out, metadata=meta)
     write_loss_curve(log, out / LOSS_CURVE)
+    if eval_log:
+        write_loss_curve(eval_log, out / EVAL_CURVE)
     summary = {"steps": steps_done, "stopped_by": stopped_by, "train_seconds": round(train_seconds, 1),
                "tokens": tokens_seen, "final": log[-1] if log else None,
+               "heldout": eval_log[-1] if eval_log else None,
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

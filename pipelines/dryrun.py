@@ -1,0 +1,139 @@
+"""One example through a preset's trace and every condition, timed, with the GPU memory peak.
+
+    python -m pipelines.dryrun --params params/huginn-paper.yaml --source preset:huginn-0125@0
+
+Answers "is this preset wired, and does one example of its longest context fit?" before a long
+run, and without the real weights: ``--source preset:<name>@<seed>`` builds a random-init model of
+that shape (Huginn-0125: 3.5B parameters) directly in the params' dtype. A random model generates
+until ``conditions.max_new_tokens``, so the times are the worst case of a real run.
+
+It calls the very work items the stages send to the Ray actors (``trace`` and ``conditions`` of
+``pipelines.work``) in this process, so no Ray is needed. The example is the first synthhop test
+example at the longest budget of ``cohorts.context_lengths`` when the preset's benchmarks are not
+available offline (a preset source has no tokenizer either: the project's tokenizer is used then,
+its ids are all inside any of these vocabularies). Prints one line per phase and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pipelines.cohorts import ANSWER_HEADROOM
+from pipelines.discovery import wise_settings
+from pipelines.params import load_params
+from pipelines.work import get_task
+from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
+from wise.data.tokenizer import load_tokenizer
+from wise.models.checkpoint import load_checkpoint
+
+DEFAULT_TOKENIZER = "data/models/wise-tiny-random/tokenizer.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_example(model, tok, budget: int, prompt_style: str, max_new_tokens: int) -> dict:
+    """The first synthhop test example at `budget` tokens, as a cohort row (token ids, answer ids)."""
+    cfg = model.config
+    reserve = max(0, budget + max_new_tokens + ANSWER_HEADROOM - cfg.max_positions)
+
+    def count_tokens(text: str) -> int:
+        return 1 + len(tok.encode(text, add_special_tokens=False).ids)
+
+    examples = load_examples("synthhop", "test", 8, 0)
+    for ex, cv in zip(examples, build_cohort_variants(examples, [budget], count_tokens, 0,
+                                                      style=prompt_style, reserve_tokens=reserve)):
+        if budget in cv.variants:
+            var = cv.variants[budget]
+            ids = [cfg.bos_token_id] + tok.encode(format_prompt(var, prompt_style),
+                                                  add_special_tokens=False).ids
+            answer = tok.encode(answer_continuation(var), add_special_tokens=False).ids
+            return {"example_id": f"{ex.example_id}@{budget}", "token_ids": ids,
+                    "answer_ids": answer + [cfg.eos_token_id]}
+    raise ValueError(f"no synthhop test example fits {budget} tokens")
+
+
+def gib(value) -> str:
+    return "n/a" if value is None else f"{value:.1f} GiB"
+
+
+def timed(fn, device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None
+    return out, time.perf_counter() - start, peak
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--source", default=None, help="override model.source, e.g. preset:huginn-0125@0")
+    ap.add_argument("--context", type=int, default=None, help="budget (default: the longest in params)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the model's, else the project's)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", default=None, help="write the measurements here")
+    args = ap.parse_args(argv)
+
+    p = load_params(args.params, check_model=args.source is None)
+    if args.source:
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=args.source))
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    budget = args.context or max(p.cohorts.context_lengths)
+    tok_path = args.tokenizer or (DEFAULT_TOKENIZER if p.model.source.startswith("preset:")
+                                  else str(Path(p.model.source) / "tokenizer.json"))
+
+    model, load_s, _ = timed(lambda: load_checkpoint(p.model.source, DTYPES[p.model.dtype], device), device)
+    n_params = sum(t.numel() for t in model.parameters())
+    print(f"dryrun: {p.model.source} ({n_params / 1e9:.2f}B parameters, {p.model.dtype}) on {device}, "
+          f"loaded in {load_s:.1f} s", flush=True)
+    item = build_example(model, load_tokenizer(tok_path), budget, p.cohorts.prompt_style,
+                         p.conditions.max_new_tokens)
+    settings = dataclasses.asdict(wise_settings(p))
+    base = {"settings": settings, "init_seed": p.recurrence.init_seed}
+    stop = [model.config.eos_token_id, *model.config.extra_eos_token_ids]
+
+    phases = []
+    _, secs, peak = timed(lambda: get_task("trace")(model, item, {**base, "topk": p.diagnostics.topk,
+                                                                   "diagnostics": True}), device)
+    phases.append({"phase": "trace", "seconds": round(secs, 2), "peak_gib": peak})
+    print(f"dryrun: {len(item['token_ids'])} tokens; trace (Full, all diagnostics) {secs:.1f} s, "
+          f"peak {gib(peak)}", flush=True)
+    hashes = set()
+    for name in p.conditions.names:
+        ctx = {**base, "conditions": [name], "max_new_tokens": p.conditions.max_new_tokens, "stop_ids": stop}
+        out, secs, peak = timed(lambda: get_task("conditions")(model, item, ctx), device)
+        row = out["rows"][0]
+        hashes.add(row["state_hash_td"])
+        phases.append({"phase": name, "seconds": round(secs, 2), "peak_gib": peak,
+                       "generated": len(row["prediction_ids"])})
+        print(f"dryrun: condition {name:<13} {secs:6.1f} s  peak {gib(peak):>9}  "
+              f"({len(row['prediction_ids'])} tokens generated + gold log-prob)", flush=True)
+    if len(hashes) != 1:
+        print(f"dryrun: conditions reached t_d in different states: {sorted(hashes)}", file=sys.stderr)
+        return 1
+    total = sum(ph["seconds"] for ph in phases[1:])
+    summary = {"source": p.model.source, "dtype": p.model.dtype, "device": device,
+               "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+               "parameters": n_params, "tokens": len(item["token_ids"]), "context": budget,
+               "settings": settings, "max_new_tokens": p.conditions.max_new_tokens,
+               "load_seconds": round(load_s, 1), "phases": phases,
+               "seconds_per_condition": round(total / len(p.conditions.names), 2),
+               "max_peak_gib": max(ph["peak_gib"] for ph in phases) if device == "cuda" else None}
+    print(f"dryrun: {summary['seconds_per_condition']} s per condition (mean of "
+          f"{len(p.conditions.names)}), memory peak {gib(summary['max_peak_gib'])}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
