@@ -55,6 +55,9 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     # -- execution --------------------------------------------------------------------------------
+    # torch.compile each transformer block (dynamic shapes; the recurrence loop stays in Python);
+    # falls back to eager when compilation fails on this stack
+    compile: bool = False
     data_workers: int = -1  # -1: cpu count - 2 (0: generate batches in the training process)
     prefetch: int = 32  # batches generated ahead
     log_every: int = 20

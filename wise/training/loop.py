@@ -162,6 +162,8 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
     model = build_model(config).to(device).train()
     opt = make_optimizer(model, config, device)
     autocast = _autocast_for(model, device)
+    if config.compile:
+        _compile_blocks(model, autocast)
     state_gen = torch.Generator(device=device)
     check = (HeldOutCheck(config, tokenizer_path, model.config.max_positions)
              if config.eval_every else None)
@@ -254,6 +256,26 @@ def _autocast_for(model: RecurrentDepthModel, device: torch.device):
         model.zero_grad(set_to_none=True)
         print(f"bf16 autocast failed ({err}); training in fp32 with TF32", flush=True)
         return contextlib.nullcontext()
+
+
+def _compile_blocks(model: RecurrentDepthModel, autocast) -> None:
+    """Compile every block in place (the elementwise work of norms, RoPE and the gated MLP
+    fuses); one small forward/backward proves it, else the blocks stay eager."""
+    blocks = [*model.transformer.prelude, *model.transformer.core_block, *model.transformer.coda]
+    for block in blocks:
+        block.compile(dynamic=True)
+    ids = torch.randint(3, model.config.vocab_size, (2, 48), device=model.device)
+    gen = torch.Generator(device=model.device).manual_seed(0)
+    try:
+        with autocast:
+            logits = recurrent_forward(model, ids, 3, 2, gen)
+        logits.float().mean().backward()
+    except Exception as err:  # pragma: no cover - depends on the compiler stack
+        print(f"torch.compile failed ({type(err).__name__}: {err}); training eager", flush=True)
+        for block in blocks:
+            block._compiled_call_impl = None  # nn.Module.compile's hook: back to eager forward
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def write_loss_curve(log: list[dict], path: Path) -> None:
