@@ -121,7 +121,9 @@ def main(argv=None) -> int:
     if args.time_limit is not None:
         config = config.replace(time_limit_s=args.time_limit)
     recipe_path = Path(args.out) / RECIPE
-    if not args.retrain and recipe_path.is_file() and json.loads(recipe_path.read_text()) == config.to_dict():
+    # Compared as configs: a key added to TrainConfig later takes its default on both sides.
+    if not args.retrain and recipe_path.is_file() and \
+            TrainConfig.from_dict(json.loads(recipe_path.read_text())) == config:
         # `dvc repro -f`, or a code change under wise/training, lands here: the shipped checkpoint
         # was trained with exactly these params, and retraining (time-limited, so similar but not
         # identical) would silently change every downstream result. Keep it unless asked.
