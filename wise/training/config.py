@@ -56,7 +56,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     # -- execution --------------------------------------------------------------------------------
     # torch.compile each transformer block (dynamic shapes; the recurrence loop stays in Python);
-    # falls back to eager when compilation fails on this stack
+    # falls back to eager when compilation fails on this stack. Off: on an H200 (torch 2.11) the
+    # first 40 s of the shipped recipe made 248 steps compiled vs 337 eager (shape recompiles).
     compile: bool = False
     data_workers: int = -1  # -1: cpu count - 2 (0: generate batches in the training process)
     prefetch: int = 32  # batches generated ahead
