@@ -52,3 +52,19 @@ def test_update_card_replaces_the_table_in_place(tmp_path):
     update_card(tmp_path, "| b |", "second")
     text = (tmp_path / "README.md").read_text()
     assert text.count(CARD_BEGIN) == 1 and "| b |" in text and "| a |" not in text and "intro" in text
+
+
+def test_probe_questions_and_per_type_scores(capsys):
+    tok = load_tokenizer(f"{MODEL}/tokenizer.json")
+    own = build_prompts(tok, "synthhop", 256, 6, 3, 4096, 8)
+    facts = build_prompts(tok, "synthhop", 256, 6, 3, 4096, 8, ask="fact")
+    assert {p.kind for p in own} <= {"bridge2", "bridge3", "comparison"} and {p.kind for p in facts} == {"fact"}
+    assert facts == build_prompts(tok, "synthhop", 256, 6, 3, 4096, 8, ask="fact")  # seeded
+    for p in facts:
+        text = tok.decode(p.ids)
+        assert p.answers[0] in text.rsplit("Question:", 1)[0]  # answered by the context itself
+    assert main(["--model", MODEL, "--benchmark", "synthhop", "--context", "256", "--steps", "2",
+                 "--n", "6", "--seed", "3", "--by-type", "--ask", "fact"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"by type: fact \d\.\d{3} \(n=\d+\)", lines[-2])
+    assert re.fullmatch(r"EM=\d\.\d{4} F1=\d\.\d{4} n=\d+", lines[-1])

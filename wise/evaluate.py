@@ -20,13 +20,17 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
+import dataclasses
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data.registry import context_questions
+from wise.data.splits import derive_seed
 from wise.data.tokenizer import load_tokenizer
 from wise.metrics import exact_match, f1
 from wise.models.checkpoint import load_checkpoint
@@ -45,6 +49,7 @@ class Prompt:
     ids: list[int]  # BOS + prompt tokens
     answers: tuple[str, ...]
     benchmark: str
+    kind: str = ""  # question type: bridge2 / bridge3 / comparison / arithmetic / fact ...
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,22 @@ class Score:
     f1: float
     n: int
     seconds: float
+    by_kind: dict = field(default_factory=dict)  # question type -> [EM, n]
 
     def line(self) -> str:
         return f"EM={self.em:.4f} F1={self.f1:.4f} n={self.n}"
 
 
+def question_kind(meta: dict) -> str:
+    kind = meta.get("type", "")
+    return f"{kind}{meta['hops']}" if kind == "bridge" else kind
+
+
 def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_positions: int,
-                  max_new_tokens: int, split: str = "test") -> list[Prompt]:
+                  max_new_tokens: int, split: str = "test", ask: str | None = None) -> list[Prompt]:
+    """Prompts of the first n examples at `context` tokens. With `ask` (a kind of
+    ``context_questions``, e.g. "fact"), each context is asked one seeded question of that kind
+    instead of its own (contexts without one are skipped): a probe of the sub-skills."""
     bos = tok.token_to_id("<bos>")
 
     def encode(text: str) -> list[int]:
@@ -77,10 +91,17 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
     examples = load_examples(benchmark, split, n, seed)
     out = []
     for cv in build_cohort_variants(examples, [context], count_tokens, seed, reserve_tokens=reserve):
-        if context in cv.variants:
-            var = cv.variants[context]
-            out.append(Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var)),
-                              var.answers, benchmark))
+        if context not in cv.variants:
+            continue
+        var, kind = cv.variants[context], question_kind(cv.variants[context].meta)
+        if ask is not None:
+            pool = [(q, a) for q, a, k in context_questions(var) if k == ask]
+            if not pool:
+                continue
+            question, answer = random.Random(derive_seed(seed, "ask", var.example_id)).choice(pool)
+            var, kind = dataclasses.replace(var, question=question, answers=(answer,)), ask
+        out.append(Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var)),
+                          var.answers, benchmark, kind))
     return out
 
 
@@ -142,14 +163,21 @@ def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], conte
     outs = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts],
                           init_seed, steps, max_new_tokens, stop, batch_tokens)
     ems, f1s = [], []
+    kinds: dict[str, list[float]] = {}
     for p, out in zip(prompts, outs):
         pred = tok.decode(out, skip_special_tokens=True).strip()
         ems.append(exact_match(pred, list(p.answers), p.benchmark))
         f1s.append(f1(pred, list(p.answers), p.benchmark))
+        kinds.setdefault(p.kind, []).append(ems[-1])
     n = len(prompts)
     bench = prompts[0].benchmark if prompts else ""
+    by_kind = {k: [round(sum(v) / len(v), 4), len(v)] for k, v in sorted(kinds.items())}
     return Score(bench, context, steps, sum(ems) / max(n, 1), sum(f1s) / max(n, 1), n,
-                 round(time.monotonic() - start, 1))
+                 round(time.monotonic() - start, 1), by_kind)
+
+
+def kinds_line(score: Score) -> str:
+    return ", ".join(f"{k} {em:.3f} (n={n})" for k, (em, n) in score.by_kind.items())
 
 
 def load_model(source: str, device: str, dtype: torch.dtype = torch.float32):
@@ -242,6 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per forward")
     ap.add_argument("--table", action="store_true", help="benchmark x context x T table")
+    ap.add_argument("--by-type", action="store_true", help="also print EM per question type")
+    ap.add_argument("--ask", default=None, metavar="KIND",
+                    help="ask each context one of its other questions of this kind instead of its "
+                         "own (synthhop: fact, bridge, comparison; syntharith: problem)")
     ap.add_argument("--benchmarks", nargs="+", default=["synthhop", "syntharith"])
     ap.add_argument("--contexts", nargs="+", type=int, default=list(TABLE_CONTEXTS))
     ap.add_argument("--table-steps", nargs="+", type=int, default=list(TABLE_STEPS))
@@ -264,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
         return build_prompts(tok, bench, ctx, n, args.seed, cfg.max_positions, args.max_new_tokens,
-                             args.split)
+                             args.split, ask=args.ask)
 
     def cell(prompts, ctx, steps) -> Score:
         return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens,
@@ -285,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     sc = cell(prompts, ctx, steps)
                     scores.append(sc)
                     print(f"{bench:>10} @{ctx:<5} T={steps:<3} {sc.line()}  ({sc.seconds}s)", flush=True)
+                    if args.by_type:
+                        print(f"{'':>10}  by type: {kinds_line(sc)}", flush=True)
         merged = merge_scores(args.json, scores)
         table = markdown_table(merged)
         print(table)
@@ -300,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if target is None:
         target = cell(prompts_for(args.benchmark, args.context, args.n), args.context, args.steps)
         scores.append(target)
+    if args.by_type:
+        print(f"by type: {kinds_line(target)}")
     if args.json:
         merged = merge_scores(args.json, scores)
         Path(args.json).write_text(json.dumps([s.__dict__ for s in merged], indent=2) + "\n")

@@ -42,7 +42,8 @@ EVAL_CURVE = "eval_curve.csv"
 
 
 class HeldOutCheck:
-    """Greedy EM on fixed validation prompts (never the test worlds), for the eval log."""
+    """Greedy EM on fixed validation prompts (never the test worlds), for the eval log: each
+    benchmark's own questions, plus synthhop one-hop fact questions over the same contexts."""
 
     def __init__(self, config: TrainConfig, tokenizer_path: Path, max_positions: int):
         from wise.data.tokenizer import load_tokenizer
@@ -50,10 +51,14 @@ class HeldOutCheck:
 
         self.config = config
         self.tok = load_tokenizer(tokenizer_path)
-        self.prompts = {b: build_prompts(self.tok, b, config.eval_context, config.eval_n,
-                                         derive_seed(config.seed, "heldout") % 2**31, max_positions,
-                                         max_new_tokens=8, split="validation")
+        seed = derive_seed(config.seed, "heldout") % 2**31
+        self.prompts = {b: build_prompts(self.tok, b, config.eval_context, config.eval_n, seed,
+                                         max_positions, max_new_tokens=8, split="validation")
                         for b in sorted(config.benchmarks)}
+        if "synthhop" in config.benchmarks:  # the one-hop lookups multi-hop answers are built from
+            self.prompts["synthhop_fact"] = build_prompts(
+                self.tok, "synthhop", config.eval_context, config.eval_n, seed, max_positions,
+                max_new_tokens=8, split="validation", ask="fact")
 
     def __call__(self, model: RecurrentDepthModel, autocast) -> dict[str, float]:
         from wise.evaluate import score_cell
