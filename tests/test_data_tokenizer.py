@@ -79,3 +79,18 @@ def test_variants_fit_real_token_budgets(tok):
         for budget, v in result.variants.items():
             n = count(format_prompt(v))
             assert n == v.meta["prompt_tokens"] and budget - 80 <= n <= budget
+
+
+def test_split_digits_gives_one_token_per_digit(tmp_path, corpus):
+    tok = train_tokenizer(corpus, vocab_size=1024, split_digits=True)
+    pieces = tok.encode(" 1980 and 125", add_special_tokens=False).tokens
+    digits = [p for p in pieces if any(c.isdigit() for c in p)]
+    assert digits == ["1", "9", "8", "0", "1", "2", "5"]
+    for e in load_examples("syntharith", "test", 10, seed=8):
+        prompt, answer = format_prompt(e), answer_continuation(e)
+        assert tok.decode(tok.encode(prompt + answer).ids) == prompt + answer
+        assert tok.encode(prompt + answer).ids == (tok.encode(prompt).ids
+                                                   + tok.encode(answer, add_special_tokens=False).ids)
+    again = save_tokenizer(train_tokenizer(corpus, vocab_size=1024, split_digits=True), tmp_path / "b")
+    assert save_tokenizer(tok, tmp_path / "a").read_bytes() == again.read_bytes()
+    assert load_tokenizer(again).encode("125", add_special_tokens=False).tokens == ["1", "2", "5"]

@@ -26,12 +26,19 @@ DEFAULT_VOCAB_SIZE = 2048
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
-                    min_frequency: int = 2) -> Tokenizer:
-    """Byte-level BPE over `texts`. No randomness is involved; the seed lives in the corpus."""
+                    min_frequency: int = 2, split_digits: bool = False) -> Tokenizer:
+    """Byte-level BPE over `texts`. No randomness is involved; the seed lives in the corpus.
+
+    split_digits: every digit is its own token (as Llama and GSM8K-era tokenizers do), so "125"
+    is 1, 2, 5 instead of whatever merges the corpus made ("12" + "5"); arithmetic then works on
+    a fixed 10-symbol alphabet. Splitting happens at digit boundaries only, so the prompt/answer
+    concatenation property above still holds."""
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must cover the 256 byte tokens and the specials, got {vocab_size}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -19,6 +19,7 @@ class TrainConfig:
     init_std: float = 0.02  # std of the seeded normal weight init
     tokenizer_seed: int = 0  # BPE trained on corpus_for_tokenizer(tokenizer_seed, tokenizer_examples)
     tokenizer_examples: int = 400
+    tokenizer_split_digits: bool = False  # one token per digit (see wise.data.tokenizer)
     # -- data (train split, generated on the fly, deterministic from seed and batch index) -------
     seed: int = 0
     benchmarks: dict = field(default_factory=lambda: {"synthhop": 0.7, "syntharith": 0.3})

@@ -148,7 +148,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
 def train_tokenizer_for(config: TrainConfig, out: Path):
     vocab = RecurrentConfig.from_name(config.preset).vocab_size
     tok = train_tokenizer(corpus_for_tokenizer(config.tokenizer_seed, config.tokenizer_examples),
-                          vocab_size=vocab)
+                          vocab_size=vocab, split_digits=config.tokenizer_split_digits)
     if tok.get_vocab_size() > vocab:
         raise ValueError(f"tokenizer has {tok.get_vocab_size()} tokens, the model only {vocab}")
     return tok, save_tokenizer(tok, out)
