@@ -53,6 +53,29 @@ def generation_reserve(p: Params, max_positions: int) -> int:
     return room
 
 
+def cohort_row(base_id: str, benchmark: str, budget: int, variant, tok, bos: int, eos: int,
+               style: str) -> dict:
+    """One cohort row: the variant's prompt, its token ids (BOS first) and the gold answer ids
+    (answer + EOS, for teacher forcing), keyed ``<base id>@<budget>``."""
+    prompt = format_prompt(variant, style)
+    ids = [bos] + tok.encode(prompt, add_special_tokens=False).ids
+    return {
+        "example_id": f"{base_id}@{budget}",
+        "base_id": base_id,
+        "benchmark": benchmark,
+        "context_length": budget,
+        "question": variant.question,
+        "answers": list(variant.answers),
+        "prompt": prompt,
+        "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest(),
+        "n_tokens": len(ids),
+        "token_ids": ids,
+        "answer_ids": tok.encode(answer_continuation(variant), add_special_tokens=False).ids + [eos],
+        "n_passages": len(variant.passages),
+        "meta": json.dumps(variant.meta, sort_keys=True),
+    }
+
+
 def build_cohort(p: Params) -> list[dict]:
     c = p.cohorts
     text = model_text(p.model.source)
@@ -77,24 +100,8 @@ def build_cohort(p: Params) -> list[dict]:
                 # truncated; the stage says so instead of hiding it.
                 print(f"cohorts: {ex.example_id} dropped at context length(s) {sorted(cv.dropped)}: "
                       "evidence does not fit")
-            for budget, var in sorted(cv.variants.items()):
-                prompt = format_prompt(var, c.prompt_style)
-                ids = [bos] + encode(prompt)
-                rows.append({
-                    "example_id": f"{ex.example_id}@{budget}",
-                    "base_id": ex.example_id,
-                    "benchmark": bench,
-                    "context_length": budget,
-                    "question": var.question,
-                    "answers": list(var.answers),
-                    "prompt": prompt,
-                    "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest(),
-                    "n_tokens": len(ids),
-                    "token_ids": ids,
-                    "answer_ids": encode(answer_continuation(var)) + [eos],
-                    "n_passages": len(var.passages),
-                    "meta": json.dumps(var.meta, sort_keys=True),
-                })
+            rows += [cohort_row(ex.example_id, bench, budget, var, tok, bos, eos, c.prompt_style)
+                     for budget, var in sorted(cv.variants.items())]
     if not rows:
         raise ValueError("cohorts: no example fits any of cohorts.context_lengths "
                          f"{list(c.context_lengths)}")

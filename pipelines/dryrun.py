@@ -7,8 +7,9 @@ run, and without the real weights: ``--source preset:<name>@<seed>`` builds a ra
 that shape (Huginn-0125: 3.5B parameters) directly in the params' dtype. A random model generates
 until ``conditions.max_new_tokens``, so the times are the worst case of a real run.
 
-It calls the very work items the stages send to the Ray actors (``trace`` and ``conditions`` of
-``pipelines.work``) in this process, so no Ray is needed. The example is the first synthhop test
+It hosts the model in the stages' own ``ModelWorker`` (same loader, dtype and device) and sends
+it the very work items the stages send to the Ray actors (``trace``, then ``conditions``), in this
+process, so no Ray is needed; the example is built by the cohorts stage's ``cohort_row``. The example is the first synthhop test
 example at the longest budget of ``cohorts.context_lengths`` when the preset's benchmarks are not
 available offline (a preset source has no tokenizer either: the project's tokenizer is used then,
 its ids are all inside any of these vocabularies). Prints one line per phase and writes JSON.
@@ -18,42 +19,37 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from pipelines.cohorts import ANSWER_HEADROOM
+from pipelines.cohorts import cohort_row, generation_reserve
 from pipelines.discovery import wise_settings
 from pipelines.params import load_params
-from pipelines.work import get_task
-from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
+from pipelines.pool import ModelWorker
+from wise.data import build_cohort_variants, load_examples
 from wise.data.tokenizer import load_tokenizer
-from wise.models.checkpoint import load_checkpoint
 
 DEFAULT_TOKENIZER = "data/models/wise-tiny-random/tokenizer.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_example(model, tok, budget: int, prompt_style: str, max_new_tokens: int) -> dict:
-    """The first synthhop test example at `budget` tokens, as a cohort row (token ids, answer ids)."""
+def build_example(p, model, tok, budget: int) -> dict:
+    """The first synthhop test example at `budget` tokens, as the cohorts stage would write it."""
     cfg = model.config
-    reserve = max(0, budget + max_new_tokens + ANSWER_HEADROOM - cfg.max_positions)
 
     def count_tokens(text: str) -> int:
         return 1 + len(tok.encode(text, add_special_tokens=False).ids)
 
     examples = load_examples("synthhop", "test", 8, 0)
-    for ex, cv in zip(examples, build_cohort_variants(examples, [budget], count_tokens, 0,
-                                                      style=prompt_style, reserve_tokens=reserve)):
+    variants = build_cohort_variants(examples, [budget], count_tokens, 0, style=p.cohorts.prompt_style,
+                                     reserve_tokens=generation_reserve(p, cfg.max_positions))
+    for ex, cv in zip(examples, variants):
         if budget in cv.variants:
-            var = cv.variants[budget]
-            ids = [cfg.bos_token_id] + tok.encode(format_prompt(var, prompt_style),
-                                                  add_special_tokens=False).ids
-            answer = tok.encode(answer_continuation(var), add_special_tokens=False).ids
-            return {"example_id": f"{ex.example_id}@{budget}", "token_ids": ids,
-                    "answer_ids": answer + [cfg.eos_token_id]}
+            return cohort_row(ex.example_id, "synthhop", budget, cv.variants[budget], tok,
+                              cfg.bos_token_id, cfg.eos_token_id, p.cohorts.prompt_style)
     raise ValueError(f"no synthhop test example fits {budget} tokens")
 
 
@@ -84,25 +80,27 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     p = load_params(args.params, check_model=args.source is None)
-    if args.source:
-        p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=args.source))
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    p = dataclasses.replace(p, model=dataclasses.replace(
+        p.model, source=args.source or p.model.source,
+        device=p.model.device if args.device == "auto" else args.device))
     budget = args.context or max(p.cohorts.context_lengths)
     tok_path = args.tokenizer or (DEFAULT_TOKENIZER if p.model.source.startswith("preset:")
                                   else str(Path(p.model.source) / "tokenizer.json"))
 
-    model, load_s, _ = timed(lambda: load_checkpoint(p.model.source, DTYPES[p.model.dtype], device), device)
+    # The actors' own loader (dtype, device); in this process, with every core.
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    worker, load_s, _ = timed(lambda: ModelWorker(p.model, threads=os.cpu_count() or 1), auto)
+    model, device = worker.model, worker.device
     n_params = sum(t.numel() for t in model.parameters())
     print(f"dryrun: {p.model.source} ({n_params / 1e9:.2f}B parameters, {p.model.dtype}) on {device}, "
           f"loaded in {load_s:.1f} s", flush=True)
-    item = build_example(model, load_tokenizer(tok_path), budget, p.cohorts.prompt_style,
-                         p.conditions.max_new_tokens)
+    item = build_example(p, model, load_tokenizer(tok_path), budget)
     settings = dataclasses.asdict(wise_settings(p))
     base = {"settings": settings, "init_seed": p.recurrence.init_seed}
     stop = [model.config.eos_token_id, *model.config.extra_eos_token_ids]
 
     phases = []
-    _, secs, peak = timed(lambda: get_task("trace")(model, item, {**base, "topk": p.diagnostics.topk,
+    _, secs, peak = timed(lambda: worker.run("trace", item, {**base, "topk": p.diagnostics.topk,
                                                                    "diagnostics": True}), device)
     phases.append({"phase": "trace", "seconds": round(secs, 2), "peak_gib": peak})
     print(f"dryrun: {len(item['token_ids'])} tokens; trace (Full, all diagnostics) {secs:.1f} s, "
@@ -110,7 +108,7 @@ def main(argv=None) -> int:
     hashes = set()
     for name in p.conditions.names:
         ctx = {**base, "conditions": [name], "max_new_tokens": p.conditions.max_new_tokens, "stop_ids": stop}
-        out, secs, peak = timed(lambda: get_task("conditions")(model, item, ctx), device)
+        out, secs, peak = timed(lambda: worker.run("conditions", item, ctx), device)
         row = out["rows"][0]
         hashes.add(row["state_hash_td"])
         phases.append({"phase": name, "seconds": round(secs, 2), "peak_gib": peak,

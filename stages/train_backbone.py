@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from pipelines.artifacts import write_json
 from wise.training import TrainConfig, train
 
 DEFAULT_OUT = "data/models/wise-small"
@@ -141,9 +142,7 @@ def main(argv=None) -> int:
     print(f"train_backbone: {config.preset} on {device} -> {args.out}", flush=True)
     summary = train(config, args.out, device=device, workers=args.workers)
     write_card(Path(args.out), config, summary)
-    tmp = recipe_path.with_name(RECIPE + ".tmp")
-    tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    tmp.replace(recipe_path)
+    write_json(config.to_dict(), recipe_path)
     print(json.dumps(summary), flush=True)
     if summary["stopped_by"].startswith("error"):
         print(f"train_backbone: training failed ({summary['stopped_by']}); the checkpoint holds "
