@@ -13,8 +13,14 @@ layer (the function times all layers and divides), ratios are taken inside one r
   "setup-inclusive late reuse");
 - traj32: the whole T=32 attention trajectory, 12 dense + build + 20 sparse, vs 32 dense;
 - full: the kernel on the full causal support (same backend) vs on the WISE support, and vs flash;
-- flex: FlexAttention on the same support (BlockMask.from_kv_blocks, tuned kernel_options).
+- flex: FlexAttention on the same support (BlockMask.from_kv_blocks, tuned kernel_options);
+- prep_*: the prepared path (prepare_schedule + prepare_attention, kernels/prepared.py): one call,
+  build, build + 20 calls (plain back-to-back launches, timed like reuse20), with the schedule in
+  longest-first order ("sorted") and in the static capacity order ("cap": no sort per build;
+  kernel_cap_ms is one call on that order, to see what the order costs on the GPU).
 TFLOP/s count useful work only: 4·H·d·(active query-key pairs).
+`--host-overhead` also reports host microseconds per launch (N launches enqueued without a sync)
+for sparse_attention, the prepared call, build_schedule, the prepared build and SDPA.
 """
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ import torch.nn.functional as F
 
 from .reference import (dense_sdpa_call, flex_attention_call, flex_block_mask,
                         masked_attention_reference, relative_error, sdpa_backend)
-from .schedule import build_schedule
+from .bench_host import PreparedLayers, format_host_table, host_overhead
+from .schedule import build_schedule, default_pack
 from .sparse_attention import KernelConfig, sparse_attention
 
 REL_ERR_BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3, torch.float32: 1e-4}
@@ -75,6 +82,17 @@ def density(layout: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 # timing helpers
 
+def _bench_device():
+    """The device to time on: CUDA, or None (then only planned rows). A function so the tests can
+    run the timing code end to end on the CPU interpreter with stand-in timers."""
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _ms(fn, rep: int = 100) -> float:
     from triton.testing import do_bench
 
@@ -116,10 +134,17 @@ def _nan_row(**meta) -> dict:
             "reuse20_vs_cudnn", "traj32_vs_flash", "traj32_vs_cudnn", "full_vs_wise_same_backend",
             "full_vs_flash", "flex_vs_flash", "kernel_vs_flex", "flash_tflops", "cudnn_tflops",
             "kernel_tflops", "full_kernel_tflops", "flex_tflops", "rel_err_kernel",
-            "rel_err_full", "rel_err_flex"]
+            "rel_err_full", "rel_err_flex"] + PREPARED_KEYS
     row = dict(meta)
     row.update({k: float("nan") for k in keys})
     return row
+
+
+PREPARED_KEYS = ["prep_ms", "kernel_cap_ms", "prep_build_ms", "prep_build_cap_ms", "prep_reuse20_ms",
+                 "prep_reuse20_cap_ms", "prep_call_vs_flash", "prep_call_vs_cudnn", "prep_reuse20_vs_flash",
+                 "prep_reuse20_vs_cudnn", "prep_reuse20_cap_vs_flash", "prep_reuse20_cap_vs_cudnn",
+                 "prep_traj32_vs_flash", "prep_traj32_vs_cudnn", "cap_vs_sorted_kernel", "prep_fast_calls",
+                 "rel_err_prepared", "rel_err_prepared_cap"]
 
 
 def planned_rows(n: int, block_size: int, heads: int, kv_heads: int, head_dim: int, dtype,
@@ -132,7 +157,8 @@ def planned_rows(n: int, block_size: int, heads: int, kv_heads: int, head_dim: i
 
 def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: int, kv_heads: int,
               head_dim: int, dtype, label: str, *, flex: bool = True, check: bool = True,
-              seed: int = 0, kernel_config: KernelConfig | None = None, rep: int = 100) -> list[dict]:
+              seed: int = 0, kernel_config: KernelConfig | None = None, rep: int = 100,
+              prepared: bool = True) -> list[dict]:
     """Time one support (all layers) against the dense and Flex baselines; see module doc.
 
     layouts_by_layer: bool [L, Hq, M, M], M = ceil(n / block_size). Returns [row] (one dict).
@@ -140,14 +166,14 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
     """
     dtype = DTYPES.get(dtype, dtype)
     n_layers = layouts_by_layer.shape[0]
-    if not torch.cuda.is_available():
+    dev = _bench_device()
+    if dev is None:
         return planned_rows(n, block_size, heads, kv_heads, head_dim, dtype, label, n_layers)
-    dev = torch.device("cuda")
     lays = layouts_by_layer.to(dev)
     m = math.ceil(n / block_size)
     if tuple(lays.shape[1:]) != (heads, m, m):
         raise ValueError(f"layouts must be [L, {heads}, {m}, {m}], got {tuple(lays.shape)}")
-    row = _nan_row(label=label, status="ok", gpu=torch.cuda.get_device_name(), n=n,
+    row = _nan_row(label=label, status="ok", gpu=torch.cuda.get_device_name() if dev.type == "cuda" else str(dev), n=n,
                    block_size=block_size, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                    dtype=str(dtype).replace("torch.", ""), layers=n_layers,
                    kernel_config=str(kernel_config or "default"), flex_options="")
@@ -158,7 +184,9 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
            for _ in range(n_layers)]
     full = full_layout(heads, n, block_size, dev)
     scheds = [build_schedule(lays[i], block_size, head_dim=head_dim) for i in range(n_layers)]
-    full_sched = build_schedule(full, block_size, head_dim=head_dim)
+    # the full support is dense: its schedule takes the dense-support pack (bigger wgmma tiles)
+    full_pack = kernel_config.pack if kernel_config else default_pack(block_size, head_dim, density=1.0)
+    full_sched = build_schedule(full, block_size, pack=full_pack, head_dim=head_dim)
     outs = [torch.empty_like(q) for q, _, _ in qkv]
 
     pairs = sum(active_pairs(lays[i], block_size, n) for i in range(n_layers)) / n_layers
@@ -181,6 +209,8 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
         for _ in range(20):
             kernel_all(fresh)
 
+    prep = PreparedLayers(qkv, lays, outs, block_size, head_dim, kernel_config) if prepared else None
+
     # correctness first, on fresh random inputs, against the fp32 reference (layer 0)
     q0, k0, v0 = qkv[0]
     bound = REL_ERR_BOUND[dtype]
@@ -189,12 +219,22 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
         kernel_all()
         ref = masked_attention_reference(q0, k0, v0, lays[0], block_size, out_dtype=torch.float32)
         row["rel_err_kernel"] = relative_error(outs[0], ref)
+        if prep is not None:
+            for order, key in (("sorted", "rel_err_prepared"), ("capacity", "rel_err_prepared_cap")):
+                outs[0].fill_(float("nan"))
+                prep.build(order)
+                prep.call(order)
+                prep.call(order)  # the second call takes the compiled-kernel launch
+                row[key] = relative_error(outs[0], ref)
+                if not row[key] <= bound:
+                    row["status"] = f"prepared ({order}) rel_err above {bound}"
         out_full = sparse_attention(q0, k0, v0, full_sched, config=kernel_config)
         ref_full = masked_attention_reference(q0, k0, v0, full, block_size, out_dtype=torch.float32)
         row["rel_err_full"] = relative_error(out_full, ref_full)
         del ref_full
         if not (row["rel_err_kernel"] <= bound and row["rel_err_full"] <= bound):
             row["status"] = f"kernel rel_err above {bound}"
+        del ref
 
     per = 1.0 / n_layers
     row["kernel_ms"] = _ms(kernel_all, rep) * per
@@ -203,6 +243,8 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
     row["build_ms"] = _ms(build_all, rep) * per
     row["build_graph_ms"] = _graph_ms(build_all) * per
     row["reuse20_ms"] = _ms(reuse20, rep) * per
+    if prep is not None:
+        prep.time(row, rep, per)
 
     from torch.nn.attention import sdpa_kernel
 
@@ -245,6 +287,14 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
     )
     row["traj32_vs_flash"] = 32 * f / row["traj32_flash_ms"]
     row["traj32_vs_cudnn"] = 32 * c / row["traj32_cudnn_ms"]
+    if prep is not None:
+        p20, f20, c20 = row["prep_reuse20_ms"], row["flash20_ms"], row["cudnn20_ms"]
+        row.update(prep_call_vs_flash=f / row["prep_ms"], prep_call_vs_cudnn=c / row["prep_ms"],
+                   prep_reuse20_vs_flash=f20 / p20, prep_reuse20_vs_cudnn=c20 / p20,
+                   prep_reuse20_cap_vs_flash=f20 / row["prep_reuse20_cap_ms"],
+                   prep_reuse20_cap_vs_cudnn=c20 / row["prep_reuse20_cap_ms"],
+                   prep_traj32_vs_flash=32 * f / (12 * f + p20), prep_traj32_vs_cudnn=32 * c / (12 * c + p20),
+                   cap_vs_sorted_kernel=row["kernel_cap_ms"] / row["prep_ms"])
     return [row]
 
 
@@ -318,8 +368,23 @@ def write_rows(rows: list[dict], path: str) -> str:
     return path
 
 
-def format_table(rows: list[dict]) -> str:
-    cols = [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("dens", "density", "{:.3f}"),
+PREPARED_COLS = [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("H", "heads", "{:d}"),
+                 ("Hkv", "kv_heads", "{:d}"), ("d", "head_dim", "{:d}"), ("kern ms", "kernel_ms", "{:.4f}"),
+                 ("prep ms", "prep_ms", "{:.4f}"), ("cap/sort", "cap_vs_sorted_kernel", "{:.3f}"),
+                 ("p xF", "prep_call_vs_flash", "{:.2f}"), ("p xC", "prep_call_vs_cudnn", "{:.2f}"),
+                 ("build ms", "build_ms", "{:.4f}"), ("p build", "prep_build_ms", "{:.4f}"),
+                 ("p build cap", "prep_build_cap_ms", "{:.4f}"), ("b+20 xF", "reuse20_vs_flash", "{:.2f}"),
+                 ("p b+20 xF", "prep_reuse20_vs_flash", "{:.2f}"), ("p b+20 xC", "prep_reuse20_vs_cudnn", "{:.2f}"),
+                 ("pcap b+20 xF", "prep_reuse20_cap_vs_flash", "{:.2f}"),
+                 ("pcap b+20 xC", "prep_reuse20_cap_vs_cudnn", "{:.2f}"),
+                 ("p T32 xF", "prep_traj32_vs_flash", "{:.2f}"), ("p T32 xC", "prep_traj32_vs_cudnn", "{:.2f}"),
+                 ("fast", "prep_fast_calls", "{:.0f}"), ("p err", "rel_err_prepared", "{:.1e}")]
+
+
+def format_table(rows: list[dict], cols: list | None = None) -> str:
+    """One line per row; cols = [(header, key, format)], default the main columns (PREPARED_COLS
+    for the prepared path)."""
+    cols = cols or [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("dens", "density", "{:.3f}"),
             ("flash ms", "flash_ms", "{:.3f}"), ("cudnn ms", "cudnn_ms", "{:.3f}"),
             ("kern ms", "kernel_ms", "{:.3f}"), ("kern TF/s", "kernel_tflops", "{:.0f}"),
             ("x flash", "call_vs_flash", "{:.2f}"), ("x cudnn", "call_vs_cudnn", "{:.2f}"),
@@ -336,7 +401,7 @@ def format_table(rows: list[dict]) -> str:
             try:
                 cells.append(fmt.format(v) if not (isinstance(v, float) and math.isnan(v)) else "-")
             except (ValueError, TypeError):
-                cells.append(str(v))
+                cells.append(str(v) if v is not None else "-")
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 
@@ -356,6 +421,9 @@ def main(argv=None) -> int:
     p.add_argument("--label", default=None)
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--config", default=None, help="kernel config override: pack,kb,warps,stages[,pad]")
+    p.add_argument("--no-prepared", action="store_true", help="skip the prepared-path columns")
+    p.add_argument("--host-overhead", action="store_true",
+                   help="also measure host us per launch (at the first --n) into <out>_host.*")
     p.add_argument("--out", default="kernel_timing.parquet")
     a = p.parse_args(argv)
     kv_heads = a.kv_heads or a.heads // a.gqa
@@ -370,7 +438,7 @@ def main(argv=None) -> int:
             gen = torch.Generator().manual_seed(a.seed + n + b)
             lays = torch.stack([random_wise_layout(a.heads, n, b, a.rho, gen) for _ in range(a.layers)])
             r = benchmark(lays, n, b, a.heads, kv_heads, a.head_dim, DTYPES[a.dtype], label,
-                          flex=not a.no_flex, seed=a.seed, kernel_config=cfg)
+                          flex=not a.no_flex, seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared)
             for x in r:
                 x["rho"] = a.rho
             rows += r
@@ -381,6 +449,14 @@ def main(argv=None) -> int:
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, heads {a.heads}/{kv_heads}, "
               f"d {a.head_dim}, {a.dtype}, rho {a.rho}, {a.layers} layers")
     print(format_table(rows))
+    if not a.no_prepared:
+        print(format_table(rows, PREPARED_COLS))
+    if a.host_overhead:
+        host = host_overhead(a.n[0], a.block_size[0], a.heads, kv_heads, a.head_dim, DTYPES[a.dtype])
+        if host:
+            stem, ext = os.path.splitext(a.out)
+            print(f"wrote host overhead to {write_rows(host, stem + '_host' + (ext or '.parquet'))}")
+            print(format_host_table(host))
     return 0
 
 

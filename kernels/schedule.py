@@ -15,7 +15,8 @@ from it once and reused for every late step:
   causal key blocks, so tile t of head h starts at h*per_head + pack*t*(t+1)/2. Static offsets are
   what make the build free of host synchronisation: no prefix sum over data-dependent counts has
   to come back to the host to size a buffer, and the whole build is one Triton launch plus one
-  argsort (tiles ordered longest first, so the long rows start early and the tail is short).
+  argsort (tiles ordered longest first, so the long rows start early and the tail is short), or
+  no sort at all with order="capacity" (static order by causal capacity, last tiles first).
 
 ``validate_layout`` is separate and optional because checking a layout needs values on the host.
 """
@@ -60,18 +61,45 @@ class Schedule:
         return self.order.device
 
 
-def default_pack(block_size: int, head_dim: int | None = None) -> int:
+# Pack for supports known to be dense (density >= DENSE_PACK_DENSITY), keyed (B, head_dim). On a
+# full support the union of packed rows equals each row, so packing 2-4 query blocks into a
+# 64/128-row wgmma tile costs nothing; on a sparse one it costs the union. Measured on an H200
+# (python -m kernels.tune --preset full-pack, n=4096, 55 heads, d=96, B=32; kernels/README.md):
+# full support 0.871 ms with pack 1, 0.705 ms pack 2, 0.693 ms pack 4; at density 0.71 pack 1
+# still wins (0.640 vs 0.643 / 0.688 ms), hence the 0.8 threshold. d=64 already packs 2 by default.
+# Entries go together with sparse_attention._PACK_CONFIGS[(B, d, pack)].
+DENSE_PACK: dict[tuple[int, int], int] = {(32, 96): 4}
+DENSE_PACK_DENSITY = 0.8
+
+
+def default_pack(block_size: int, head_dim: int | None = None, density: float | None = None) -> int:
     """Query blocks per kernel tile (must match the kernel config; see sparse_attention._CONFIGS).
 
     Tiles of 64+ rows use Hopper's wgmma but pay for the union of the packed rows' key lists.
     Measured on an H200 (kernels/README.md): B=16 packs 2 blocks (32 rows); B=32 packs 2 for
     head_dim 64 (wgmma wins despite the union) and 1 otherwise; B >= 64 never packs.
+    density (kept / causal blocks, when the caller knows it): at DENSE_PACK_DENSITY or above, the
+    DENSE_PACK entry for (block_size, head_dim) if there is one.
     """
+    if density is not None and density >= DENSE_PACK_DENSITY and (block_size, head_dim) in DENSE_PACK:
+        return DENSE_PACK[(block_size, head_dim)]
     if block_size == 16:
         return 2
     if block_size == 32 and head_dim == 64:
         return 2
     return 1
+
+
+ORDERS = ("sorted", "capacity")
+
+
+def capacity_order(heads: int, tiles_per_head: int, device) -> torch.Tensor:
+    """Static launch order, int64 [heads * tiles_per_head]: tiles by causal capacity, i.e. last
+    query tile first, heads interleaved. Needs no launch per build (computed once by a prepared
+    builder); an approximation of longest-first (a tile's count is at most its capacity)."""
+    t = torch.arange(tiles_per_head - 1, -1, -1, device=device)
+    h = torch.arange(heads, device=device)
+    return (h[None, :] * tiles_per_head + t[:, None]).flatten()
 
 
 def validate_layout(layout: torch.Tensor) -> None:
@@ -166,15 +194,8 @@ def _use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = None,
-                   head_dim: int | None = None) -> Schedule:
-    """Turn a one-layer block support into the kernel's schedule, on the layout's device.
-
-    layout: bool [Hq, M, M] (causal, no empty row; see validate_layout). Blocks above the diagonal
-    are ignored. No host synchronisation: one Triton launch and one argsort, all sizes from shapes.
-    pack: query blocks per tile (default: default_pack(block_size, head_dim); pass head_dim so the
-    schedule matches the fastest kernel config). sparse_attention follows the schedule's pack.
-    """
+def _check_args(layout: torch.Tensor, block_size: int, pack: int | None, head_dim: int | None,
+                order: str) -> int:
     if block_size not in (16, 32, 64, 128):
         raise ValueError(f"block_size must be one of 16, 32, 64, 128, got {block_size}")
     if layout.dtype != torch.bool or layout.dim() != 3 or layout.shape[1] != layout.shape[2]:
@@ -182,27 +203,60 @@ def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = Non
     pack = default_pack(block_size, head_dim) if pack is None else pack
     if pack not in (1, 2, 4):
         raise ValueError(f"pack must be 1, 2 or 4, got {pack}")
-    heads, m, _ = layout.shape
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    return pack
+
+
+def _build_args(layout_stride: tuple, s: Schedule) -> tuple:
+    """Arguments of _build_schedule_kernel after the layout pointer, in signature order."""
+    per_head = _capacity(s.pack, s.tiles_per_head)
+    return (*layout_stride, s.row_start, s.row_count, s.row_full,
+            s.key_blocks, s.num_blocks, s.tiles_per_head, per_head, s.pack,
+            max(16, triton.next_power_of_2(s.num_blocks)))
+
+
+def _alloc(heads: int, m: int, block_size: int, pack: int, device, order: torch.Tensor) -> Schedule:
     tiles_per_head = math.ceil(m / pack)
-    per_head = _capacity(pack, tiles_per_head)
     num_tiles = heads * tiles_per_head
-    dev = layout.device
-    if _use_triton(dev):
-        # one allocation, four views: the build is host-bound, every torch call counts
-        buf = torch.empty(3 * num_tiles + heads * per_head, dtype=torch.int32, device=dev)
-        row_start, row_count, row_full = buf[:3 * num_tiles].view(3, num_tiles).unbind(0)
-        key_blocks = buf[3 * num_tiles:]
-        lay8 = layout.view(torch.uint8)
-        _build_schedule_kernel[(num_tiles,)](
-            lay8, lay8.stride(0), lay8.stride(1), lay8.stride(2),
-            row_start, row_count, row_full, key_blocks,
-            m, tiles_per_head, per_head,
-            PACK=pack, M_POW2=max(16, triton.next_power_of_2(m)),
-        )
-    else:
-        row_start, row_count, row_full, key_blocks = _build_torch(layout, pack, tiles_per_head)
-    # longest rows first: the kernel's grid walks `order`, so the GPU ends on short tiles
-    order = torch.argsort(row_count, descending=True)  # int64; no cast launch
+    # one allocation, four views: the build is host-bound, every torch call counts
+    buf = torch.empty(3 * num_tiles + heads * _capacity(pack, tiles_per_head), dtype=torch.int32,
+                      device=device)
+    row_start, row_count, row_full = buf[:3 * num_tiles].view(3, num_tiles).unbind(0)
     return Schedule(block_size=block_size, pack=pack, heads=heads, num_blocks=m,
                     tiles_per_head=tiles_per_head, order=order, row_start=row_start,
+                    row_count=row_count, row_full=row_full, key_blocks=buf[3 * num_tiles:])
+
+
+def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = None,
+                   head_dim: int | None = None, order: str = "sorted") -> Schedule:
+    """Turn a one-layer block support into the kernel's schedule, on the layout's device.
+
+    layout: bool [Hq, M, M] (causal, no empty row; see validate_layout). Blocks above the diagonal
+    are ignored. No host synchronisation: one Triton launch and one argsort, all sizes from shapes.
+    pack: query blocks per tile (default: default_pack(block_size, head_dim); pass head_dim so the
+    schedule matches the fastest kernel config). sparse_attention follows the schedule's pack.
+    order: "sorted" (tiles longest first, one argsort) or "capacity" (capacity_order: static,
+    no sort). The kernel's output does not depend on the order, only its tail does.
+    For a build repeated on same-shaped layouts, prepare_schedule (kernels/prepared.py) reuses
+    its buffers and launches with a few microseconds of host time.
+    """
+    pack = _check_args(layout, block_size, pack, head_dim, order)
+    heads, m, _ = layout.shape
+    dev = layout.device
+    tiles_per_head = math.ceil(m / pack)
+    if _use_triton(dev):
+        s = _alloc(heads, m, block_size, pack, dev, order=None)
+        lay8 = layout.view(torch.uint8)
+        _build_schedule_kernel[(s.num_tiles,)](lay8, *_build_args(lay8.stride(), s))
+        row_start, row_count, row_full, key_blocks = s.row_start, s.row_count, s.row_full, s.key_blocks
+    else:
+        row_start, row_count, row_full, key_blocks = _build_torch(layout, pack, tiles_per_head)
+    if order == "sorted":
+        # longest rows first: the kernel's grid walks `order`, so the GPU ends on short tiles
+        perm = torch.argsort(row_count, descending=True)  # int64; no cast launch
+    else:
+        perm = capacity_order(heads, tiles_per_head, dev)
+    return Schedule(block_size=block_size, pack=pack, heads=heads, num_blocks=m,
+                    tiles_per_head=tiles_per_head, order=perm, row_start=row_start,
                     row_count=row_count, row_full=row_full, key_blocks=key_blocks)

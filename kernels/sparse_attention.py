@@ -60,10 +60,23 @@ _CONFIGS = {
 }
 
 
-def default_config(head_dim: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
-    """The fixed config for a shape. fp32 (tests, interpreter) runs its dots on FMA units with
-    4-byte tiles: narrower key tiles and one stage keep it inside registers and shared memory."""
+# Configs for a non-default pack of the same (block size, head_dim), keyed (B, d, pack): used when
+# a schedule is built with another pack, e.g. default_pack(..., density=...) asking for bigger
+# tiles on a dense support (the fastest full-support config of python -m kernels.tune --preset
+# full-pack on an H200; see schedule.DENSE_PACK). Without an entry the default config's kb / warps
+# / stages are kept with the schedule's pack.
+_PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
+    (32, 96, 4): KernelConfig(pack=4, kb=1, num_warps=4, num_stages=3, pad_d=True),
+}
+
+
+def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None) -> KernelConfig:
+    """The fixed config for a shape (for a schedule packed with `pack`, default: the table's).
+    fp32 (tests, interpreter) runs its dots on FMA units with 4-byte tiles: narrower key tiles and
+    one stage keep it inside registers and shared memory."""
     cfg = _CONFIGS[(block_size, head_dim)]
+    if pack is not None and pack != cfg.pack:
+        cfg = _PACK_CONFIGS.get((block_size, head_dim, pack)) or replace(cfg, pack=pack)
     if dtype == torch.float32:
         return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1)
     return cfg
@@ -195,6 +208,42 @@ def _sparse_attn_fwd(
 _SPLIT = {64: (64, 0), 96: (64, 32), 128: (128, 0)}
 
 
+def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, device,
+                scale: float | None = None, config: KernelConfig | None = None):
+    """Check shapes / dtype / device against the schedule and resolve everything that does not
+    depend on tensor values: (config, softmax scale · log2 e, kernel constexprs as a dict).
+    Raises ValueError naming the problem. Shared by sparse_attention and prepare_attention."""
+    if len(q_shape) != 3 or len(kv_shape) != 3:
+        raise ValueError(f"q, k, v must be [heads, n, d]; got {tuple(q_shape)} and {tuple(kv_shape)}")
+    hq, n, d = q_shape
+    hkv = kv_shape[0]
+    if tuple(kv_shape[1:]) != (n, d):
+        raise ValueError(f"k and v must be [Hkv, {n}, {d}]; got {tuple(kv_shape)}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+    if d not in _SPLIT:
+        raise ValueError(f"head_dim must be 64, 96 or 128, got {d}")
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one dtype of fp16/bf16/fp32; got {dtype}")
+    if torch.device(device) != schedule.device:
+        raise ValueError(f"q, k, v and the schedule must be on one device; got {device} and {schedule.device}")
+    B = schedule.block_size
+    if schedule.heads != hq or schedule.num_blocks != math.ceil(n / B):
+        raise ValueError(f"schedule is for {schedule.heads} heads and {schedule.num_blocks} blocks of "
+                         f"{B}; q needs {hq} heads and {math.ceil(n / B)} blocks")
+    cfg = config or default_config(d, B, dtype, pack=schedule.pack)
+    if cfg.pack != schedule.pack:
+        raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
+    if d == 96 and cfg.pack * B >= 64 and not cfg.pad_d:
+        # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
+        cfg = replace(cfg, pad_d=True)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    d_a, d_b = (triton.next_power_of_2(d), 0) if cfg.pad_d else _SPLIT[d]
+    constexprs = dict(B=B, PACK=cfg.pack, KB=cfg.kb, HEAD_D=d, D_A=d_a, D_B=d_b,
+                      PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    return cfg, scale * LOG2E, constexprs
+
+
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,
                      scale: float | None = None, *, out: torch.Tensor | None = None,
                      config: KernelConfig | None = None) -> torch.Tensor:
@@ -207,49 +256,31 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
     config: kernel tile config (default: default_config with the schedule's pack); an explicit
     config's pack must equal schedule.pack.
     Returns out [Hq, n, d] in q's dtype. Launches asynchronously; no host synchronisation.
+    For repeated calls on one schedule, prepare_attention (kernels/prepared.py) does all of this
+    once and launches with a few microseconds of host time.
     """
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be [heads, n, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    hq, n, d = q.shape
-    hkv = k.shape[0]
-    if k.shape != v.shape or k.shape[1:] != (n, d):
-        raise ValueError(f"k and v must be [Hkv, {n}, {d}]; got {tuple(k.shape)} and {tuple(v.shape)}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
-    if d not in _SPLIT:
-        raise ValueError(f"head_dim must be 64, 96 or 128, got {d}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype of fp16/bf16/fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device == schedule.device):
+    if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v and the schedule must be on one device; got {q.device}, {k.device}, "
                          f"{v.device}, {schedule.device}")
-    B = schedule.block_size
-    if schedule.heads != hq or schedule.num_blocks != math.ceil(n / B):
-        raise ValueError(f"schedule is for {schedule.heads} heads and {schedule.num_blocks} blocks of "
-                         f"{B}; q needs {hq} heads and {math.ceil(n / B)} blocks")
-    cfg = config or default_config(d, B, q.dtype)
-    if config is None and cfg.pack != schedule.pack:  # schedule built with a non-default pack
-        cfg = replace(cfg, pack=schedule.pack)
-    if cfg.pack != schedule.pack:
-        raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
-    if d == 96 and cfg.pack * B >= 64 and not cfg.pad_d:
-        # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
-        cfg = replace(cfg, pad_d=True)
+    cfg, qk_scale, constexprs = plan_launch(schedule, q.shape, k.shape, q.dtype, q.device, scale, config)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
-        raise ValueError(f"out must be [{hq}, {n}, {d}] {q.dtype} on {q.device} with a contiguous last dim")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    d_a, d_b = (triton.next_power_of_2(d), 0) if cfg.pad_d else _SPLIT[d]
+        raise ValueError(f"out must be [{q.shape[0]}, {q.shape[1]}, {q.shape[2]}] {q.dtype} on {q.device} "
+                         f"with a contiguous last dim")
     _sparse_attn_fwd[(schedule.num_tiles,)](
         q, k, v, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         schedule.order, schedule.row_start, schedule.row_count, schedule.row_full, schedule.key_blocks,
-        n, schedule.tiles_per_head, hq // hkv, scale * LOG2E,
-        B=B, PACK=cfg.pack, KB=cfg.kb, HEAD_D=d, D_A=d_a, D_B=d_b,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q.shape[1], schedule.tiles_per_head, q.shape[0] // k.shape[0], qk_scale,
+        **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

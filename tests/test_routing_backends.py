@@ -49,3 +49,27 @@ def test_backends_agree_with_reference_in_bf16_on_the_embedded_model(backend):
     err = float((out.logits - ref.logits).norm() / ref.logits.norm())
     print(f"{backend} vs reference, bf16, embedded model: relative error {err:.2e}")
     assert err <= 1e-2
+
+
+def test_kernel_policy_prepares_once_and_packs_dense_supports():
+    """The kernel policy builds one schedule per layer (dense layers with the dense-support pack),
+    prepares the call once and reuses it across late steps, matching the masked reference."""
+    from wise.routing import KernelSupportAttention, MaskedSupportAttention
+
+    gen = torch.Generator().manual_seed(3)
+    heads, n, d, B = 2, 200, 96, 32  # 7 blocks, the last one partial
+    m = -(-n // B)
+    causal = torch.ones(m, m, dtype=torch.bool).tril()
+    sparse = torch.eye(m, dtype=torch.bool)
+    sparse[:, 0] = True  # only the first and the diagonal block: density 13/28
+    layouts = torch.stack([causal.expand(heads, m, m), torch.stack([sparse, sparse])])  # [L=2, H, M, M]
+    kernel, ref = KernelSupportAttention(layouts, B), MaskedSupportAttention(layouts, B)
+    for step in (13, 14):  # two late steps: fresh q/k/v, same prepared calls
+        for layer in (0, 1):
+            q, k, v = (torch.randn(1, heads, n, d, generator=gen) for _ in range(3))
+            out = kernel(q, k, v, step=step, layer=layer)
+            want = ref(q, k, v, step=step, layer=layer)
+            assert (out - want).norm() / want.norm() < 1e-4
+    assert kernel.schedule(0, d).pack == 4  # dense layer: 128-row tiles
+    assert kernel.schedule(1, d).pack == 1  # sparse layer: 32-row tiles
+    assert len(kernel._calls) == 2  # one prepared call per layer, reused by the second step

@@ -53,23 +53,40 @@ class MaskedSupportAttention:
 
 
 class KernelSupportAttention:
-    """Late attention through the Triton block-sparse kernel. Schedules are built once per layer
-    (on first use, after discovery) and reused for every late step."""
+    """Late attention through the Triton block-sparse kernel. Per layer, on first use (after
+    discovery): the schedule is built once (with the bigger dense-support tiles when the layer's
+    support is dense) and the call is prepared once (checks, config, compiled-kernel launch), so
+    each of the late steps costs one direct kernel launch."""
 
     def __init__(self, layouts: torch.Tensor, block_size: int):
         self.layouts = layouts
         self.block_size = block_size
         self._schedules: dict[int, object] = {}
+        self._calls: dict[tuple, object] = {}
+
+    def schedule(self, layer: int, head_dim: int):
+        from kernels import build_schedule, default_pack
+
+        if layer not in self._schedules:
+            layout = self.layouts[layer]
+            m = layout.shape[-1]
+            # once per layer and example: kept / causal blocks (one host read, outside the steps)
+            density = float(layout.tril().sum()) / (layout.shape[0] * m * (m + 1) / 2)
+            pack = default_pack(self.block_size, head_dim, density=density)
+            self._schedules[layer] = build_schedule(layout, self.block_size, pack=pack, head_dim=head_dim)
+        return self._schedules[layer]
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
-        from kernels import build_schedule, sparse_attention
+        from kernels import prepare_attention
 
         if q.shape[0] != 1:
             raise ValueError("the sparse kernel path runs one sequence at a time (batch 1)")
-        if layer not in self._schedules:
-            self._schedules[layer] = build_schedule(self.layouts[layer], self.block_size,
-                                                    head_dim=q.shape[-1])
-        return sparse_attention(q[0], k[0], v[0], self._schedules[layer])[None]
+        q0, k0, v0 = q[0], k[0], v[0]
+        key = (layer, q0.shape, k0.shape, q0.stride(), k0.stride(), v0.stride(), q0.dtype)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = prepare_attention(self.schedule(layer, q.shape[-1]), q0, k0, v0)
+        return call(q0, k0, v0)[None]
 
 
 class FlexSupportAttention:
