@@ -160,3 +160,22 @@ def test_evidence_only_curriculum_drops_the_distractors_then_mixes(tok):
     with pytest.raises(ValueError, match="train.evidence_only_frac"):
         CFG.replace(evidence_only_frac=1.5)
 
+
+
+def test_batch_loss_is_the_mean_over_each_target_set():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=gen)
+    targets = torch.randint(0, 11, (2, 5), generator=gen)
+    targets[0, :2] = IGNORE
+    is_answer = torch.zeros(2, 5, dtype=torch.bool)
+    is_answer[1, 3:] = True
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                                           reduction="none").view(2, 5)
+    total, answer, lm = batch_loss(logits, targets, is_answer, 0.5)
+    lm_set = (targets != IGNORE) & ~is_answer
+    assert torch.allclose(answer, ce[is_answer].mean()) and torch.allclose(lm, ce[lm_set].mean())
+    assert torch.allclose(total, answer + 0.5 * lm)
+    # no prompt-text targets at all: the lm term is 0, not NaN
+    only_answers = torch.where(is_answer, targets, torch.full_like(targets, IGNORE))
+    total, answer, lm = batch_loss(logits, only_answers, is_answer, 0.5)
+    assert lm.item() == 0.0 and torch.allclose(total, ce[is_answer].mean())

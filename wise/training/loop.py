@@ -113,13 +113,17 @@ def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: 
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
                lm_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, answer loss, lm loss): token means of cross-entropy over the two target sets."""
+    """(total, answer loss, lm loss): token means of cross-entropy over the two target sets.
+
+    Masked sums over counts instead of boolean indexing: indexing sizes its result on the host,
+    i.e. synchronises with the GPU every step, and the training loop is host-bound (the next
+    step's kernels should be queued while this one runs). An empty set contributes 0."""
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
                          reduction="none").view_as(targets)
-    valid = targets != IGNORE
-    answer = ce[is_answer].mean()
-    lm_mask = valid & ~is_answer
-    lm = ce[lm_mask].mean() if bool(lm_mask.any()) else ce.new_zeros(())
+    answer_mask = is_answer.to(ce.dtype)
+    lm_mask = ((targets != IGNORE) & ~is_answer).to(ce.dtype)
+    answer = (ce * answer_mask).sum() / answer_mask.sum().clamp(min=1)
+    lm = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
     return answer + lm_weight * lm, answer, lm
 
 
