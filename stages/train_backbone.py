@@ -44,7 +44,7 @@ def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
     card = f"""# wise-small
 
 The project's embedded recurrent-depth model: Huginn layout (sandwich blocks, prelude / core /
-coda = {config.preset} preset, adapter injection of the prelude output at every step,
+coda = {config.preset} preset{f" with {json.dumps(config.model)}" if config.model else ""}, adapter injection of the prelude output at every step,
 truncated-normal initial state), trained from scratch on the generated benchmarks (synthhop and
 syntharith, train split) with a byte-level BPE tokenizer trained by the project
 (`tokenizer.json`, BOS=0 EOS=1 PAD=2). Weights in fp32 (`model.safetensors`).

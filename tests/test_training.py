@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from wise.data.tokenizer import EOS_ID, PAD_ID, load_tokenizer
-from wise.models import load_checkpoint
+from wise.models import RecurrentConfig, load_checkpoint
 from wise.training import (BatchStream, TrainConfig, batch_budget, batch_loss, build_model,
                            make_batch, recurrent_forward, sample_recurrence, train)
 from wise.training.batches import IGNORE
@@ -179,3 +179,18 @@ def test_batch_loss_is_the_mean_over_each_target_set():
     only_answers = torch.where(is_answer, targets, torch.full_like(targets, IGNORE))
     total, answer, lm = batch_loss(logits, only_answers, is_answer, 0.5)
     assert lm.item() == 0.0 and torch.allclose(total, ce[is_answer].mean())
+
+
+def test_train_model_overrides_change_the_architecture_and_are_validated():
+    config = TrainConfig.from_dict({**CFG.to_dict(), "model": {"n_core": 3, "intermediate": 128}})
+    arch = config.architecture()
+    assert (arch.n_core, arch.intermediate) == (3, 128) and arch.name.endswith("-custom")
+    model = build_model(config)
+    assert len(model.transformer.core_block) == 3 != RecurrentConfig.from_name(CFG.preset).n_core
+    assert TrainConfig.from_dict(config.to_dict()) == config  # survives train_recipe.json
+    with pytest.raises(ValueError, match=r"train\.model .*unknown: \['n_cores'\]"):
+        CFG.replace(model={"n_cores": 2})
+    with pytest.raises(ValueError, match=r"train\.model .*n_core"):
+        CFG.replace(model={"n_core": 0})
+    with pytest.raises(ValueError, match=r"train\.context_lengths .*positions"):
+        CFG.replace(model={"max_positions": 128})

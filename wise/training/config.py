@@ -9,13 +9,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from wise.models.config import PRESETS
+from wise.models.config import PRESETS, RecurrentConfig
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # -- model and tokenizer ----------------------------------------------------------------------
     preset: str = "wise-small"  # architecture preset (wise/models/config.py)
+    # architecture fields changed on top of the preset, e.g. {"n_core": 2} (RecurrentConfig names);
+    # the checkpoint's config.json holds the result, so loading needs nothing else
+    model: dict = field(default_factory=dict)
     init_std: float = 0.02  # std of the seeded normal weight init
     tokenizer_seed: int = 0  # BPE trained on corpus_for_tokenizer(tokenizer_seed, tokenizer_examples)
     tokenizer_examples: int = 400
@@ -76,14 +79,22 @@ class TrainConfig:
                 raise ValueError(f"train.{key} = {getattr(self, key)!r}: {why}")
 
         need(self.preset in PRESETS, "preset", f"unknown preset; known: {sorted(PRESETS)}")
+        fields = {f.name for f in dataclasses.fields(RecurrentConfig)} - {"name"}
+        need(isinstance(self.model, dict) and set(self.model) <= fields, "model",
+             f"keys must be RecurrentConfig fields; unknown: {sorted(set(self.model) - fields)}"
+             if isinstance(self.model, dict) else "must be a mapping of RecurrentConfig fields")
+        try:
+            arch = self.architecture()
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"train.model = {self.model!r}: {err}") from None
         need(bool(self.benchmarks) and all(w > 0 for w in self.benchmarks.values()),
              "benchmarks", "needs at least one benchmark with a positive weight")
         need(len(self.context_lengths) == len(self.context_weights), "context_weights",
              "must have one weight per context length")
         need(all(b > self.answer_reserve for b in self.context_lengths), "context_lengths",
              "every budget must exceed answer_reserve")
-        need(max(self.context_lengths) <= PRESETS[self.preset].max_positions, "context_lengths",
-             f"must fit the model's {PRESETS[self.preset].max_positions} positions")
+        need(max(self.context_lengths) <= arch.max_positions, "context_lengths",
+             f"must fit the model's {arch.max_positions} positions")
         need(all(w >= 0 for w in self.context_weights) and sum(self.context_weights) > 0,
              "context_weights", "must be >= 0 with a positive sum")
         need(any(b <= self.short_context for b in self.context_lengths) or self.short_steps == 0,
@@ -110,9 +121,15 @@ class TrainConfig:
         need(self.log_every >= 1, "log_every", "must be >= 1")
         need(self.eval_every >= 0, "eval_every", "must be >= 0")
         need(self.eval_n >= 1, "eval_n", "must be >= 1")
-        need(self.answer_reserve < self.eval_context <= PRESETS[self.preset].max_positions,
+        need(self.answer_reserve < self.eval_context <= arch.max_positions,
              "eval_context", "must fit the model's positions")
         need(self.eval_steps >= 1, "eval_steps", "must be >= 1")
+
+    def architecture(self) -> RecurrentConfig:
+        """The model to train: the preset with `model` applied."""
+        base = RecurrentConfig.from_name(self.preset)
+        # a changed architecture must not pass for the preset in config.json
+        return base.replace(**self.model, name=f"{self.preset}-custom") if self.model else base
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -32,7 +32,6 @@ from tqdm import tqdm
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import corpus_for_tokenizer, save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
-from wise.models.config import RecurrentConfig
 from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.training.batches import IGNORE, Batch, BatchStream
 from wise.training.config import TrainConfig
@@ -136,7 +135,7 @@ def lr_at(config: TrainConfig, progress: float, step: int) -> float:
 
 
 def build_model(config: TrainConfig) -> RecurrentDepthModel:
-    return init_weights(RecurrentDepthModel(RecurrentConfig.from_name(config.preset)), config.seed,
+    return init_weights(RecurrentDepthModel(config.architecture()), config.seed,
                         std=config.init_std)
 
 
@@ -150,7 +149,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
 
 
 def train_tokenizer_for(config: TrainConfig, out: Path):
-    vocab = RecurrentConfig.from_name(config.preset).vocab_size
+    vocab = config.architecture().vocab_size
     tok = train_tokenizer(corpus_for_tokenizer(config.tokenizer_seed, config.tokenizer_examples),
                           vocab_size=vocab, split_digits=config.tokenizer_split_digits)
     if tok.get_vocab_size() > vocab:
