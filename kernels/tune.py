@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from .bench_host import format_host_table, host_overhead
 from .bench import REL_ERR_BOUND, _dense_inputs, _ms, active_pairs, density, full_layout, random_wise_layout
 from .reference import dense_sdpa_call, masked_attention_reference, relative_error, sdpa_backend
 from .schedule import build_schedule
@@ -124,30 +125,6 @@ def best_rows(rows) -> list[dict]:
                                    r["support"]) == key), key=lambda r: r["ms"]) for key in keys]
 
 
-def host_launch_us(n=512, heads=55, head_dim=96, block_size=32, reps=200) -> dict:
-    """Host-side cost of one sparse_attention call and one build_schedule (no sync inside)."""
-    dev = torch.device("cuda")
-    lay = random_wise_layout(heads, n, block_size, 0.37, torch.Generator().manual_seed(0)).to(dev)
-    q = torch.randn(heads, n, head_dim, device=dev, dtype=torch.bfloat16)
-    s = build_schedule(lay, block_size)
-    out = sparse_attention(q, q, q, s)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        sparse_attention(q, q, q, s, out=out)
-    t1 = time.perf_counter()
-    for _ in range(reps):
-        build_schedule(lay, block_size)
-    t2 = time.perf_counter()
-    with torch.nn.attention.sdpa_kernel(sdpa_backend("flash")):
-        for _ in range(reps):
-            dense_sdpa_call(q, q, q)
-    t3 = time.perf_counter()
-    torch.cuda.synchronize()
-    return dict(kernel_call_us=(t1 - t0) / reps * 1e6, build_us=(t2 - t1) / reps * 1e6,
-                sdpa_call_us=(t3 - t2) / reps * 1e6)
-
-
 def _fmt(r):
     head = (f"n={r['n']} B={r['block_size']} d={r['head_dim']} H={r['heads']}/{r['kv_heads']} {r['support']} "
             f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])}")
@@ -170,7 +147,7 @@ def main(argv=None):
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="short config list (sets --block-size / --head-dim)")
     p.add_argument("--no-full", action="store_true")
-    p.add_argument("--no-host", action="store_true", help="skip the host launch cost line")
+    p.add_argument("--no-host", action="store_true", help="skip the host launch cost table")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     configs = None
@@ -192,7 +169,7 @@ def main(argv=None):
 
         pd.DataFrame(rows).to_csv(a.out, index=False)
     if not a.no_host:
-        print("host launch cost (us):", host_launch_us())
+        print(format_host_table(host_overhead(512, a.block_size[0], a.heads, a.kv_heads or a.heads, a.head_dim)))
     for r in best_rows(rows):
         print("best", _fmt(r))
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from kernels.reference import expand_layout  # one definition of the token mask, shared with the kernel tests
 from wise.models.recurrent import causal_attention
+from wise.support import density
 
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -69,10 +70,8 @@ class KernelSupportAttention:
 
         if layer not in self._schedules:
             layout = self.layouts[layer]
-            m = layout.shape[-1]
-            # once per layer and example: kept / causal blocks (one host read, outside the steps)
-            density = float(layout.tril().sum()) / (layout.shape[0] * m * (m + 1) / 2)
-            pack = default_pack(self.block_size, head_dim, density=density)
+            # once per layer and example (one host read, outside the late steps)
+            pack = default_pack(self.block_size, head_dim, density=density(layout))
             self._schedules[layer] = build_schedule(layout, self.block_size, pack=pack, head_dim=head_dim)
         return self._schedules[layer]
 
