@@ -36,7 +36,7 @@ from .reference import (dense_sdpa_call, flex_attention_call, flex_block_mask,
                         masked_attention_reference, relative_error, sdpa_backend)
 from .bench_host import PreparedLayers, format_host_table, host_overhead
 from .schedule import build_schedule, default_pack
-from .sparse_attention import KernelConfig, sparse_attention
+from .sparse_attention import KernelConfig, parse_config, sparse_attention
 
 REL_ERR_BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3, torch.float32: 1e-4}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -420,7 +420,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default=None)
     p.add_argument("--no-flex", action="store_true")
-    p.add_argument("--config", default=None, help="kernel config override: pack,kb,warps,stages[,pad]")
+    p.add_argument("--config", default=None, help="kernel config override: pack,kb,warps,stages[,pad[,key_major]]")
     p.add_argument("--no-prepared", action="store_true", help="skip the prepared-path columns")
     p.add_argument("--host-overhead", action="store_true",
                    help="also measure host us per launch (at the first --n) into <out>_host.*")
@@ -429,8 +429,7 @@ def main(argv=None) -> int:
     kv_heads = a.kv_heads or a.heads // a.gqa
     cfg = None
     if a.config:
-        parts = [int(x) for x in a.config.split(",")]
-        cfg = KernelConfig(*parts[:4], pad_d=bool(parts[4]) if len(parts) > 4 else False)
+        cfg = parse_config(a.config)
     label = a.label or f"random-rho{a.rho}"
     rows = []
     for b in a.block_size:

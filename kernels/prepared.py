@@ -27,7 +27,7 @@ import torch
 from .launch import FastLauncher
 from .schedule import (Schedule, _alloc, _build_args, _build_schedule_kernel, _build_torch, _check_args,
                        _use_triton, capacity_order)
-from .sparse_attention import KernelConfig, _sparse_attn_fwd, plan_launch, sparse_attention
+from .sparse_attention import KernelConfig, kernel_for, plan_launch, sparse_attention
 
 
 class ScheduleBuilder:
@@ -140,7 +140,7 @@ class PreparedSparseAttention:
             fixed = (*q_stride[:2], *k_stride[:2], *v_stride[:2], *self._out_stride[:2],
                      s.order, s.row_start, s.row_count, s.row_full, s.key_blocks,
                      q_shape[1], s.tiles_per_head, q_shape[0] // k_shape[0], qk_scale, *constexprs.values())
-            self._launch = FastLauncher(_sparse_attn_fwd, (s.num_tiles,), fixed,
+            self._launch = FastLauncher(kernel_for(self.config), (s.num_tiles,), fixed,
                                         num_warps=self.config.num_warps, num_stages=self.config.num_stages)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -65,8 +65,9 @@ class Schedule:
 # full support the union of packed rows equals each row, so packing 2-4 query blocks into a
 # 64/128-row wgmma tile costs nothing; on a sparse one it costs the union. Measured on an H200
 # (python -m kernels.tune --preset full-pack, n=4096, 55 heads, d=96, B=32; kernels/README.md):
-# full support 0.871 ms with pack 1, 0.705 ms pack 2, 0.693 ms pack 4; at density 0.71 pack 1
-# still wins (0.640 vs 0.643 / 0.688 ms), hence the 0.8 threshold. d=64 already packs 2 by default.
+# full support 0.871 ms with pack 1, 0.705 ms pack 2, 0.693 ms pack 4 (0.647 ms with kb=2 in a
+# later sweep); at density 0.71 pack 1 still wins (0.640 vs 0.643 / 0.688 ms), hence the 0.8
+# threshold. d=64 already packs 2 by default.
 # Entries go together with sparse_attention._PACK_CONFIGS[(B, d, pack)].
 DENSE_PACK: dict[tuple[int, int], int] = {(32, 96): 4}
 DENSE_PACK_DENSITY = 0.8

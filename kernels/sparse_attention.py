@@ -16,6 +16,8 @@ How the work is cut (see schedule.py for the schedule itself):
   split crashed under Triton 3.6, so there it is padded to 128 by masked loads (pad_d);
 - softmax runs in base 2 on scores pre-multiplied by scale·log2(e) (one exp2 per score).
 GQA: query head h reads kv head h // (Hq // Hkv); the groups' K/V blocks are reused through L2.
+A config with key_major=True runs kernels/key_major.py instead (same schedule and arguments, tiles
+turned so the gathered keys are the long side; measured slower on the H200, kept for re-checking).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .key_major import _sparse_attn_fwd_key_major
 from .schedule import Schedule
 
 LOG2E = 1.4426950408889634
@@ -38,6 +41,7 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
+    key_major: bool = False  # run the key-major kernel (kernels/key_major.py; pack must be 1)
 
 
 # Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
@@ -62,12 +66,24 @@ _CONFIGS = {
 
 # Configs for a non-default pack of the same (block size, head_dim), keyed (B, d, pack): used when
 # a schedule is built with another pack, e.g. default_pack(..., density=...) asking for bigger
-# tiles on a dense support (the fastest full-support config of python -m kernels.tune --preset
-# full-pack on an H200; see schedule.DENSE_PACK). Without an entry the default config's kb / warps
-# / stages are kept with the schedule's pack.
+# tiles on a dense support (see schedule.DENSE_PACK). (32, 96, 4): the fastest full-support config
+# of two sweeps on an H200 (n=4096, 55 heads): 128 query rows x 64 gathered keys per iteration,
+# 0.647 ms = 0.94x dense flash in the same run, vs 0.699 ms with kb=1 (kernels/README.md).
+# Without an entry the default config's kb / warps / stages are kept with the schedule's pack.
 _PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
-    (32, 96, 4): KernelConfig(pack=4, kb=1, num_warps=4, num_stages=3, pad_d=True),
+    (32, 96, 4): KernelConfig(pack=4, kb=2, num_warps=4, num_stages=3, pad_d=True),
 }
+
+
+def parse_config(text: str) -> KernelConfig:
+    """'pack,kb,warps,stages[,pad_d[,key_major]]' (ints; the flags 0/1), as the command lines take it."""
+    try:
+        x = [int(v) for v in text.split(",")]
+    except ValueError:
+        x = []
+    if not 4 <= len(x) <= 6:
+        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d[,key_major]] integers; got {text!r}")
+    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), key_major=len(x) > 5 and bool(x[5]))
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None) -> KernelConfig:
@@ -208,6 +224,11 @@ def _sparse_attn_fwd(
 _SPLIT = {64: (64, 0), 96: (64, 32), 128: (128, 0)}
 
 
+def kernel_for(config: KernelConfig):
+    """The @triton.jit kernel a config runs (both take one argument list)."""
+    return _sparse_attn_fwd_key_major if config.key_major else _sparse_attn_fwd
+
+
 def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, device,
                 scale: float | None = None, config: KernelConfig | None = None):
     """Check shapes / dtype / device against the schedule and resolve everything that does not
@@ -234,7 +255,9 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
     cfg = config or default_config(d, B, dtype, pack=schedule.pack)
     if cfg.pack != schedule.pack:
         raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
-    if d == 96 and cfg.pack * B >= 64 and not cfg.pad_d:
+    if cfg.key_major and cfg.pack != 1:
+        raise ValueError(f"a key-major config needs pack=1 (one query block per tile), got pack={cfg.pack}")
+    if d == 96 and cfg.pack * B >= 64 and not cfg.pad_d and not cfg.key_major:
         # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
         cfg = replace(cfg, pad_d=True)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -275,7 +298,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
         raise ValueError(f"out must be [{q.shape[0]}, {q.shape[1]}, {q.shape[2]}] {q.dtype} on {q.device} "
                          f"with a contiguous last dim")
-    _sparse_attn_fwd[(schedule.num_tiles,)](
+    kernel_for(cfg)[(schedule.num_tiles,)](
         q, k, v, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),

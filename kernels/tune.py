@@ -17,7 +17,7 @@ from .bench_host import format_host_table, host_overhead
 from .bench import REL_ERR_BOUND, _dense_inputs, _ms, active_pairs, density, full_layout, random_wise_layout
 from .reference import dense_sdpa_call, masked_attention_reference, relative_error, sdpa_backend
 from .schedule import build_schedule
-from .sparse_attention import KernelConfig, sparse_attention
+from .sparse_attention import KernelConfig, parse_config, sparse_attention
 
 
 def candidate_configs(block_size: int, head_dim: int) -> list[KernelConfig]:
@@ -43,17 +43,28 @@ def candidate_configs(block_size: int, head_dim: int) -> list[KernelConfig]:
 # Short candidate lists for the open questions of kernels/README.md, small enough for a few minutes
 # of GPU time (each config compiles once, ~2-5 s). The first entry is today's default.
 PRESETS = {
-    # full support at B=32, d=96 (0.71x flash): do 64/128-row wgmma tiles (pack 2/4, d padded to
-    # 128) win when the support is dense? Timed on rho 0.37, a denser support and the full one.
+    # full support at B=32, d=96 (0.71x flash with pack 1): do 64/128-row wgmma tiles (pack 2/4, d
+    # padded to 128) win when the support is dense? Timed on rho 0.37, a denser support and the
+    # full one. (4, 2, 4, 3, pad) won: 0.94x flash, now _PACK_CONFIGS[(32, 96, 4)].
     "full-pack": dict(block_size=32, head_dim=96, configs=[
         KernelConfig(1, 2, 2, 2), KernelConfig(1, 2, 4, 2), KernelConfig(2, 1, 4, 3, True),
         KernelConfig(2, 2, 4, 2, True), KernelConfig(2, 2, 8, 2, True), KernelConfig(4, 1, 8, 2, True),
-        KernelConfig(4, 2, 8, 2, True), KernelConfig(4, 1, 4, 3, True)]),
+        KernelConfig(4, 2, 8, 2, True), KernelConfig(4, 1, 4, 3, True), KernelConfig(4, 2, 4, 3, True),
+        KernelConfig(4, 2, 8, 3, True), KernelConfig(2, 2, 4, 3, True)]),
     # GQA 32/8, d=64, B=32 (1.97x flash, target 2.0x): neighbours of the default (2, 2, 4, 3)
     "gqa": dict(block_size=32, head_dim=64, configs=[
         KernelConfig(2, 2, 4, 3), KernelConfig(2, 2, 4, 2), KernelConfig(2, 2, 4, 4), KernelConfig(2, 1, 4, 3),
         KernelConfig(2, 4, 4, 2), KernelConfig(2, 2, 8, 3), KernelConfig(4, 1, 4, 3), KernelConfig(4, 1, 8, 2),
         KernelConfig(4, 2, 8, 2), KernelConfig(1, 2, 2, 2), KernelConfig(1, 4, 4, 2)]),
+    # key-major tiles (kernels/key_major.py) at B=32, d=96: 64/128-key rows for wgmma without the
+    # union of packed query blocks. First entry: today's row-major default.
+    "key-major": dict(block_size=32, head_dim=96, configs=[
+        KernelConfig(1, 2, 2, 2), KernelConfig(1, 2, 4, 2, key_major=True), KernelConfig(1, 2, 4, 3, key_major=True),
+        KernelConfig(1, 4, 4, 2, key_major=True), KernelConfig(1, 4, 8, 2, key_major=True),
+        KernelConfig(1, 2, 4, 2, True, True), KernelConfig(1, 4, 4, 2, True, True), KernelConfig(1, 2, 8, 2, key_major=True)]),
+    "key-major-gqa": dict(block_size=32, head_dim=64, configs=[
+        KernelConfig(2, 2, 4, 3), KernelConfig(1, 2, 4, 2, key_major=True), KernelConfig(1, 2, 4, 3, key_major=True),
+        KernelConfig(1, 4, 4, 2, key_major=True), KernelConfig(1, 4, 8, 2, key_major=True)]),
 }
 
 
@@ -93,7 +104,8 @@ def sweep(n, heads, kv_heads, head_dim, block_size, rho, dtype=torch.bfloat16, s
         for label, lay in supports:
             row = dict(n=n, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
                        support=label, density=density(lay), pack=cfg.pack, kb=cfg.kb, warps=cfg.num_warps,
-                       stages=cfg.num_stages, pad_d=cfg.pad_d, flash_ms=base["flash"], cudnn_ms=base["cudnn"])
+                       stages=cfg.num_stages, pad_d=cfg.pad_d, key_major=cfg.key_major,
+                       flash_ms=base["flash"], cudnn_ms=base["cudnn"])
             rows.append(row)
             if failed:  # a config that does not compile fails on every support
                 row["error"] = failed
@@ -127,7 +139,7 @@ def best_rows(rows) -> list[dict]:
 
 def _fmt(r):
     head = (f"n={r['n']} B={r['block_size']} d={r['head_dim']} H={r['heads']}/{r['kv_heads']} {r['support']} "
-            f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])}")
+            f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])} km={int(r['key_major'])}")
     if "error" in r:
         return f"{head}: {r['error']}"
     return (f"{head} dens={r['density']:.3f} err={r['rel_err']:.1e} ms={r['ms']:.4f} TF={r['tflops']:.0f} "
@@ -143,7 +155,7 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, nargs="+", default=[32])
     p.add_argument("--rho", type=float, default=0.37)
     p.add_argument("--extra-rho", type=float, nargs="*", default=[], help="more supports, e.g. 0.7")
-    p.add_argument("--configs", default=None, help="pack,kb,warps,stages[,pad];... (default: all)")
+    p.add_argument("--configs", default=None, help="pack,kb,warps,stages[,pad[,key_major]];... (default: all)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="short config list (sets --block-size / --head-dim)")
     p.add_argument("--no-full", action="store_true")
@@ -155,10 +167,7 @@ def main(argv=None):
         pre = PRESETS[a.preset]
         a.block_size, a.head_dim, configs = [pre["block_size"]], pre["head_dim"], pre["configs"]
     if a.configs:
-        configs = []
-        for c in a.configs.split(";"):
-            x = [int(v) for v in c.split(",")]
-            configs.append(KernelConfig(*x[:4], pad_d=bool(x[4]) if len(x) > 4 else False))
+        configs = [parse_config(c) for c in a.configs.split(";")]
     rows = []
     for b in a.block_size:
         for n in a.n:

@@ -137,6 +137,27 @@ def test_kernel_head_dim_96_padded_variant():
     run_case(2, 2, 80, 96, 32, torch.float32, config=KernelConfig(1, 2, 4, 1, pad_d=True))
 
 
+@pytest.mark.parametrize("hq,hkv,n,d,block_size,kb,pad", [
+    (2, 2, 300, 96, 32, 2, False),  # d=96 split 64 + 32, partial last block, diagonal-only / full heads
+    (2, 2, 300, 96, 32, 2, True),   # d=96 padded to 128
+    (4, 2, 420, 64, 32, 4, False),  # GQA, 128-key groups, leftover entries in the masked tail
+    (2, 1, 150, 128, 16, 4, False),  # B=16, d=128
+])
+def test_kernel_key_major_matches_reference(hq, hkv, n, d, block_size, kb, pad):
+    if CUDA:
+        pytest.skip("covered by the gpu tests")
+    run_case(hq, hkv, n, d, block_size, torch.float32, pack=1,
+             config=KernelConfig(1, kb, 4, 1, pad_d=pad, key_major=True))
+
+
+def test_kernel_key_major_needs_pack_1():
+    lay = torch.ones(1, 2, 2, dtype=torch.bool).tril()
+    q = torch.randn(1, 64, 64, device=DEV)
+    with pytest.raises(ValueError, match="key-major config needs pack=1"):
+        sparse_attention(q, q, q, build_schedule(lay.to(DEV), 32, 2),
+                         config=KernelConfig(2, 1, 4, 1, key_major=True))
+
+
 def test_kernel_scale_and_strided_inputs():
     gen = torch.Generator().manual_seed(5)
     n, d = 48, 64
@@ -479,7 +500,11 @@ def test_build_and_call_do_not_synchronise():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [KernelConfig(1, 1, 2, 2), KernelConfig(1, 2, 4, 3),
-                                 KernelConfig(2, 2, 4, 2, pad_d=True), KernelConfig(4, 1, 4, 2, pad_d=True)])
+                                 KernelConfig(2, 2, 4, 2, pad_d=True), KernelConfig(4, 1, 4, 2, pad_d=True),
+                                 KernelConfig(4, 2, 4, 3, pad_d=True),
+                                 KernelConfig(1, 2, 4, 2, key_major=True),
+                                 KernelConfig(1, 2, 4, 2, pad_d=True, key_major=True),
+                                 KernelConfig(1, 4, 4, 2, key_major=True)])
 def test_kernel_gpu_configs(cfg):
     run_case(6, 2, 1500, 96, 32, torch.bfloat16, pack=cfg.pack, config=cfg, rho=0.3)
 
