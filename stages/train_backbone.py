@@ -47,7 +47,7 @@ The project's embedded recurrent-depth model: Huginn layout (sandwich blocks, pr
 coda = {config.preset} preset{f" with {json.dumps(config.model)}" if config.model else ""}, adapter injection of the prelude output at every step,
 truncated-normal initial state), trained from scratch on the generated benchmarks (synthhop and
 syntharith, train split) with a byte-level BPE tokenizer trained by the project
-(`tokenizer.json`, BOS=0 EOS=1 PAD=2). Weights in fp32 (`model.safetensors`).
+(`tokenizer.json`, BOS=0 EOS=1 PAD=2{", one token per digit" if config.tokenizer_split_digits else ""}). Weights in fp32 (`model.safetensors`).
 
 ## Training
 
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     if args.device == "auto" and not torch.cuda.is_available():
         # `dvc repro` lands here when train: or the training code changed on a machine without a
         # GPU: refuse rather than start a job of many hours. An explicit --device cpu still runs.
-        raise SystemExit("error: train_backbone needs a CUDA GPU (about 8 minutes on an H200; the "
+        raise SystemExit("error: train_backbone needs a CUDA GPU (about 13 minutes on an H200; the "
                          "CPU would take many hours). The committed data/models/wise-small matches "
                          "the committed `train:` params: revert your `train:` edits, or run this "
                          "stage on a GPU machine, or pass --device cpu to force it.")

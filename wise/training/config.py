@@ -22,7 +22,7 @@ class TrainConfig:
     init_std: float = 0.02  # std of the seeded normal weight init
     tokenizer_seed: int = 0  # BPE trained on corpus_for_tokenizer(tokenizer_seed, tokenizer_examples)
     tokenizer_examples: int = 400
-    tokenizer_split_digits: bool = False  # one token per digit (see wise.data.tokenizer)
+    tokenizer_split_digits: bool = True  # one token per digit (see wise.data.tokenizer)
     # -- data (train split, generated on the fly, deterministic from seed and batch index) -------
     seed: int = 0
     benchmarks: dict = field(default_factory=lambda: {"synthhop": 0.7, "syntharith": 0.3})
@@ -30,7 +30,7 @@ class TrainConfig:
     context_weights: tuple[float, ...] = (0.25, 0.3, 0.2, 0.15, 0.1)  # sampling weight per batch
     short_steps: int = 300  # curriculum: the first batches use only budgets <= short_context
     short_context: int = 512
-    tokens_per_batch: int = 32768  # batch size = tokens_per_batch // budget (one budget per batch)
+    tokens_per_batch: int = 65536  # batch size = tokens_per_batch // budget (one budget per batch)
     answer_reserve: int = 8  # prompt budget minus this leaves room for answer + EOS
     # curriculum: during the first evidence_only_steps batches every row shows only its evidence
     # passages (no distractors); afterwards a fraction evidence_only_frac of rows still does.
@@ -45,15 +45,15 @@ class TrainConfig:
     recurrence_mean: float = 24.0  # mean of the Poisson-lognormal step count
     recurrence_sigma: float = 0.5
     recurrence_max: int = 48
-    recurrence_ramp_steps: int = 300  # the mean grows linearly from 4 to recurrence_mean
+    recurrence_ramp_steps: int = 3000  # the mean grows linearly from 4 to recurrence_mean
     backprop_steps: int = 10  # truncated backprop: gradients through the last k steps only
     # -- loss and optimisation --------------------------------------------------------------------
     lm_loss_weight: float = 1.0  # next-token loss on the prompt text, besides the answer loss
     max_steps: int = 100000
-    time_limit_s: float = 465.0  # 0: none; else stop (and save) after this many seconds of training
-    lr: float = 1.5e-3
+    time_limit_s: float = 720.0  # 0: none; else stop (and save) after this many seconds of training
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 100
+    warmup_steps: int = 150
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -68,7 +68,7 @@ class TrainConfig:
     log_every: int = 20
     # quick held-out check during training: greedy EM on the first eval_n validation examples of
     # each benchmark at eval_context tokens, T = eval_steps, every eval_every batches (0: off)
-    eval_every: int = 400
+    eval_every: int = 1000
     eval_n: int = 64
     eval_context: int = 512
     eval_steps: int = 32
