@@ -185,7 +185,7 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
     full = full_layout(heads, n, block_size, dev)
     scheds = [build_schedule(lays[i], block_size, head_dim=head_dim) for i in range(n_layers)]
     # the full support is dense: its schedule takes the dense-support pack (bigger wgmma tiles)
-    full_pack = kernel_config.pack if kernel_config else default_pack(block_size, head_dim, density=1.0)
+    full_pack = kernel_config.pack if kernel_config else default_pack(block_size, head_dim, density=1.0, device=dev)
     full_sched = build_schedule(full, block_size, pack=full_pack, head_dim=head_dim)
     outs = [torch.empty_like(q) for q, _, _ in qkv]
 

@@ -23,20 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _load_rows(ptrs, rows_ok, offs_d, HEAD_D: tl.constexpr, WIDTH: tl.constexpr, MASK_ROWS: tl.constexpr):
-    """Load a [rows, WIDTH] tile; WIDTH > HEAD_D pads head_dim (96 -> 128) with zeros."""
-    if WIDTH > HEAD_D:
-        if MASK_ROWS:
-            return tl.load(ptrs, mask=rows_ok[:, None] & (offs_d[None, :] < HEAD_D), other=0.0)
-        else:
-            return tl.load(ptrs, mask=(offs_d[None, :] < HEAD_D), other=0.0)
-    else:
-        if MASK_ROWS:
-            return tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
-        else:
-            return tl.load(ptrs)
+from .sparse_attention import _load
 
 
 @triton.jit
@@ -68,7 +55,7 @@ def _sparse_attn_fwd_key_major(
     q_base = Q + h.to(tl.int64) * stride_qh
     k_base = K + (h // group).to(tl.int64) * stride_kh
     v_base = V + (h // group).to(tl.int64) * stride_vh
-    qa_t = tl.trans(_load_rows(q_base + offs_m[:, None] * stride_qn + offs_a[None, :], row_ok, offs_a,
+    qa_t = tl.trans(_load(q_base + offs_m[:, None] * stride_qn + offs_a[None, :], row_ok, offs_a,
                                HEAD_D, D_A, True))  # [D_A, B]
     acc_a = tl.zeros([D_A, B], dtype=tl.float32)  # Oᵀ, first head_dim part
     if D_B > 0:
@@ -84,7 +71,7 @@ def _sparse_attn_fwd_key_major(
     for g in range(0, n_main):
         ent_kb = tl.load(key_blocks_ptr + start + g * KB + offs_kb)
         kidx = tl.reshape((ent_kb >> 4)[:, None] * B + offs_b0[None, :], [BLOCK_N])
-        ka = _load_rows(k_base + kidx[:, None] * stride_kn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
         s = tl.dot(ka, qa_t, input_precision=PRECISION)  # Sᵀ [BLOCK_N, B]
         if D_B > 0:
             kb_ = tl.load(k_base + kidx[:, None] * stride_kn + offs_b[None, :])
@@ -94,7 +81,7 @@ def _sparse_attn_fwd_key_major(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, 0)
-        va = _load_rows(v_base + kidx[:, None] * stride_vn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        va = _load(v_base + kidx[:, None] * stride_vn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
         acc_a = tl.dot(tl.trans(va), p.to(va.dtype), acc_a * alpha[None, :], input_precision=PRECISION)
         if D_B > 0:
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :])
@@ -108,7 +95,7 @@ def _sparse_attn_fwd_key_major(
         kidx = tl.reshape((ent_kb >> 4)[:, None] * B + offs_b0[None, :], [BLOCK_N])
         e_ok = tl.reshape(tl.broadcast_to((e_kb < count)[:, None], [KB, B]), [BLOCK_N])
         k_ok = e_ok & (kidx < n_ctx)
-        ka = _load_rows(k_base + kidx[:, None] * stride_kn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
         s = tl.dot(ka, qa_t, input_precision=PRECISION)
         if D_B > 0:
             kb_ = tl.load(k_base + kidx[:, None] * stride_kn + offs_b[None, :], mask=k_ok[:, None], other=0.0)
@@ -119,7 +106,7 @@ def _sparse_attn_fwd_key_major(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, 0)
-        va = _load_rows(v_base + kidx[:, None] * stride_vn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        va = _load(v_base + kidx[:, None] * stride_vn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
         acc_a = tl.dot(tl.trans(va), p.to(va.dtype), acc_a * alpha[None, :], input_precision=PRECISION)
         if D_B > 0:
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :], mask=k_ok[:, None], other=0.0)

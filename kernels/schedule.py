@@ -73,16 +73,29 @@ DENSE_PACK: dict[tuple[int, int], int] = {(32, 96): 4}
 DENSE_PACK_DENSITY = 0.8
 
 
-def default_pack(block_size: int, head_dim: int | None = None, density: float | None = None) -> int:
+def _dense_pack_pays(device) -> bool:
+    """The dense-support pack was measured on Hopper (wgmma tiles). On an sm_80 GPU the same
+    128-row tiles compile to mma.sync with ~27 KB of register spills per thread
+    (python -m kernels.compile_check), so they are kept to sm_90+; a CPU (interpreter) or an
+    unknown device keeps the table's choice."""
+    if device is None or torch.device(device).type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(torch.device(device))[0] >= 9
+
+
+def default_pack(block_size: int, head_dim: int | None = None, density: float | None = None,
+                 device=None) -> int:
     """Query blocks per kernel tile (must match the kernel config; see sparse_attention._CONFIGS).
 
     Tiles of 64+ rows use Hopper's wgmma but pay for the union of the packed rows' key lists.
     Measured on an H200 (kernels/README.md): B=16 packs 2 blocks (32 rows); B=32 packs 2 for
     head_dim 64 (wgmma wins despite the union) and 1 otherwise; B >= 64 never packs.
     density (kept / causal blocks, when the caller knows it): at DENSE_PACK_DENSITY or above, the
-    DENSE_PACK entry for (block_size, head_dim) if there is one.
+    DENSE_PACK entry for (block_size, head_dim) if there is one, on Hopper (device: where the
+    kernel will run; a CUDA device below sm_90 keeps the sparse choice).
     """
-    if density is not None and density >= DENSE_PACK_DENSITY and (block_size, head_dim) in DENSE_PACK:
+    if (density is not None and density >= DENSE_PACK_DENSITY and (block_size, head_dim) in DENSE_PACK
+            and _dense_pack_pays(device)):
         return DENSE_PACK[(block_size, head_dim)]
     if block_size == 16:
         return 2

@@ -28,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .key_major import _sparse_attn_fwd_key_major
 from .schedule import Schedule
 
 LOG2E = 1.4426950408889634
@@ -226,7 +225,11 @@ _SPLIT = {64: (64, 0), 96: (64, 32), 128: (128, 0)}
 
 def kernel_for(config: KernelConfig):
     """The @triton.jit kernel a config runs (both take one argument list)."""
-    return _sparse_attn_fwd_key_major if config.key_major else _sparse_attn_fwd
+    if config.key_major:
+        from .key_major import _sparse_attn_fwd_key_major  # imports _load from here
+
+        return _sparse_attn_fwd_key_major
+    return _sparse_attn_fwd
 
 
 def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, device,

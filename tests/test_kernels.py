@@ -5,6 +5,8 @@ On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest) at tiny sizes 
 and dtype on a CUDA device.
 """
 import math
+import os
+import re
 
 import pytest
 import torch
@@ -392,7 +394,11 @@ def test_default_pack_density_and_pack_configs(monkeypatch):
     attn_mod = importlib.import_module("kernels.sparse_attention")  # the package attribute is the function
     # the measured table: B=32, d=96 dense supports take 128-row tiles; sparse ones keep pack 1
     assert default_pack(32, 96) == default_pack(32, 96, density=0.4) == 1
-    assert default_pack(32, 96, density=1.0) == 4
+    assert default_pack(32, 96, density=1.0) == default_pack(32, 96, density=1.0, device="cpu") == 4
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert default_pack(32, 96, density=1.0, device="cuda:0") == 1  # sm_80: the 128-row tiles spill
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert default_pack(32, 96, density=1.0, device="cuda:0") == 4
     assert default_config(96, 32, torch.bfloat16, pack=4).pad_d  # wgmma tiles pad d=96 to 128
     monkeypatch.delitem(sched_mod.DENSE_PACK, (32, 96))
     assert default_pack(32, 96, density=1.0) == 1  # no entry: no change
@@ -537,3 +543,34 @@ def test_prepared_attention_gpu(d, block_size, hq, hkv):
         assert not torch.isnan(out).any()
         assert relative_error(out, ref) <= BOUND[torch.bfloat16]
     assert attn.fast_calls == 2 and build.fast_calls == 2, "the compiled-kernel launch was not used"
+
+
+# ---------------------------------------------------------------------------------------------
+# offline compile check (no GPU: Triton's CUDA backend and its bundled ptxas)
+
+def test_compile_check_builds_for_sm80_and_sm90_offline():
+    """A 64-row tile compiles to Hopper's wgmma for sm_90 and to mma.sync for sm_80, with the
+    resources read from ptxas's report. Runs in a subprocess: conftest's interpreter mode would
+    replace the kernels in this one."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--arch", "80", "90",
+                        "--config", "2,2,4,3", "--block-size", "32", "--head-dim", "64"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sm80, sm90 = r.stdout.strip().splitlines()
+    counts = [dict(re.findall(r"(wgmma|mma\.sync|regs|smem)\s+(\d+)", line)) for line in (sm80, sm90)]
+    assert counts[0]["wgmma"] == "0" and int(counts[0]["mma.sync"]) > 0, sm80
+    assert int(counts[1]["wgmma"]) > 0 and counts[1]["mma.sync"] == "0", sm90
+    assert all(0 < int(c["regs"]) <= 255 and int(c["smem"]) > 0 for c in counts)
+
+
+def test_compile_check_refuses_the_interpreter(monkeypatch, capsys):
+    from kernels.compile_check import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert main(["--arch", "90"]) == 2
+    assert "unset TRITON_INTERPRET" in capsys.readouterr().err

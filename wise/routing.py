@@ -71,7 +71,7 @@ class KernelSupportAttention:
         if layer not in self._schedules:
             layout = self.layouts[layer]
             # once per layer and example (one host read, outside the late steps)
-            pack = default_pack(self.block_size, head_dim, density=density(layout))
+            pack = default_pack(self.block_size, head_dim, density=density(layout), device=layout.device)
             self._schedules[layer] = build_schedule(layout, self.block_size, pack=pack, head_dim=head_dim)
         return self._schedules[layer]
 

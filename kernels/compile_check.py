@@ -1,0 +1,137 @@
+"""Offline compile check: build the attention kernel for sm_80 / sm_90 on a machine with no GPU.
+
+    python -m kernels.compile_check                     # every fixed config, sm_80 and sm_90
+    python -m kernels.compile_check --arch 90 --config 1,4,4,2,0,1 --block-size 32 --head-dim 96
+
+Triton's CUDA backend compiles without a device (its wheel carries ptxas), so every config of
+sparse_attention's tables can be checked to compile for an A100 (sm_80) and an H100/H200 (sm_90)
+from any Linux machine, and the generated code can be read: how many `wgmma.mma_async` (Hopper's
+warpgroup MMA) and `mma.sync` instructions the PTX holds, the shared memory the kernel asks for,
+and, from the `ptxas -v` report of Triton's own ptxas run, its registers and spills. This answers "did Triton lower these dots to
+wgmma?" or "does this config spill?" without device time (kernels/README.md).
+
+Needs TRITON_INTERPRET unset (the interpreter replaces the @triton.jit functions).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import sys
+import tempfile
+from dataclasses import replace
+
+from .sparse_attention import _CONFIGS, _PACK_CONFIGS, _SPLIT, KernelConfig, kernel_for, parse_config
+
+_CONSTEXPRS = ("B", "PACK", "KB", "HEAD_D", "D_A", "D_B", "PRECISION")
+
+
+def _signature(fn, dtype: str) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in ("Q", "K", "V", "Out"):
+            sig[name] = f"*{dtype}"
+        elif name == "order_ptr":
+            sig[name] = "*i64"
+        elif name.endswith("_ptr"):
+            sig[name] = "*i32"
+        elif name == "qk_scale":
+            sig[name] = "fp32"
+        elif name in _CONSTEXPRS:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def _usage_from_log(log: str) -> dict:
+    """Registers and spill bytes from Triton's own `ptxas -v` log (same flags as a real launch)."""
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spill.group(1)) if spill else None}
+
+
+def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: int = 90,
+                   dtype: str = "bf16") -> dict:
+    """Compile one (B, d, config) for sm_<arch>; returns its instruction counts and resources.
+    Raises whatever Triton raises when the config does not compile (e.g. shared memory)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("kernels.compile_check needs TRITON_INTERPRET unset (the interpreter replaces the kernels)")
+    if head_dim == 96 and config.pack * block_size >= 64 and not config.key_major:
+        config = replace(config, pad_d=True)  # what plan_launch enforces
+    d_a, d_b = (triton.next_power_of_2(head_dim), 0) if config.pad_d else _SPLIT[head_dim]
+    values = dict(B=block_size, PACK=config.pack, KB=config.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
+                  PRECISION="tf32")
+    fn = kernel_for(config)
+    names = list(fn.arg_names)
+    src = ASTSource(fn=fn, signature=_signature(fn, dtype),
+                    constexprs={(names.index(k),): v for k, v in values.items()})
+    # A fresh cache makes Triton run ptxas (a cached kernel skips it), and dump_ptxas_log makes it
+    # print ptxas's -v report, which names registers and spills with Triton's own flags.
+    from triton import knobs
+
+    log = io.StringIO()
+    with tempfile.TemporaryDirectory() as cache, knobs.cache.scope(), knobs.nvidia.scope(), \
+            contextlib.redirect_stdout(log):
+        knobs.cache.dir = cache
+        knobs.nvidia.dump_ptxas_log = True
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    ptx = kernel.asm["ptx"]
+    return dict(arch=arch, block_size=block_size, head_dim=head_dim, config=config,
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
+                shared_bytes=kernel.metadata.shared, **_usage_from_log(log.getvalue()))
+
+
+def table_configs() -> list[tuple[int, int, KernelConfig]]:
+    """Every (B, d, config) the kernel uses by default: the per-shape table and the dense packs."""
+    rows = [(b, d, cfg) for (b, d), cfg in _CONFIGS.items()]
+    rows += [(b, d, cfg) for (b, d, _pack), cfg in _PACK_CONFIGS.items()]
+    return rows
+
+
+def _fmt(r: dict) -> str:
+    c = r["config"]
+    head = (f"sm_{r['arch']} B={r['block_size']:<3} d={r['head_dim']:<3} pack={c.pack} kb={c.kb} w={c.num_warps} "
+            f"s={c.num_stages} pad={int(c.pad_d)} km={int(c.key_major)}")
+    if "error" in r:
+        return f"{head}: FAILED {r['error']}"
+    return (f"{head}: wgmma {r['wgmma']:>3}  mma.sync {r['mma_sync']:>3}  smem {r['shared_bytes']:>6} B  "
+            f"regs {r.get('registers')}  spills {r.get('spill_bytes')} B")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="compute capabilities, e.g. 80 90")
+    p.add_argument("--config", default=None, help="one config pack,kb,warps,stages[,pad[,key_major]] "
+                                                  "(with --block-size and --head-dim); default: every table entry")
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--head-dim", type=int, default=96)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    a = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: unset TRITON_INTERPRET: the interpreter replaces the kernels", file=sys.stderr)
+        return 2
+    todo = ([(a.block_size, a.head_dim, parse_config(a.config))] if a.config else table_configs())
+    failed = 0
+    for arch in a.arch:
+        for b, d, cfg in todo:
+            try:
+                r = compile_config(b, d, cfg, arch, a.dtype)
+            except Exception as e:  # a config that does not compile is the finding, not a crash
+                r = dict(arch=arch, block_size=b, head_dim=d, config=cfg,
+                         error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+                failed += 1
+            print(_fmt(r), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
