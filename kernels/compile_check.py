@@ -7,8 +7,9 @@ Triton's CUDA backend compiles without a device (its wheel carries ptxas), so ev
 sparse_attention's tables can be checked to compile for an A100 (sm_80) and an H100/H200 (sm_90)
 from any Linux machine, and the generated code can be read: how many `wgmma.mma_async` (Hopper's
 warpgroup MMA) and `mma.sync` instructions the PTX holds, the shared memory the kernel asks for,
-and, from the `ptxas -v` report of Triton's own ptxas run, its registers and spills. This answers "did Triton lower these dots to
-wgmma?" or "does this config spill?" without device time (kernels/README.md).
+and, from the `ptxas -v` report of Triton's own ptxas run, its registers and spills. This answers
+"did Triton lower these dots to wgmma?" or "does this config spill?" without device time
+(kernels/README.md).
 
 Needs TRITON_INTERPRET unset (the interpreter replaces the @triton.jit functions).
 """

@@ -61,7 +61,8 @@ PRESETS = {
     "key-major": dict(block_size=32, head_dim=96, configs=[
         KernelConfig(1, 2, 2, 2), KernelConfig(1, 2, 4, 2, key_major=True), KernelConfig(1, 2, 4, 3, key_major=True),
         KernelConfig(1, 4, 4, 2, key_major=True), KernelConfig(1, 4, 8, 2, key_major=True),
-        KernelConfig(1, 2, 4, 2, True, True), KernelConfig(1, 4, 4, 2, True, True), KernelConfig(1, 2, 8, 2, key_major=True)]),
+        KernelConfig(1, 2, 4, 2, True, True), KernelConfig(1, 4, 4, 2, True, True),
+        KernelConfig(1, 2, 8, 2, key_major=True)]),
     "key-major-gqa": dict(block_size=32, head_dim=64, configs=[
         KernelConfig(2, 2, 4, 3), KernelConfig(1, 2, 4, 2, key_major=True), KernelConfig(1, 2, 4, 3, key_major=True),
         KernelConfig(1, 4, 4, 2, key_major=True), KernelConfig(1, 4, 8, 2, key_major=True)]),
@@ -139,7 +140,8 @@ def best_rows(rows) -> list[dict]:
 
 def _fmt(r):
     head = (f"n={r['n']} B={r['block_size']} d={r['head_dim']} H={r['heads']}/{r['kv_heads']} {r['support']} "
-            f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])} km={int(r['key_major'])}")
+            f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])} "
+            f"km={int(r.get('key_major', False))}")
     if "error" in r:
         return f"{head}: {r['error']}"
     return (f"{head} dens={r['density']:.3f} err={r['rel_err']:.1e} ms={r['ms']:.4f} TF={r['tflops']:.0f} "

@@ -41,13 +41,14 @@ def read_train_params(path: str | None) -> TrainConfig:
 def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
     params = "\n".join(f"    {k}: {json.dumps(v)}" for k, v in config.to_dict().items())
     final = summary.get("final") or {}
+    digits = ", one token per digit" if config.tokenizer_split_digits else ""
     card = f"""# wise-small
 
 The project's embedded recurrent-depth model: Huginn layout (sandwich blocks, prelude / core /
 coda = {config.preset} preset{f" with {json.dumps(config.model)}" if config.model else ""}, adapter injection of the prelude output at every step,
 truncated-normal initial state), trained from scratch on the generated benchmarks (synthhop and
 syntharith, train split) with a byte-level BPE tokenizer trained by the project
-(`tokenizer.json`, BOS=0 EOS=1 PAD=2{", one token per digit" if config.tokenizer_split_digits else ""}). Weights in fp32 (`model.safetensors`).
+(`tokenizer.json`, BOS=0 EOS=1 PAD=2{digits}). Weights in fp32 (`model.safetensors`).
 
 ## Training
 

@@ -574,3 +574,13 @@ def test_compile_check_refuses_the_interpreter(monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert main(["--arch", "90"]) == 2
     assert "unset TRITON_INTERPRET" in capsys.readouterr().err
+
+
+def test_parse_config_reads_the_command_line_form():
+    from kernels.sparse_attention import parse_config
+
+    assert parse_config("4,2,4,3,1") == KernelConfig(4, 2, 4, 3, pad_d=True)
+    assert parse_config("1,4,4,2,0,1") == KernelConfig(1, 4, 4, 2, key_major=True)
+    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1,7"):
+        with pytest.raises(ValueError, match="pack,kb,warps,stages"):
+            parse_config(bad)
