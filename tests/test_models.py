@@ -41,6 +41,20 @@ def test_prenorm_gqa_half_rope_with_llama3_scaling_runs_and_is_causal():
     assert not torch.allclose(full[0, 20:], other[0, 20:])
 
 
+def test_rotary_tables_are_cached_per_device_and_equal_fresh_ones():
+    model = tiny(max_positions=4096, rope_scaling={"factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0, "original_max_position": 64})
+    for n in (5, 700, 40, 2000, 4096, 1):
+        cached = model.rotary(n)
+        fresh = Rotary(model.config, n, torch.device("cpu"))
+        assert torch.equal(cached.cos, fresh.cos) and torch.equal(cached.sin, fresh.sin), n
+        assert cached.cos.is_contiguous() and cached.style == fresh.style
+    # later calls slice the kept tables: no new tables (and no host-to-GPU copy on CUDA)
+    assert model.rotary(300).cos.data_ptr() == model.rotary(4000).cos.data_ptr()
+    with pytest.raises(ValueError, match="exceeds the model's 4096 positions"):
+        model.rotary(4097)
+
+
 def test_rope_styles_rotate_different_pairs():
     cfg = RecurrentConfig.from_name("tiny-random")
     x = torch.randn(1, 5, 2, cfg.head_dim, generator=torch.Generator().manual_seed(0))

@@ -71,6 +71,12 @@ class Rotary:
         self.cos = angles.cos().float().to(device)
         self.sin = angles.sin().float().to(device)
 
+    def first(self, n: int) -> "Rotary":
+        """The tables of the first n positions (views: position i's angles do not depend on n)."""
+        view = object.__new__(Rotary)
+        view.style, view.cos, view.sin = self.style, self.cos[:n], self.sin[:n]
+        return view
+
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x: [b, n, H, d] -> same shape, rotated by position."""
         xf = x.float()
@@ -183,9 +189,21 @@ class RecurrentDepthModel(nn.Module):
 
     # -- pieces the runner composes -------------------------------------------------------------
     def rotary(self, n: int, device: torch.device | None = None) -> Rotary:
+        """RoPE tables for n positions on `device` (default: the weights'), sliced from tables kept
+        per device for the longest length asked so far. Building them per call means a blocking
+        host-to-GPU copy, i.e. a full host/GPU synchronisation every forward pass (every training
+        step), which stops the host from queueing the next step while the GPU works."""
         if n > self.config.max_positions:
             raise ValueError(f"sequence of {n} tokens exceeds the model's {self.config.max_positions} positions")
-        return Rotary(self.config, n, device or self.lm_head.weight.device)
+        device = torch.device(device) if device is not None else self.lm_head.weight.device
+        key = (device.type, device.index)
+        tables = self.__dict__.setdefault("_rope_tables", {})  # not a buffer: never saved or cast
+        cached = tables.get(key)
+        if cached is None or cached.cos.shape[0] < n:
+            have = 0 if cached is None else cached.cos.shape[0]
+            size = min(self.config.max_positions, max(n, 2 * have, 1024))
+            cached = tables[key] = Rotary(self.config, size, device)
+        return cached.first(n)
 
     def embed(self, ids: torch.Tensor, rope: Rotary) -> torch.Tensor:
         """ids [b, n] -> prelude output e [b, n, h] (the input injected at every step)."""

@@ -194,9 +194,7 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
             for group in opt.param_groups:
                 group["lr"] = lr
             batch: Batch = next(stream)
-            ids = torch.from_numpy(batch.ids).to(device, non_blocking=True)
-            targets = torch.from_numpy(batch.targets).to(device, non_blocking=True)
-            is_answer = torch.from_numpy(batch.is_answer).to(device, non_blocking=True)
+            ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
             steps = sample_recurrence(config, step)
             state_gen.manual_seed(derive_seed(config.seed, "state", step))
             with autocast:
@@ -244,6 +242,15 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch array on the device without making the host wait: from pinned memory the copy is
+    queued behind the running step (a copy from pageable memory may block the host)."""
+    t = torch.from_numpy(array)
+    if device.type == "cuda":
+        t = t.pin_memory()  # PyTorch's caching host allocator: reused blocks, guarded by events
+    return t.to(device, non_blocking=True)
 
 
 def _autocast_for(model: RecurrentDepthModel, device: torch.device):
