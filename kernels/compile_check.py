@@ -22,9 +22,10 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import replace
 
-from .sparse_attention import _CONFIGS, _PACK_CONFIGS, _SPLIT, KernelConfig, kernel_for, parse_config
+import torch
+
+from .sparse_attention import _CONFIGS, _PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for, parse_config
 
 _CONSTEXPRS = ("B", "PACK", "KB", "HEAD_D", "D_A", "D_B", "PRECISION")
 
@@ -65,11 +66,8 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("kernels.compile_check needs TRITON_INTERPRET unset (the interpreter replaces the kernels)")
-    if head_dim == 96 and config.pack * block_size >= 64 and not config.key_major:
-        config = replace(config, pad_d=True)  # what plan_launch enforces
-    d_a, d_b = (triton.next_power_of_2(head_dim), 0) if config.pad_d else _SPLIT[head_dim]
-    values = dict(B=block_size, PACK=config.pack, KB=config.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
-                  PRECISION="tf32")
+    config, values = kernel_constexprs(config, head_dim, block_size,
+                                       torch.bfloat16 if dtype == "bf16" else torch.float16)
     fn = kernel_for(config)
     names = list(fn.arg_names)
     src = ASTSource(fn=fn, signature=_signature(fn, dtype),

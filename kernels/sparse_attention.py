@@ -258,16 +258,22 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
     cfg = config or default_config(d, B, dtype, pack=schedule.pack)
     if cfg.pack != schedule.pack:
         raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
+    cfg, constexprs = kernel_constexprs(cfg, d, B, dtype)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return cfg, scale * LOG2E, constexprs
+
+
+def kernel_constexprs(cfg: KernelConfig, head_dim: int, block_size: int, dtype: torch.dtype):
+    """(config as launched, the kernel's constexpr arguments) for one shape: the part of a launch
+    plan that needs no tensors (also what kernels.compile_check compiles)."""
     if cfg.key_major and cfg.pack != 1:
         raise ValueError(f"a key-major config needs pack=1 (one query block per tile), got pack={cfg.pack}")
-    if d == 96 and cfg.pack * B >= 64 and not cfg.pad_d and not cfg.key_major:
+    if head_dim == 96 and cfg.pack * block_size >= 64 and not cfg.pad_d and not cfg.key_major:
         # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
         cfg = replace(cfg, pad_d=True)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    d_a, d_b = (triton.next_power_of_2(d), 0) if cfg.pad_d else _SPLIT[d]
-    constexprs = dict(B=B, PACK=cfg.pack, KB=cfg.kb, HEAD_D=d, D_A=d_a, D_B=d_b,
-                      PRECISION="ieee" if dtype == torch.float32 else "tf32")
-    return cfg, scale * LOG2E, constexprs
+    d_a, d_b = (triton.next_power_of_2(head_dim), 0) if cfg.pad_d else _SPLIT[head_dim]
+    return cfg, dict(B=block_size, PACK=cfg.pack, KB=cfg.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
+                     PRECISION="ieee" if dtype == torch.float32 else "tf32")
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,

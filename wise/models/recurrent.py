@@ -186,6 +186,7 @@ class RecurrentDepthModel(nn.Module):
         self.lm_head = nn.Linear(c.hidden, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+        self._rope_tables: dict[tuple, Rotary] = {}  # see rotary(); a plain dict: never saved or cast
 
     # -- pieces the runner composes -------------------------------------------------------------
     def rotary(self, n: int, device: torch.device | None = None) -> Rotary:
@@ -197,7 +198,7 @@ class RecurrentDepthModel(nn.Module):
             raise ValueError(f"sequence of {n} tokens exceeds the model's {self.config.max_positions} positions")
         device = torch.device(device) if device is not None else self.lm_head.weight.device
         key = (device.type, device.index)
-        tables = self.__dict__.setdefault("_rope_tables", {})  # not a buffer: never saved or cast
+        tables = self._rope_tables
         cached = tables.get(key)
         if cached is None or cached.cos.shape[0] < n:
             have = 0 if cached is None else cached.cos.shape[0]
