@@ -17,7 +17,11 @@ layer (the function times all layers and divides), ratios are taken inside one r
 - prep_*: the prepared path (prepare_schedule + prepare_attention, kernels/prepared.py): one call,
   build, build + 20 calls (plain back-to-back launches, timed like reuse20), with the schedule in
   longest-first order ("sorted") and in the static capacity order ("cap": no sort per build;
-  kernel_cap_ms is one call on that order, to see what the order costs on the GPU).
+  kernel_cap_ms is one call on that order, to see what the order costs on the GPU);
+- head_group: the schedules' launch order walks heads in groups of this many
+  (schedule.default_head_group: when all heads' K/V exceed L2; 0 = one global order);
+  kernel_global_ms is the same call with one global order, so the grouping's gain is measured in
+  the same run (group_vs_global: kernel_global_ms over a grouped call timed right after it).
 TFLOP/s count useful work only: 4·H·d·(active query-key pairs).
 `--host-overhead` also reports host microseconds per launch (N launches enqueued without a sync)
 for sparse_attention, the prepared call, build_schedule, the prepared build and SDPA.
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 from .reference import (dense_sdpa_call, flex_attention_call, flex_block_mask,
                         masked_attention_reference, relative_error, sdpa_backend)
 from .bench_host import PreparedLayers, format_host_table, host_overhead
-from .schedule import build_schedule, default_pack
+from .schedule import build_schedule, default_head_group, default_pack
 from .sparse_attention import KernelConfig, parse_config, sparse_attention
 
 REL_ERR_BOUND = {torch.bfloat16: 1e-2, torch.float16: 3e-3, torch.float32: 1e-4}
@@ -134,7 +138,7 @@ def _nan_row(**meta) -> dict:
             "reuse20_vs_cudnn", "traj32_vs_flash", "traj32_vs_cudnn", "full_vs_wise_same_backend",
             "full_vs_flash", "flex_vs_flash", "kernel_vs_flex", "flash_tflops", "cudnn_tflops",
             "kernel_tflops", "full_kernel_tflops", "flex_tflops", "rel_err_kernel",
-            "rel_err_full", "rel_err_flex"] + PREPARED_KEYS
+            "rel_err_full", "rel_err_flex", "kernel_global_ms", "group_vs_global"] + PREPARED_KEYS
     row = dict(meta)
     row.update({k: float("nan") for k in keys})
     return row
@@ -152,16 +156,18 @@ def planned_rows(n: int, block_size: int, heads: int, kv_heads: int, head_dim: i
     """The rows `benchmark` would produce, with every measurement NaN and a status saying why."""
     return [_nan_row(label=label, status=status, gpu="", n=n, block_size=block_size, heads=heads,
                      kv_heads=kv_heads, head_dim=head_dim, dtype=str(dtype).replace("torch.", ""),
-                     layers=layers, kernel_config="", flex_options="")]
+                     layers=layers, kernel_config="", flex_options="", head_group=0)]
 
 
 def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: int, kv_heads: int,
               head_dim: int, dtype, label: str, *, flex: bool = True, check: bool = True,
               seed: int = 0, kernel_config: KernelConfig | None = None, rep: int = 100,
-              prepared: bool = True) -> list[dict]:
+              prepared: bool = True, head_group: int | str | None = "auto") -> list[dict]:
     """Time one support (all layers) against the dense and Flex baselines; see module doc.
 
     layouts_by_layer: bool [L, Hq, M, M], M = ceil(n / block_size). Returns [row] (one dict).
+    head_group: the schedules' launch grouping ("auto": schedule.default_head_group; None or 0:
+    one global order; an int: that many heads per group).
     Without CUDA returns planned_rows(...) with status "skipped: no CUDA".
     """
     dtype = DTYPES.get(dtype, dtype)
@@ -183,10 +189,16 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
             torch.randn(kv_heads, n, head_dim, generator=gen, device=dev, dtype=dtype))
            for _ in range(n_layers)]
     full = full_layout(heads, n, block_size, dev)
-    scheds = [build_schedule(lays[i], block_size, head_dim=head_dim) for i in range(n_layers)]
+    pack = kernel_config.pack if kernel_config else default_pack(block_size, head_dim)
+    if head_group == "auto":
+        head_group = default_head_group(heads, kv_heads, n, head_dim, dtype, dev)
+    head_group = head_group or None
+    row["head_group"] = head_group or 0
+    scheds = [build_schedule(lays[i], block_size, pack=pack, head_group=head_group) for i in range(n_layers)]
     # the full support is dense: its schedule takes the dense-support pack (bigger wgmma tiles)
     full_pack = kernel_config.pack if kernel_config else default_pack(block_size, head_dim, density=1.0, device=dev)
-    full_sched = build_schedule(full, block_size, pack=full_pack, head_dim=head_dim)
+    full_group = default_head_group(heads, kv_heads, n, head_dim, dtype, dev, dense=True)
+    full_sched = build_schedule(full, block_size, pack=full_pack, head_group=full_group)
     outs = [torch.empty_like(q) for q, _, _ in qkv]
 
     pairs = sum(active_pairs(lays[i], block_size, n) for i in range(n_layers)) / n_layers
@@ -202,14 +214,15 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
             sparse_attention(q, k, v, s, out=o, config=kernel_config)
 
     def build_all():
-        return [build_schedule(lays[i], block_size, head_dim=head_dim) for i in range(n_layers)]
+        return [build_schedule(lays[i], block_size, pack=pack, head_group=head_group) for i in range(n_layers)]
 
     def reuse20():
         fresh = build_all()
         for _ in range(20):
             kernel_all(fresh)
 
-    prep = PreparedLayers(qkv, lays, outs, block_size, head_dim, kernel_config) if prepared else None
+    prep = (PreparedLayers(qkv, lays, outs, block_size, head_dim, kernel_config, head_group)
+            if prepared else None)
 
     # correctness first, on fresh random inputs, against the fp32 reference (layer 0)
     q0, k0, v0 = qkv[0]
@@ -240,6 +253,12 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
     row["kernel_ms"] = _ms(kernel_all, rep) * per
     row["kernel_graph_ms"] = _graph_ms(kernel_all) * per
     row["full_kernel_ms"] = _ms(lambda: kernel_all([full_sched] * n_layers), rep) * per
+    if head_group is not None:  # the same call in one global order: what the grouping buys
+        global_scheds = [build_schedule(lays[i], block_size, pack=pack) for i in range(n_layers)]
+        row["kernel_global_ms"] = _ms(lambda: kernel_all(global_scheds), rep) * per
+        # compared with a grouped timing taken right next to it: on the H200 a timing taken after
+        # the full-support one read up to 15% slower than the same call timed first
+        row["group_vs_global"] = row["kernel_global_ms"] / (_ms(kernel_all, rep) * per)
     row["build_ms"] = _ms(build_all, rep) * per
     row["build_graph_ms"] = _graph_ms(build_all) * per
     row["reuse20_ms"] = _ms(reuse20, rep) * per
@@ -388,6 +407,7 @@ def format_table(rows: list[dict], cols: list | None = None) -> str:
             ("flash ms", "flash_ms", "{:.3f}"), ("cudnn ms", "cudnn_ms", "{:.3f}"),
             ("kern ms", "kernel_ms", "{:.3f}"), ("kern TF/s", "kernel_tflops", "{:.0f}"),
             ("x flash", "call_vs_flash", "{:.2f}"), ("x cudnn", "call_vs_cudnn", "{:.2f}"),
+            ("grp", "head_group", "{:d}"), ("grp gain", "group_vs_global", "{:.2f}"),
             ("build ms", "build_ms", "{:.4f}"), ("b+20 xF", "reuse20_vs_flash", "{:.2f}"),
             ("b+20 xC", "reuse20_vs_cudnn", "{:.2f}"), ("T32 xF", "traj32_vs_flash", "{:.2f}"),
             ("T32 xC", "traj32_vs_cudnn", "{:.2f}"), ("full xF", "full_vs_flash", "{:.2f}"),
@@ -422,6 +442,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--config", default=None, help="kernel config override: pack,kb,warps,stages[,pad[,key_major]]")
     p.add_argument("--no-prepared", action="store_true", help="skip the prepared-path columns")
+    p.add_argument("--head-group", type=int, default=None,
+                   help="heads per launch group (0: one global order; default: default_head_group)")
     p.add_argument("--host-overhead", action="store_true",
                    help="also measure host us per launch (at the first --n) into <out>_host.*")
     p.add_argument("--out", default="kernel_timing.parquet")
@@ -437,7 +459,8 @@ def main(argv=None) -> int:
             gen = torch.Generator().manual_seed(a.seed + n + b)
             lays = torch.stack([random_wise_layout(a.heads, n, b, a.rho, gen) for _ in range(a.layers)])
             r = benchmark(lays, n, b, a.heads, kv_heads, a.head_dim, DTYPES[a.dtype], label,
-                          flex=not a.no_flex, seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared)
+                          flex=not a.no_flex, seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared,
+                          head_group="auto" if a.head_group is None else a.head_group)
             for x in r:
                 x["rho"] = a.rho
             rows += r

@@ -21,14 +21,15 @@ from .sparse_attention import sparse_attention
 class PreparedLayers:
     """One prepared builder + one prepared attention per layer, for each schedule order."""
 
-    def __init__(self, qkv, lays, outs, block_size, head_dim, config):
+    def __init__(self, qkv, lays, outs, block_size, head_dim, config, head_group=None):
         heads, m = lays.shape[1], lays.shape[-1]
         pack = config.pack if config is not None else None
         self.qkv, self.lays, self.outs = qkv, lays, outs
         self.builders, self.attns = {}, {}
         for order in ("sorted", "capacity"):
             self.builders[order] = [prepare_schedule(heads, m, block_size, pack=pack, head_dim=head_dim,
-                                                     device=lays.device, order=order) for _ in qkv]
+                                                     device=lays.device, order=order, head_group=head_group)
+                                    for _ in qkv]
             self.attns[order] = [prepare_attention(b(lay), q, k, v, config=config)
                                  for b, lay, (q, k, v) in zip(self.builders[order], lays, qkv)]
 

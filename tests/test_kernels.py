@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import kernels.launch
-from kernels import (KernelConfig, build_schedule, default_config, default_pack, masked_attention_reference,
-                     prepare_attention, prepare_schedule, sparse_attention, validate_layout)
+from kernels import (KernelConfig, build_schedule, default_config, default_head_group, default_pack,
+                     masked_attention_reference, prepare_attention, prepare_schedule, sparse_attention,
+                     validate_layout)
 from kernels.bench import active_pairs, benchmark, density, full_layout, random_wise_layout
 from kernels.reference import relative_error
 from kernels.schedule import _build_torch, capacity_order
@@ -229,6 +230,79 @@ def test_capacity_order():
     assert torch.equal(build.schedule.order, capacity_order(2, 5, DEV))
     with pytest.raises(ValueError, match="order"):
         build_schedule(lay, 32, order="random")
+
+
+def _group_walk(s, group):
+    """(group of each launched tile, its count) in launch order"""
+    heads_of = s.order // s.tiles_per_head
+    return (heads_of // group).tolist(), s.row_count[s.order].tolist()
+
+
+@pytest.mark.parametrize("pack", [1, 2])
+def test_head_grouped_sorted_order(pack):
+    lay = random_wise_layout(7, 300, 16, 0.4, torch.Generator().manual_seed(3)).to(DEV)
+    s = build_schedule(lay, 16, pack, head_group=3)
+    assert sorted(s.order.tolist()) == list(range(s.num_tiles))
+    groups, counts = _group_walk(s, 3)
+    assert groups == sorted(groups)  # group after group: heads 0-2, 3-5, then 6
+    for g in set(groups):  # longest first inside each group
+        c = [x for x, y in zip(counts, groups) if y == g]
+        assert c == sorted(c, reverse=True) and len(c) == s.tiles_per_head * min(3, 7 - 3 * g)
+    # a group holding every head is the global longest-first order
+    whole = build_schedule(lay, 16, pack, head_group=7)
+    assert torch.equal(whole.row_count[whole.order], build_schedule(lay, 16, pack).row_count[
+        build_schedule(lay, 16, pack).order])
+    build = prepare_schedule(7, lay.shape[-1], 16, pack=pack, device=DEV, order="sorted", head_group=3)
+    assert _group_walk(build(lay), 3) == (groups, counts)  # same walk (ties may swap tile ids)
+
+
+def test_head_grouped_capacity_order():
+    lay = random_wise_layout(3, 96, 32, 0.5, torch.Generator().manual_seed(1)).to(DEV)
+    s = build_schedule(lay, 32, order="capacity", head_group=2)
+    # heads 0-1 first (last query tile first, heads interleaved), then head 2
+    assert s.order.tolist() == [2, 5, 1, 4, 0, 3, 8, 7, 6]
+    build = prepare_schedule(3, 3, 32, device=DEV, order="capacity", head_group=2)
+    assert torch.equal(build(lay).order, s.order)
+    assert torch.equal(capacity_order(3, 3, DEV, head_group=3), capacity_order(3, 3, DEV))
+
+
+@pytest.mark.parametrize("order", ["sorted", "capacity"])
+def test_head_grouped_order_same_output(order):
+    """The launch order changes which tile runs when, never what a tile computes."""
+    lay = layout_with_extremes(4, 100, 16, 0.4, 5).to(DEV)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(4, 100, 64, generator=gen).to(DEV) for _ in range(3))
+    base = sparse_attention(q, k, v, build_schedule(lay, 16))
+    grouped = sparse_attention(q, k, v, build_schedule(lay, 16, order=order, head_group=2))
+    assert torch.equal(base, grouped)
+
+
+def test_default_head_group(monkeypatch):
+    class Props:
+        L2_cache_size = 50 * 2**20  # H100 / H200
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    bf16, cuda = torch.bfloat16, "cuda"
+    # Huginn at 4K: 2 * 55 * 4096 * 96 * 2 B = 86 MB of K/V > 50 MB: groups of 8 heads
+    assert default_head_group(55, 55, 4096, 96, bf16, cuda) == 8
+    assert default_head_group(55, 55, 2048, 96, bf16, cuda) is None  # 43 MB: fits
+    assert default_head_group(55, 55, 2048, 96, torch.float32, cuda) == 8  # 86 MB in fp32
+    assert default_head_group(55, 55, 4096, 96, bf16, cuda, dense=True) is None  # dense support
+    assert default_head_group(32, 8, 4096, 64, bf16, cuda) is None  # GQA: 8 MB of K/V
+    assert default_head_group(32, 8, 65536, 64, bf16, cuda) == 8  # 4 kv heads' query heads
+    assert default_head_group(30, 10, 65536, 64, bf16, cuda) == 6  # ratio 3: 2 kv heads
+    assert default_head_group(32, 2, 2**20, 64, bf16, cuda) == 16  # ratio 16: one kv head
+    assert default_head_group(8, 8, 2**20, 128, bf16, cuda) is None  # the group is every head
+    assert default_head_group(55, 55, 4096, 96, bf16, "cpu") is None
+
+
+def test_head_group_errors():
+    lay = full_layout(2, 64, 16).to(DEV)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="head_group"):
+            build_schedule(lay, 16, head_group=bad)
+    with pytest.raises(ValueError, match="head_group"):
+        prepare_schedule(2, 4, 16, device=DEV, head_group=0)
 
 
 def test_prepare_schedule_errors():

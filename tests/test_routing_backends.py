@@ -74,3 +74,33 @@ def test_kernel_policy_prepares_once_and_packs_dense_supports():
     assert kernel.schedule(0, d).pack == 4  # dense layer: 128-row tiles
     assert kernel.schedule(1, d).pack == 1  # sparse layer: 32-row tiles
     assert len(kernel._calls) == 2  # one prepared call per layer, reused by the second step
+
+
+def test_kernel_policy_asks_for_head_groups(monkeypatch):
+    """The kernel policy describes the K/V it will read (kv heads, length, dtype, dense or not) to
+    kernels.default_head_group and builds the schedule with the answer."""
+    import kernels
+    from wise.routing import KernelSupportAttention
+
+    asked = []
+
+    def spy(heads, kv_heads, seq_len, head_dim, dtype, device, *, dense=False):
+        asked.append((heads, kv_heads, seq_len, head_dim, dtype, dense))
+        return 1
+
+    monkeypatch.setattr(kernels, "default_head_group", spy)
+    heads, n, d, B = 2, 100, 64, 32
+    m = -(-n // B)
+    causal = torch.ones(m, m, dtype=torch.bool).tril()
+    # layer 1: head 1 has the long rows, so a global longest-first order would launch it first
+    layouts = torch.stack([causal.expand(heads, m, m), torch.stack([torch.eye(m, dtype=torch.bool), causal])])
+    kernel = KernelSupportAttention(layouts, B)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, n, d, generator=gen)
+    kv = torch.randn(1, 1, n, d, generator=gen)  # GQA: one kv head
+    for layer in (0, 1):
+        kernel(q, kv, kv, step=20, layer=layer)
+    assert asked == [(2, 1, n, d, torch.float32, True), (2, 1, n, d, torch.float32, False)]
+    s = kernel.schedule(1, d)
+    t = s.tiles_per_head
+    assert (s.order // t).tolist() == [0] * t + [1] * t  # groups of one head, in turn

@@ -56,8 +56,9 @@ class MaskedSupportAttention:
 class KernelSupportAttention:
     """Late attention through the Triton block-sparse kernel. Per layer, on first use (after
     discovery): the schedule is built once (with the bigger dense-support tiles when the layer's
-    support is dense) and the call is prepared once (checks, config, compiled-kernel launch), so
-    each of the late steps costs one direct kernel launch."""
+    support is dense, and with heads launched in groups when their K/V exceed the GPU's L2) and
+    the call is prepared once (checks, config, compiled-kernel launch), so each of the late steps
+    costs one direct kernel launch."""
 
     def __init__(self, layouts: torch.Tensor, block_size: int):
         self.layouts = layouts
@@ -65,14 +66,22 @@ class KernelSupportAttention:
         self._schedules: dict[int, object] = {}
         self._calls: dict[tuple, object] = {}
 
-    def schedule(self, layer: int, head_dim: int):
-        from kernels import build_schedule, default_pack
+    def schedule(self, layer: int, head_dim: int, *, kv_heads: int | None = None, seq_len: int | None = None,
+                 dtype: torch.dtype = torch.bfloat16):
+        """The layer's schedule (built on first use). kv_heads / seq_len / dtype describe the K/V
+        the kernel will read (for the launch grouping); without them, one global launch order."""
+        from kernels import build_schedule, default_head_group, default_pack
+        from kernels.schedule import DENSE_PACK_DENSITY
 
         if layer not in self._schedules:
             layout = self.layouts[layer]
-            # once per layer and example (one host read, outside the late steps)
-            pack = default_pack(self.block_size, head_dim, density=density(layout), device=layout.device)
-            self._schedules[layer] = build_schedule(layout, self.block_size, pack=pack, head_dim=head_dim)
+            dens = density(layout)  # once per layer and example (one host read, outside the late steps)
+            pack = default_pack(self.block_size, head_dim, density=dens, device=layout.device)
+            group = None
+            if kv_heads is not None and seq_len is not None:
+                group = default_head_group(layout.shape[0], kv_heads, seq_len, head_dim, dtype, layout.device,
+                                           dense=dens >= DENSE_PACK_DENSITY)
+            self._schedules[layer] = build_schedule(layout, self.block_size, pack=pack, head_group=group)
         return self._schedules[layer]
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
@@ -84,7 +93,8 @@ class KernelSupportAttention:
         key = (layer, q0.shape, k0.shape, q0.stride(), k0.stride(), v0.stride(), q0.dtype)
         call = self._calls.get(key)
         if call is None:
-            call = self._calls[key] = prepare_attention(self.schedule(layer, q.shape[-1]), q0, k0, v0)
+            sched = self.schedule(layer, q0.shape[-1], kv_heads=k0.shape[0], seq_len=k0.shape[1], dtype=k0.dtype)
+            call = self._calls[key] = prepare_attention(sched, q0, k0, v0)
         return call(q0, k0, v0)[None]
 
 
