@@ -44,14 +44,14 @@ class ScheduleBuilder:
         if heads < 1 or num_blocks < 1:
             raise ValueError(f"need heads >= 1 and num_blocks >= 1, got {heads} and {num_blocks}")
         probe = torch.empty(self.shape, dtype=torch.bool, device="meta")  # argument checks only
-        pack = _check_args(probe, block_size, pack, head_dim, order, head_group)
+        pack, head_group = _check_args(probe, block_size, pack, head_dim, order, head_group)
         tiles_per_head = math.ceil(num_blocks / pack)
         self.order = order
         self._group_offsets = None
         if order == "sorted":
             perm = torch.empty(heads * tiles_per_head, dtype=torch.int64, device=self.device)
             self._sort_keys = torch.empty(heads * tiles_per_head, dtype=torch.int32, device=self.device)
-            if head_group is not None and head_group < heads:  # sort offsets - count, ascending
+            if head_group is not None:  # grouped: sort offsets - count, ascending
                 self._group_offsets = group_sort_offsets(heads, tiles_per_head, num_blocks, head_group,
                                                          self.device)
                 self._sort_in = torch.empty_like(self._sort_keys)

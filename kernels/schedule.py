@@ -128,14 +128,15 @@ def group_sort_offsets(heads: int, tiles_per_head: int, num_blocks: int, head_gr
                        device) -> torch.Tensor:
     """int32 [tiles]: (head // head_group) * (M + 1) + M per tile. offsets - row_count sorted
     ascending is the grouped longest-first order: group by group, longest tile first in each."""
-    h = torch.arange(heads * tiles_per_head, device=device) // tiles_per_head
-    return ((h // head_group) * (num_blocks + 1) + num_blocks).to(torch.int32)
+    tile = torch.arange(heads * tiles_per_head, dtype=torch.int32, device=device)
+    return tile // (tiles_per_head * head_group) * (num_blocks + 1) + num_blocks
 
 
 def sorted_order(row_count: torch.Tensor, heads: int, tiles_per_head: int, num_blocks: int,
                  head_group: int | None) -> torch.Tensor:
-    """Longest-first launch order (one argsort), within groups of head_group heads if given."""
-    if head_group is None or head_group >= heads:
+    """Longest-first launch order (one argsort), within groups of head_group heads if given
+    (head_group as _check_args returns it: None when one group would hold every head)."""
+    if head_group is None:
         return torch.argsort(row_count, descending=True)  # int64; no cast launch
     offsets = group_sort_offsets(heads, tiles_per_head, num_blocks, head_group, row_count.device)
     return torch.argsort(offsets - row_count)
@@ -161,8 +162,7 @@ def default_head_group(heads: int, kv_heads: int, seq_len: int, head_dim: int, d
     dev = torch.device(device)
     if dev.type != "cuda" or dense:
         return None
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    kv_bytes = 2 * kv_heads * seq_len * head_dim * itemsize
+    kv_bytes = 2 * kv_heads * seq_len * head_dim * dtype.itemsize
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     ratio = max(1, heads // max(1, kv_heads))
     group = max(ratio, HEAD_GROUP // ratio * ratio)
@@ -262,7 +262,9 @@ def _use_triton(device: torch.device) -> bool:
 
 
 def _check_args(layout: torch.Tensor, block_size: int, pack: int | None, head_dim: int | None,
-                order: str, head_group: int | None = None) -> int:
+                order: str, head_group: int | None = None) -> tuple[int, int | None]:
+    """(pack, head_group) after checking every argument; head_group comes back as None when one
+    group would hold every head (the global order), so the builders test only for None."""
     if block_size not in (16, 32, 64, 128):
         raise ValueError(f"block_size must be one of 16, 32, 64, 128, got {block_size}")
     if layout.dtype != torch.bool or layout.dim() != 3 or layout.shape[1] != layout.shape[2]:
@@ -275,7 +277,9 @@ def _check_args(layout: torch.Tensor, block_size: int, pack: int | None, head_di
     if head_group is not None and (isinstance(head_group, bool) or not isinstance(head_group, int)
                                    or head_group < 1):
         raise ValueError(f"head_group must be a positive int or None, got {head_group!r}")
-    return pack
+    if head_group is not None and head_group >= layout.shape[0]:
+        head_group = None
+    return pack, head_group
 
 
 def _build_args(layout_stride: tuple, s: Schedule) -> tuple:
@@ -314,7 +318,7 @@ def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = Non
     For a build repeated on same-shaped layouts, prepare_schedule (kernels/prepared.py) reuses
     its buffers and launches with a few microseconds of host time.
     """
-    pack = _check_args(layout, block_size, pack, head_dim, order, head_group)
+    pack, head_group = _check_args(layout, block_size, pack, head_dim, order, head_group)
     heads, m, _ = layout.shape
     dev = layout.device
     tiles_per_head = math.ceil(m / pack)
