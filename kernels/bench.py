@@ -21,7 +21,10 @@ layer (the function times all layers and divides), ratios are taken inside one r
 - head_group: the schedules' launch order walks heads in groups of this many
   (schedule.default_head_group: when all heads' K/V exceed L2; 0 = one global order);
   kernel_global_ms is the same call with one global order, so the grouping's gain is measured in
-  the same run (group_vs_global: kernel_global_ms over a grouped call timed right after it).
+  the same run (group_vs_global = kernel_global_ms / kernel_ms).
+The one-call times (kernel, full support, global order, flash, cuDNN) are taken in turns, five
+rounds in rotated order, medians over rounds (`interleaved_ms`); timing_spread is the largest
+ratio between one candidate's slowest and fastest round (how much the GPU drifted meanwhile).
 TFLOP/s count useful work only: 4·H·d·(active query-key pairs).
 `--host-overhead` also reports host microseconds per launch (N launches enqueued without a sync)
 for sparse_attention, the prepared call, build_schedule, the prepared build and SDPA.
@@ -103,6 +106,29 @@ def _ms(fn, rep: int = 100) -> float:
     return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
+def interleaved_ms(candidates, rounds: int = 5, rep: int = 100) -> tuple[dict, float]:
+    """Medians of several functions timed in turns: `rounds` rounds, each timing every candidate
+    once (do_bench over rep / rounds ms) in an order rotated by one per round, so no candidate is
+    always timed first or last. candidates: [(name, fn, context factory or None)] (the context,
+    e.g. an SDPA backend choice, is entered around each timing, not each call).
+
+    Why: on the H200 a call timed after another long timing in the same process read up to 15%
+    slower than the same call timed first (session 6), which skews ratios of back-to-back
+    timings. Returns ({name: median ms}, spread), spread = the largest max/min ratio of one
+    candidate's round medians (how much the GPU's speed drifted during the comparison)."""
+    import contextlib
+
+    per_round = max(10, rep // rounds)
+    times: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+    for r in range(rounds):
+        for name, fn, ctx in candidates[r % len(candidates):] + candidates[:r % len(candidates)]:
+            with (ctx() if ctx is not None else contextlib.nullcontext()):
+                times[name].append(_ms(fn, per_round))
+    medians = {name: float(sorted(t)[len(t) // 2]) for name, t in times.items()}
+    spread = max(max(t) / min(t) for t in times.values()) if times else float("nan")
+    return medians, spread
+
+
 def _graph_ms(fn) -> float:
     """GPU-side time of fn replayed from a CUDA graph (host launch cost removed); NaN if fn
     cannot be captured."""
@@ -138,7 +164,7 @@ def _nan_row(**meta) -> dict:
             "reuse20_vs_cudnn", "traj32_vs_flash", "traj32_vs_cudnn", "full_vs_wise_same_backend",
             "full_vs_flash", "flex_vs_flash", "kernel_vs_flex", "flash_tflops", "cudnn_tflops",
             "kernel_tflops", "full_kernel_tflops", "flex_tflops", "rel_err_kernel",
-            "rel_err_full", "rel_err_flex", "kernel_global_ms", "group_vs_global"] + PREPARED_KEYS
+            "rel_err_full", "rel_err_flex", "kernel_global_ms", "group_vs_global", "timing_spread"] + PREPARED_KEYS
     row = dict(meta)
     row.update({k: float("nan") for k in keys})
     return row
@@ -250,40 +276,50 @@ def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: in
         del ref
 
     per = 1.0 / n_layers
-    row["kernel_ms"] = _ms(kernel_all, rep) * per
-    row["kernel_graph_ms"] = _graph_ms(kernel_all) * per
-    row["full_kernel_ms"] = _ms(lambda: kernel_all([full_sched] * n_layers), rep) * per
-    if head_group is not None:  # the same call in one global order: what the grouping buys
+    from torch.nn.attention import sdpa_kernel
+
+    # One call of each: the kernel on the WISE support, on the full support, in one global launch
+    # order (what the grouping buys), and dense flash / cuDNN, timed in turns (interleaved_ms).
+    calls = [("kernel_ms", kernel_all, None),
+             ("full_kernel_ms", lambda: kernel_all([full_sched] * n_layers), None)]
+    if head_group is not None:
         global_scheds = [build_schedule(lays[i], block_size, pack=pack) for i in range(n_layers)]
-        row["kernel_global_ms"] = _ms(lambda: kernel_all(global_scheds), rep) * per
-        # compared with a grouped timing taken right next to it: on the H200 a timing taken after
-        # the full-support one read up to 15% slower than the same call timed first
-        row["group_vs_global"] = row["kernel_global_ms"] / (_ms(kernel_all, rep) * per)
+        calls.append(("kernel_global_ms", lambda: kernel_all(global_scheds), None))
+
+    def backend(name):
+        return lambda: sdpa_kernel(sdpa_backend(name))
+
+    def dense_runner(inputs):
+        def dense_all():
+            for q, k, v in inputs:
+                dense_sdpa_call(q, k, v)
+        return dense_all
+
+    dense = {}  # backend -> one dense call over all layers (inputs prepared for that backend)
+    for name in ("flash", "cudnn"):
+        try:
+            with backend(name)():
+                dense[name] = dense_runner(_dense_inputs(qkv))
+                dense[name]()
+            calls.append((f"{name}_ms", dense[name], backend(name)))
+        except RuntimeError as e:  # backend not available for this shape / build
+            dense.pop(name, None)
+            row["status"] += f"; {name} unavailable: {str(e).splitlines()[0][:80]}"
+    medians, row["timing_spread"] = interleaved_ms(calls, rep=2 * rep)
+    for key, ms in medians.items():
+        row[key] = ms * per
+    if head_group is not None:
+        row["group_vs_global"] = row["kernel_global_ms"] / row["kernel_ms"]
+    row["kernel_graph_ms"] = _graph_ms(kernel_all) * per
     row["build_ms"] = _ms(build_all, rep) * per
     row["build_graph_ms"] = _graph_ms(build_all) * per
     row["reuse20_ms"] = _ms(reuse20, rep) * per
     if prep is not None:
         prep.time(row, rep, per)
 
-    from torch.nn.attention import sdpa_kernel
-
-    for name in ("flash", "cudnn"):
-        try:
-            with sdpa_kernel(sdpa_backend(name)):
-                inputs = _dense_inputs(qkv)
-
-                def dense_all():
-                    for q, k, v in inputs:
-                        dense_sdpa_call(q, k, v)
-
-                def dense20():
-                    for _ in range(20):
-                        dense_all()
-                dense_all()
-                row[f"{name}_ms"] = _ms(dense_all, rep) * per
-                row[f"{name}20_ms"] = _ms(dense20, rep) * per
-        except RuntimeError as e:  # backend not available for this shape / build
-            row["status"] += f"; {name} unavailable: {str(e).splitlines()[0][:80]}"
+    for name, dense_all in dense.items():
+        with backend(name)():
+            row[f"{name}20_ms"] = _ms(lambda: [dense_all() for _ in range(20)], rep) * per
 
     if flex:
         try:
@@ -412,7 +448,8 @@ def format_table(rows: list[dict], cols: list | None = None) -> str:
             ("b+20 xC", "reuse20_vs_cudnn", "{:.2f}"), ("T32 xF", "traj32_vs_flash", "{:.2f}"),
             ("T32 xC", "traj32_vs_cudnn", "{:.2f}"), ("full xF", "full_vs_flash", "{:.2f}"),
             ("full/wise", "full_vs_wise_same_backend", "{:.2f}"), ("flex ms", "flex_ms", "{:.3f}"),
-            ("flex xF", "flex_vs_flash", "{:.2f}"), ("err", "rel_err_kernel", "{:.1e}")]
+            ("flex xF", "flex_vs_flash", "{:.2f}"), ("spread", "timing_spread", "{:.2f}"),
+            ("err", "rel_err_kernel", "{:.1e}")]
     lines = [" | ".join(h for h, _, _ in cols)]
     for r in rows:
         cells = []

@@ -42,6 +42,10 @@ def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
     params = "\n".join(f"    {k}: {json.dumps(v)}" for k, v in config.to_dict().items())
     final = summary.get("final") or {}
     digits = ", one token per digit" if config.tokenizer_split_digits else ""
+    hops = (f" Hop supervision: {config.hop_loss_weight} x the cross-entropy of the readout after\n"
+            f"  step j x {config.hop_stride}, at each multi-hop question's answer position, against the tokens\n"
+            f"  of its j-th intermediate entity (when that step is inside the backprop window)."
+            if config.hop_loss_weight else "")
     card = f"""# wise-small
 
 The project's embedded recurrent-depth model: Huginn layout (sandwich blocks, prelude / core /
@@ -57,7 +61,7 @@ syntharith, train split) with a byte-level BPE tokenizer trained by the project
   over the first {config.recurrence_ramp_steps} batches), gradients through the last
   {config.backprop_steps} steps only (truncated backprop), a fresh seeded initial state per batch.
 - Loss: cross-entropy on the answer tokens and EOS, plus {config.lm_loss_weight} x next-token
-  loss on the prompt text.
+  loss on the prompt text.{hops}
 - Data: one context budget per batch from {list(config.context_lengths)} (weights
   {list(config.context_weights)}; only budgets <= {config.short_context} for the first
   {config.short_steps} batches), {config.tokens_per_batch} tokens per batch, benchmarks mixed

@@ -525,6 +525,32 @@ def test_benchmark_body_runs_on_interpreter(monkeypatch):
     assert all(r["host_us"] > 0 for r in host[:6]) and kb.format_host_table(host)
 
 
+def test_interleaved_timing_rotates_the_order_and_takes_medians(monkeypatch):
+    """Candidates are timed in turns, each round starting one later, inside their own context;
+    the result is each one's median over rounds and the largest slowest/fastest round ratio."""
+    import contextlib
+    import kernels.bench as kb
+
+    order, entered = [], []
+    script = {"a": iter([1.0, 3.0, 2.0]), "b": iter([5.0, 4.0, 6.0]), "c": iter([2.0, 2.0, 2.0])}
+
+    def fake_ms(fn, rep=100):
+        name = fn()
+        order.append(name)
+        return next(script[name])
+
+    @contextlib.contextmanager
+    def ctx():
+        entered.append(True)
+        yield
+
+    monkeypatch.setattr(kb, "_ms", fake_ms)
+    cands = [("a", lambda: "a", None), ("b", lambda: "b", ctx), ("c", lambda: "c", None)]
+    medians, spread = kb.interleaved_ms(cands, rounds=3, rep=30)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert medians == {"a": 2.0, "b": 5.0, "c": 2.0} and spread == 3.0 and len(entered) == 3
+
+
 @pytest.mark.skipif(CUDA, reason="the GPU session runs the real sweep")
 def test_tune_sweep_runs_on_interpreter(monkeypatch):
     import kernels.tune as kt

@@ -194,3 +194,87 @@ def test_train_model_overrides_change_the_architecture_and_are_validated():
         CFG.replace(model={"n_core": 0})
     with pytest.raises(ValueError, match=r"train\.context_lengths .*positions"):
         CFG.replace(model={"max_positions": 128})
+
+
+def test_hop_targets_name_the_intermediate_entities_at_the_answer_positions(tok):
+    """With hop supervision, every (row, position, hop, token) points at the position that
+    predicts an answer's first token, and its tokens spell that question's j-th intermediate
+    entity (the director of the film, ...), as the world says."""
+    from wise.data import load_examples
+    from wise.data.registry import question_intermediates
+    from wise.training.batches import name_tokens
+
+    cfg = CFG.replace(benchmarks={"synthhop": 1.0}, extra_questions=4, extra_reserve=96,
+                      hop_loss_weight=1.0, tokens_per_batch=6144)
+    batch = make_batch(cfg, tok, 5)
+    assert batch.hops.shape[1] == 4 and {1, 2} <= set(batch.hops[:, 2].tolist())
+    for row, pos, j, token in batch.hops:
+        assert batch.is_answer[row, pos] and (pos == 0 or not batch.is_answer[row, pos - 1])
+        assert tok.decode(batch.ids[row][:pos + 1].tolist()).endswith("Answer:")
+        assert j >= 1 and tok.id_to_token(int(token)).lstrip("Ġ") not in ("", "The")
+    # the same batch without hop supervision: identical tokens and masks, no hop rows
+    plain = make_batch(cfg.replace(hop_loss_weight=0.0), tok, 5)
+    assert np.array_equal(plain.ids, batch.ids) and np.array_equal(plain.is_answer, batch.is_answer)
+    assert len(plain.hops) == 0
+    # the chains themselves: a bridge's intermediates are its evidence after the start entity
+    example = next(e for e in load_examples("synthhop", "train", 20, 5) if e.meta["hops"] == 3
+                   and e.meta["type"] == "bridge")
+    chain = question_intermediates(example)[example.question]
+    assert chain == tuple(example.meta["supporting_titles"][1:]) and len(chain) == 2
+    spelled = tok.encode(" The Yatel Crown", add_special_tokens=False).ids
+    assert tok.id_to_token(spelled[0]) == "ĠThe"
+    assert name_tokens(tok, "The Yatel Crown") == spelled[1:]  # the article says nothing
+    comparison = next(e for e in load_examples("synthhop", "train", 20, 5)
+                      if e.meta["type"] == "comparison")
+    assert comparison.question not in question_intermediates(comparison)
+
+
+def test_hop_loss_reads_the_state_after_its_step_and_trains(tok):
+    """The hop loss is computed only at steps j * stride inside the backprop window, from the
+    readout of those positions, and it goes down when trained on."""
+    from wise.training.loop import HopLoss
+
+    cfg = CFG.replace(benchmarks={"synthhop": 1.0}, extra_questions=4, extra_reserve=96,
+                      hop_loss_weight=1.0, hop_stride=2, tokens_per_batch=6144)
+    batch = make_batch(cfg, tok, 5)
+    ids = torch.from_numpy(batch.ids)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    hop = HopLoss(model, batch.hops, 2, torch.device("cpu"))
+    assert set(hop.by_step) == {2, 4}  # hops 1 and 2 at stride 2
+    # 5 steps, backprop through the last 2 (steps 4 and 5): only hop 2 (step 4) is in the window
+    recurrent_forward(model, ids, 5, 2, torch.Generator().manual_seed(0), tap=hop)
+    assert len(hop.terms) == 1
+    # the term equals a direct computation from the state after step 2
+    hop = HopLoss(model, batch.hops, 2, torch.device("cpu"))
+    states = {}
+    recurrent_forward(model, ids, 2, 2, torch.Generator().manual_seed(0),
+                      tap=lambda t, s, rope: (states.__setitem__(t, s), hop(t, s, rope)))
+    rows = batch.hops[batch.hops[:, 2] == 1]
+    rope = model.rotary(ids.shape[1])
+    logits = model.readout(states[2], rope)[torch.from_numpy(rows[:, 0]), torch.from_numpy(rows[:, 1])]
+    expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(rows[:, 3]))
+    assert torch.allclose(hop.loss(), expected, rtol=1e-5, atol=1e-6)
+    # and a few steps on it lower it
+    opt = make_optimizer(model, cfg, torch.device("cpu"))
+    losses = []
+    for i in range(6):
+        hop = HopLoss(model, batch.hops, 2, torch.device("cpu"))
+        recurrent_forward(model, ids, 2, 2, torch.Generator().manual_seed(i), tap=hop)
+        loss = hop.loss()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.3
+
+
+def test_train_with_hop_supervision_logs_the_hop_loss(tmp_path):
+    cfg = CFG.replace(benchmarks={"synthhop": 1.0}, extra_questions=4, extra_reserve=96,
+                      hop_loss_weight=0.5, hop_stride=1, max_steps=2)
+    summary = train(cfg, tmp_path, device="cpu", workers=0, progress=False)
+    assert summary["steps"] == 2
+    header = (tmp_path / "loss_curve.csv").read_text().splitlines()[0]
+    assert "hop_loss" in header.split(",")
+    with pytest.raises(ValueError, match="train.hop_stride"):
+        CFG.replace(hop_stride=0)

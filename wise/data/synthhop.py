@@ -236,18 +236,8 @@ def context_questions(example: Example) -> list[tuple[str, str, str]]:
         for attr, template in FACTS[e.kind]:
             if e.attrs.get(attr) is not None:
                 out.add((template.format(x=e.name), str(e.attrs[attr]), "fact"))
-    for bridge in BRIDGES_2 + BRIDGES_3:
-        for e in ents:
-            if e.kind != bridge.start:
-                continue
-            value, ok = e.name, True
-            for i, attr in enumerate(bridge.path):
-                value = world.entities[value].attrs[attr]
-                if i < len(bridge.path) - 1 and value not in present:
-                    ok = False
-                    break
-            if ok:
-                out.add((bridge.templates[0].format(x=e.name), str(value), "bridge"))
+    for question, answer, _hops in _present_bridges(world, ents, present):
+        out.add((question, answer, "bridge"))
     for comp in COMPARISONS:
         same = [e for e in ents if e.kind == comp.kind]
         for i, a in enumerate(same):
@@ -258,6 +248,39 @@ def context_questions(example: Example) -> list[tuple[str, str, str]]:
                 out.add((comp.earlier[0].format(a=a.name, b=b.name), first.name, "comparison"))
                 out.add((comp.later[0].format(a=b.name, b=a.name), last.name, "comparison"))
     return sorted(qa for qa in out if qa[:2] != (example.question, example.answer))
+
+
+def _present_bridges(world: World, ents: list[Entity], present: set[str]):
+    """(question, answer, intermediate entity names in hop order) of every bridge whose whole
+    path is among the present passages."""
+    for bridge in BRIDGES_2 + BRIDGES_3:
+        for e in ents:
+            if e.kind != bridge.start:
+                continue
+            value, hops = e.name, []
+            for i, attr in enumerate(bridge.path):
+                value = world.entities[value].attrs[attr]
+                if i < len(bridge.path) - 1:
+                    if value not in present:
+                        break
+                    hops.append(value)
+            else:
+                yield bridge.templates[0].format(x=e.name), str(value), tuple(hops)
+
+
+def bridge_intermediates(example: Example) -> dict[str, tuple[str, ...]]:
+    """Question text -> the entities a bridge passes through before its answer, in hop order
+    (the director, then ...), for the example's own question when it is a bridge and for every
+    bridge among its ``context_questions``. Training can ask the recurrent state to name hop j
+    after a few steps (``train.hop_loss_weight``): a signal that rewards using depth."""
+    size = WorldSize().scaled(example.meta.get("world_scale", 1.0))
+    world = cached_world(int(example.meta["world_seed"]), size)
+    present = {p.title for p in example.passages} & set(world.entities)
+    ents = [world.entities[name] for name in sorted(present)]
+    out = {question: hops for question, _answer, hops in _present_bridges(world, ents, present)}
+    if example.meta.get("type") == "bridge":
+        out[example.question] = tuple(example.meta["supporting_titles"][1:])
+    return out
 
 
 def world_distractor_pool(example: Example) -> tuple[Passage, ...]:

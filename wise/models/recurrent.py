@@ -242,11 +242,15 @@ class RecurrentDepthModel(nn.Module):
             observer.on_state(step, x)
         return x
 
-    def readout(self, s: torch.Tensor, rope: Rotary) -> torch.Tensor:
-        """Final state [b, n, h] -> logits [b, n, vocab] (fp32)."""
+    def readout(self, s: torch.Tensor, rope: Rotary,
+                at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Final state [b, n, h] -> logits [b, n, vocab] (fp32). With at=(rows, positions), only
+        the logits of those positions, [k, vocab] (the coda still attends over whole rows)."""
         x = self.transformer.ln_f(s) if self.config.ln_f_after_recurrence else s
         for block in self.transformer.coda:
             x = block(x, rope, causal_attention)
+        if at is not None:
+            x = x[at]
         return self.lm_head(self.transformer.ln_f(x)).float()
 
     # -- the plain forward pass -------------------------------------------------------------------

@@ -49,6 +49,11 @@ class TrainConfig:
     backprop_steps: int = 10  # truncated backprop: gradients through the last k steps only
     # -- loss and optimisation --------------------------------------------------------------------
     lm_loss_weight: float = 1.0  # next-token loss on the prompt text, besides the answer loss
+    # hop supervision (0: off): for each multi-hop question, the state after step j * hop_stride
+    # is read out at the answer position and should name the j-th intermediate entity (mean
+    # cross-entropy over its tokens), when that step is inside the backprop window
+    hop_loss_weight: float = 0.0
+    hop_stride: int = 3
     max_steps: int = 100000
     time_limit_s: float = 720.0  # 0: none; else stop (and save) after this many seconds of training
     lr: float = 2e-3
@@ -112,6 +117,8 @@ class TrainConfig:
         need(self.recurrence_max >= self.recurrence_mean, "recurrence_max", "must be >= recurrence_mean")
         need(self.backprop_steps >= 1, "backprop_steps", "must be >= 1")
         need(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
+        need(self.hop_loss_weight >= 0, "hop_loss_weight", "must be >= 0")
+        need(self.hop_stride >= 1, "hop_stride", "must be >= 1")
         need(self.max_steps >= 1, "max_steps", "must be >= 1")
         need(self.time_limit_s >= 0, "time_limit_s", "must be >= 0")
         need(self.lr > 0, "lr", "must be > 0")

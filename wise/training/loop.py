@@ -94,9 +94,11 @@ def initial_state(model: RecurrentDepthModel, e: torch.Tensor, generator: torch.
 
 
 def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: int,
-                      backprop_steps: int, generator: torch.Generator, observer=None) -> torch.Tensor:
+                      backprop_steps: int, generator: torch.Generator, observer=None,
+                      tap=None) -> torch.Tensor:
     """ids [b, n] -> logits [b, n, vocab] after `num_steps` steps; only the last `backprop_steps`
-    build an autograd graph (the state entering them is detached)."""
+    build an autograd graph (the state entering them is detached). `tap(t, s, rope)` is called
+    with the state after each of those steps (for losses on intermediate states)."""
     rope = model.rotary(ids.shape[1], ids.device)
     e = model.embed(ids, rope)
     s = initial_state(model, e, generator)
@@ -107,7 +109,34 @@ def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: 
     s = s.detach()
     for t in range(free + 1, num_steps + 1):
         s = model.core_step(s, e, t, rope, observer=observer)
+        if tap is not None:
+            tap(t, s, rope)
     return model.readout(s, rope)
+
+
+class HopLoss:
+    """Hop supervision of one batch: after step j * stride (when that step builds a graph), the
+    state read out at each multi-hop question's answer position should give the tokens of the
+    question's j-th intermediate entity. Everything a step needs is selected on the host, so
+    the loss adds no host synchronisation."""
+
+    def __init__(self, model: RecurrentDepthModel, hops: np.ndarray, stride: int, device: torch.device):
+        self.model, self.stride, self.terms = model, stride, []
+        self.by_step = {}
+        for j in np.unique(hops[:, 2]) if len(hops) else ():
+            rows = hops[hops[:, 2] == j]
+            self.by_step[int(j) * stride] = tuple(_to_device(np.ascontiguousarray(rows[:, c]), device)
+                                                  for c in (0, 1, 3))
+
+    def __call__(self, t: int, s: torch.Tensor, rope) -> None:
+        if t in self.by_step:
+            rows, cols, tokens = self.by_step[t]
+            logits = self.model.readout(s, rope, at=(rows, cols))
+            self.terms.append(F.cross_entropy(logits, tokens, reduction="sum") / len(tokens))
+
+    def loss(self) -> torch.Tensor | None:
+        """Mean over the hops whose step was supervised; None when none was."""
+        return torch.stack(self.terms).mean() if self.terms else None
 
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
@@ -197,9 +226,15 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
             ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
             steps = sample_recurrence(config, step)
             state_gen.manual_seed(derive_seed(config.seed, "state", step))
+            hop = (HopLoss(model, batch.hops, config.hop_stride, device)
+                   if config.hop_loss_weight else None)
             with autocast:
-                logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen)
+                logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen,
+                                           tap=hop)
             loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
+            hop_loss = hop.loss() if hop is not None else None
+            if hop_loss is not None:
+                loss = loss + config.hop_loss_weight * hop_loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -209,6 +244,8 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
             if step % config.log_every == 0 or step == config.max_steps - 1:
                 row = {"step": step, "tokens": tokens_seen, "loss": loss.item(),
                        "answer_loss": answer_loss.item(), "lm_loss": lm_loss.item(),
+                       **({"hop_loss": hop_loss.item() if hop_loss is not None else float("nan")}
+                          if config.hop_loss_weight else {}),
                        "grad_norm": grad_norm.item(), "lr": lr, "recurrence": steps,
                        "budget": batch.budget, "rows": int(batch.ids.shape[0]),
                        "elapsed_s": round(time.monotonic() - start, 2)}
