@@ -278,3 +278,33 @@ def test_train_with_hop_supervision_logs_the_hop_loss(tmp_path):
     assert "hop_loss" in header.split(",")
     with pytest.raises(ValueError, match="train.hop_stride"):
         CFG.replace(hop_stride=0)
+
+
+def test_hop_probes_read_every_later_step_and_stay_out_of_the_checkpoint(tok, tmp_path):
+    """hop_readout "probe": hop j is scored after every graph step >= j * stride by its own
+    training-only probe; the probes learn, and the saved checkpoint is the plain model."""
+    from safetensors.torch import load_file
+    from wise.training.loop import HopLoss, hop_probes
+
+    cfg = CFG.replace(benchmarks={"synthhop": 1.0}, extra_questions=4, extra_reserve=96,
+                      hop_loss_weight=1.0, hop_stride=2, hop_readout="probe", tokens_per_batch=6144)
+    batch = make_batch(cfg, tok, 5)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    probes = hop_probes(model, cfg)
+    assert len(probes) == 2 and hop_probes(model, cfg.replace(hop_readout="lm")) is None
+    hop = HopLoss(model, batch.hops, 2, torch.device("cpu"), probes)
+    # 5 steps, graph through steps 4 and 5: hop 1 (from step 2) and hop 2 (from step 4) at both
+    recurrent_forward(model, torch.from_numpy(batch.ids), 5, 2, torch.Generator().manual_seed(0), tap=hop)
+    assert len(hop.terms) == 4
+    hop.loss().backward()
+    assert probes[0].weight.grad is not None and probes[1].weight.grad is not None
+    assert model.transformer.adapter.weight.grad is not None  # the state is what is trained
+    with pytest.raises(ValueError, match="train.hop_readout"):
+        CFG.replace(hop_readout="coda")
+    summary = train(cfg.replace(max_steps=2, hop_loss_weight=0.5), tmp_path, device="cpu",
+                    workers=0, progress=False)
+    assert summary["steps"] == 2
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert set(saved) <= set(build_model(cfg).state_dict()) and len(saved) > 10
+    assert load_checkpoint(str(tmp_path)).config.name == "tiny-random"

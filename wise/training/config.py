@@ -54,6 +54,7 @@ class TrainConfig:
     # cross-entropy over its tokens), when that step is inside the backprop window
     hop_loss_weight: float = 0.0
     hop_stride: int = 3
+    hop_readout: str = "lm"  # "lm": the model's readout at step j*stride; "probe": see loop.HopLoss
     max_steps: int = 100000
     time_limit_s: float = 720.0  # 0: none; else stop (and save) after this many seconds of training
     lr: float = 2e-3
@@ -119,6 +120,7 @@ class TrainConfig:
         need(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
         need(self.hop_loss_weight >= 0, "hop_loss_weight", "must be >= 0")
         need(self.hop_stride >= 1, "hop_stride", "must be >= 1")
+        need(self.hop_readout in ("lm", "probe"), "hop_readout", 'must be "lm" or "probe"')
         need(self.max_steps >= 1, "max_steps", "must be >= 1")
         need(self.time_limit_s >= 0, "time_limit_s", "must be >= 0")
         need(self.lr > 0, "lr", "must be > 0")

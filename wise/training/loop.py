@@ -115,28 +115,64 @@ def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: 
 
 
 class HopLoss:
-    """Hop supervision of one batch: after step j * stride (when that step builds a graph), the
-    state read out at each multi-hop question's answer position should give the tokens of the
-    question's j-th intermediate entity. Everything a step needs is selected on the host, so
-    the loss adds no host synchronisation."""
+    """Hop supervision of one batch (``train.hop_loss_weight``). For each multi-hop question,
+    the state at its answer position (the one predicting the answer's first token) should name
+    the question's j-th intermediate entity, scored as the mean cross-entropy over the entity's
+    tokens. Two readouts (``train.hop_readout``):
 
-    def __init__(self, model: RecurrentDepthModel, hops: np.ndarray, stride: int, device: torch.device):
-        self.model, self.stride, self.terms = model, stride, []
-        self.by_step = {}
+    - "lm": the model's own readout, after exactly step j * stride. Measured (session 7): the
+      model learns to name the entity at that one step only and answers at every other step,
+      a clock rather than a chain;
+    - "probe": training-only linear probes (one per hop, on the normalised state), after every
+      step >= j * stride: the entity must stay in the state from then on, where later steps can
+      use it, while the model's own readout keeps answering.
+
+    Only steps that build a graph count. Everything a step needs is selected on the host, so the
+    loss adds no host synchronisation."""
+
+    def __init__(self, model: RecurrentDepthModel, hops: np.ndarray, stride: int, device: torch.device,
+                 probes: nn.ModuleList | None = None):
+        self.model, self.stride, self.probes, self.terms = model, stride, probes, []
+        self.by_hop = {}
         for j in np.unique(hops[:, 2]) if len(hops) else ():
             rows = hops[hops[:, 2] == j]
-            self.by_step[int(j) * stride] = tuple(_to_device(np.ascontiguousarray(rows[:, c]), device)
-                                                  for c in (0, 1, 3))
+            self.by_hop[int(j)] = tuple(_to_device(np.ascontiguousarray(rows[:, c]), device)
+                                        for c in (0, 1, 3))
+
+    @property
+    def by_step(self) -> dict[int, tuple]:
+        """The first step at which each hop is read (the only one with the "lm" readout)."""
+        return {j * self.stride: rows for j, rows in self.by_hop.items()}
 
     def __call__(self, t: int, s: torch.Tensor, rope) -> None:
-        if t in self.by_step:
-            rows, cols, tokens = self.by_step[t]
-            logits = self.model.readout(s, rope, at=(rows, cols))
+        for j, (rows, cols, tokens) in self.by_hop.items():
+            if self.probes is None:
+                if t != j * self.stride:
+                    continue
+                logits = self.model.readout(s, rope, at=(rows, cols))
+            else:
+                if t < j * self.stride or j > len(self.probes):
+                    continue
+                logits = self.probes[j - 1](self.model.transformer.ln_f(s[rows, cols])).float()
             self.terms.append(F.cross_entropy(logits, tokens, reduction="sum") / len(tokens))
 
     def loss(self) -> torch.Tensor | None:
-        """Mean over the hops whose step was supervised; None when none was."""
+        """Mean over the (hop, step) pairs that were supervised; None when none was."""
         return torch.stack(self.terms).mean() if self.terms else None
+
+
+def hop_probes(model: RecurrentDepthModel, config: TrainConfig) -> nn.ModuleList | None:
+    """The training-only probes of ``hop_readout: probe`` (hops 1 and 2: bridges have at most two
+    intermediate entities); seeded, never saved with the checkpoint."""
+    if not config.hop_loss_weight or config.hop_readout != "probe":
+        return None
+    c = model.config
+    gen = torch.Generator().manual_seed(derive_seed(config.seed, "hop_probes") % 2**31)
+    probes = nn.ModuleList(nn.Linear(c.hidden, c.vocab_size, bias=False) for _ in range(2))
+    with torch.no_grad():
+        for probe in probes:
+            probe.weight.copy_(torch.randn(probe.weight.shape, generator=gen) * config.init_std)
+    return probes.to(model.device)
 
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
@@ -197,7 +233,9 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
     stream = BatchStream(config, str(tokenizer_path), workers=workers)
     torch.manual_seed(config.seed)  # nothing should draw from it; a belt for library internals
     model = build_model(config).to(device).train()
-    opt = make_optimizer(model, config, device)
+    probes = hop_probes(model, config)
+    trained = nn.ModuleList([model, probes]) if probes is not None else model
+    opt = make_optimizer(trained, config, device)
     autocast = _autocast_for(model, device)
     if config.compile:
         _compile_blocks(model, autocast)
@@ -226,7 +264,7 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
             ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
             steps = sample_recurrence(config, step)
             state_gen.manual_seed(derive_seed(config.seed, "state", step))
-            hop = (HopLoss(model, batch.hops, config.hop_stride, device)
+            hop = (HopLoss(model, batch.hops, config.hop_stride, device, probes)
                    if config.hop_loss_weight else None)
             with autocast:
                 logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen,
@@ -237,7 +275,7 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
                 loss = loss + config.hop_loss_weight * hop_loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), config.grad_clip)
             opt.step()
             tokens_seen += batch.tokens
             bar.update(1)
