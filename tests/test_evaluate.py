@@ -68,3 +68,41 @@ def test_probe_questions_and_per_type_scores(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"by type: fact \d\.\d{3} \(n=\d+\)", lines[-2])
     assert re.fullmatch(r"EM=\d\.\d{4} F1=\d\.\d{4} n=\d+", lines[-1])
+
+
+def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
+    """The lens row at T is the first greedy token at T: its top-1 share equals the share of
+    prompts whose greedy first token is the gold answer's first token (shipped model, so the
+    shares are not trivially 0)."""
+    from wise.evaluate import answer_lens, load_model
+
+    model, tok = load_model("data/models/wise-small", "cpu")
+    prompts = build_prompts(tok, "synthhop", 256, 8, seed=123, max_positions=4096, max_new_tokens=8)
+    rows = answer_lens(model, tok, prompts, [2, 1], batch_tokens=700)  # several chunks
+    assert [r["steps"] for r in rows] == [1, 2] and all(r["n"] == len(prompts) for r in rows)
+    for r in rows:
+        firsts = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts], 0,
+                                steps=r["steps"], max_new_tokens=1, stop_ids=set())
+        gold = [tok.encode(" " + p.answers[0], add_special_tokens=False).ids[0] for p in prompts]
+        assert r["top1"] == sum(f[0] == g for f, g in zip(firsts, gold)) / len(prompts)
+        assert r["logp"] < 0
+    assert max(r["top1"] for r in rows) > 0
+    # numeric answers begin with a bare space token: the lens scores the digit after it, which is
+    # the second greedy token when the first is that space
+    arith = build_prompts(tok, "syntharith", 256, 6, seed=123, max_positions=4096, max_new_tokens=8)
+    row, = answer_lens(model, tok, arith, [2])
+    two = batched_greedy(model, [p.ids for p in arith], [p.example_id for p in arith], 0, steps=2,
+                         max_new_tokens=2, stop_ids=set())
+    space = tok.encode(" 7", add_special_tokens=False).ids[0]
+    digits = [tok.encode(" " + p.answers[0], add_special_tokens=False).ids[1] for p in arith]
+    forced = [p.ids + [space] for p in arith]
+    nxt = batched_greedy(model, forced, [p.example_id for p in arith], 0, steps=2, max_new_tokens=1,
+                         stop_ids=set())
+    assert row["top1"] == sum(f[0] == d for f, d in zip(nxt, digits)) / len(arith)
+    assert all(t[0] != space or t[1] == f[0] for t, f in zip(two, nxt))  # same as greedy's 2nd token
+    with pytest.raises(ValueError, match="lens steps"):
+        answer_lens(model, tok, prompts, [0])
+    assert main(["--model", MODEL, "--context", "256", "--steps", "2", "--n", "2", "--lens", "1", "2",
+                 "--max-new-tokens", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("EM=") and "T | first-token top-1 | mean log p(first token)" in out

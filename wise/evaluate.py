@@ -3,6 +3,7 @@
     python -m wise.evaluate --benchmark synthhop --context 512 --steps 32 --n 200 --seed 123
     python -m wise.evaluate --table                      # benchmark x context length x T
     python -m wise.evaluate --table --update-card        # and write the table into README.md
+    python -m wise.evaluate --lens                       # where in the recurrence the answer appears
 
 The last line printed is ``EM=<float> F1=<float> n=<int>`` (for the --benchmark/--context/--steps
 cell, also with --table). Examples are the first n of the test split for --seed, their context
@@ -176,6 +177,66 @@ def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], conte
                  round(time.monotonic() - start, 1), by_kind)
 
 
+@torch.no_grad()
+def answer_lens(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], steps: Sequence[int],
+                init_seed: int = 0, batch_tokens: int = 65536) -> list[dict]:
+    """When the answer appears: after each recurrence step in `steps`, the readout at the last
+    prompt position, scored against the first token of the gold answer (" <answer>"; after a
+    bare leading space, the token that follows it, with the space appended): the share
+    of prompts where it is the top-1 token, and its mean log-probability. Same initial states as
+    ``batched_greedy`` (so the row at T equals the first greedy token at T). A flat profile means
+    the answer is fixed before the recurrence does anything; depth matters when it rises with T."""
+    steps = sorted(set(steps))
+    if not steps or steps[0] < 1:
+        raise ValueError(f"lens steps must be >= 1, got {steps}")
+    seqs, gold = [], []
+    for p in prompts:
+        answer = tok.encode(" " + p.answers[0], add_special_tokens=False).ids
+        # a bare leading space (numbers with one token per digit) says nothing: score the token
+        # after it, with the space appended, as the second greedy step would see it
+        lead = 1 if len(answer) > 1 and not tok.decode(answer[:1]).strip() else 0
+        seqs.append(list(p.ids) + answer[:lead])
+        gold.append(answer[lead])
+    top1 = {t: 0.0 for t in steps}
+    logp = {t: 0.0 for t in steps}
+    order = sorted(range(len(prompts)), key=lambda i: len(seqs[i]))
+    pad = model.config.pad_token_id
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= batch_tokens:
+            end += 1
+        chunk, start = order[start:end], end
+        lengths = [len(seqs[i]) for i in chunk]
+        ids = torch.full((len(chunk), max(lengths)), pad, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, :lengths[row]] = torch.tensor(seqs[i])
+        ids = ids.to(model.device)
+        rope = model.rotary(ids.shape[1])
+        e = model.embed(ids, rope)
+        s = torch.zeros_like(e)
+        for row, (i, n) in enumerate(zip(chunk, lengths)):
+            g = torch.Generator().manual_seed(state_seed(prompts[i].example_id, init_seed, n))
+            s[row, :n] = model.initial_state(e[row:row + 1, :n], g)[0]
+        rows = torch.arange(len(chunk), device=model.device)
+        last = torch.tensor(lengths, device=model.device) - 1
+        target = torch.tensor([gold[i] for i in chunk], device=model.device)
+        for t in range(1, steps[-1] + 1):
+            s = model.core_step(s, e, t, rope)
+            if t in top1:
+                lp = model.readout(s, rope, at=(rows, last)).log_softmax(-1)
+                top1[t] += (lp.argmax(-1) == target).sum().item()
+                logp[t] += lp[rows, target].sum().item()
+    n = max(len(prompts), 1)
+    return [{"steps": t, "top1": top1[t] / n, "logp": logp[t] / n, "n": len(prompts)} for t in steps]
+
+
+def lens_table(rows: Sequence[dict]) -> str:
+    lines = ["T | first-token top-1 | mean log p(first token)"]
+    lines += [f"{r['steps']} | {r['top1']:.3f} | {r['logp']:.2f}" for r in rows]
+    return "\n".join(lines)
+
+
 def kinds_line(score: Score) -> str:
     return ", ".join(f"{k} {em:.3f} (n={n})" for k, (em, n) in score.by_kind.items())
 
@@ -274,6 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ask", default=None, metavar="KIND",
                     help="ask each context one of its other questions of this kind instead of its "
                          "own (synthhop: fact, bridge, comparison; syntharith: problem)")
+    ap.add_argument("--lens", nargs="*", type=int, default=None, metavar="T",
+                    help="also print, after each of these steps (default 1 2 3 4 8 16 and --steps), "
+                         "how often the gold answer's first token is the readout's top-1 "
+                         "(answer_lens): where in the recurrence the answer appears")
     ap.add_argument("--benchmarks", nargs="+", default=["synthhop", "syntharith"])
     ap.add_argument("--contexts", nargs="+", type=int, default=list(TABLE_CONTEXTS))
     ap.add_argument("--table-steps", nargs="+", type=int, default=list(TABLE_STEPS))
@@ -331,6 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             update_card(Path(args.model), table, note)
         target = next((s for s in scores if (s.benchmark, s.context, s.steps)
                        == (args.benchmark, args.context, args.steps)), None)
+    if args.lens is not None:
+        lens_steps = args.lens or sorted({1, 2, 3, 4, 8, 16, args.steps})
+        prompts = prompts_for(args.benchmark, args.context, args.n)
+        print(f"answer lens, {args.benchmark} @{args.context}, n={len(prompts)}:")
+        print(lens_table(answer_lens(model, tok, prompts, lens_steps, args.init_seed,
+                                     args.batch_tokens)), flush=True)
     if target is None:
         target = cell(prompts_for(args.benchmark, args.context, args.n), args.context, args.steps)
         scores.append(target)
