@@ -42,9 +42,12 @@ def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
     params = "\n".join(f"    {k}: {json.dumps(v)}" for k, v in config.to_dict().items())
     final = summary.get("final") or {}
     digits = ", one token per digit" if config.tokenizer_split_digits else ""
-    hops = (f" Hop supervision: {config.hop_loss_weight} x the cross-entropy of the readout after\n"
-            f"  step j x {config.hop_stride}, at each multi-hop question's answer position, against the tokens\n"
-            f"  of its j-th intermediate entity (when that step is inside the backprop window)."
+    where = ({"lm": f"the model's readout after step j x {config.hop_stride}",
+              "probe": f"training-only linear probes on the state after every step >= j x {config.hop_stride}"}
+             [config.hop_readout])
+    hops = (f" Hop supervision: {config.hop_loss_weight} x the cross-entropy of {where}, at each\n"
+            f"  multi-hop question's answer position, against the tokens of its j-th intermediate\n"
+            f"  entity (steps inside the backprop window only)."
             if config.hop_loss_weight else "")
     card = f"""# wise-small
 

@@ -106,6 +106,36 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
     return out
 
 
+def _padded_batches(model: RecurrentDepthModel, seqs: Sequence[Sequence[int]], rows: Sequence[int],
+                    example_ids: Sequence[str], init_seed: int, batch_tokens: int):
+    """The prompts `rows` of `seqs` in forward batches: similar lengths together (sorted), at most
+    batch_tokens padded tokens each, right-padded (causal attention keeps pads invisible). Yields
+    (chunk, last positions, e, s0, rope); each row's initial state is seeded by (example id,
+    init_seed, its length), as ``greedy_generate`` seeds it."""
+    order = sorted(rows, key=lambda i: len(seqs[i]))
+    pad = model.config.pad_token_id
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= batch_tokens:
+            end += 1
+        chunk, start = order[start:end], end
+        lengths = [len(seqs[i]) for i in chunk]
+        ids = torch.full((len(chunk), max(lengths)), pad, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, :lengths[row]] = torch.tensor(seqs[i])
+        ids = ids.to(model.device)
+        rope = model.rotary(ids.shape[1])
+        e = model.embed(ids, rope)
+        s = torch.zeros_like(e)
+        for row, (i, n) in enumerate(zip(chunk, lengths)):
+            g = torch.Generator().manual_seed(state_seed(example_ids[i], init_seed, n))
+            s[row, :n] = model.initial_state(e[row:row + 1, :n], g)[0]
+        last = (torch.arange(len(chunk), device=e.device),
+                torch.tensor(lengths, device=e.device) - 1)
+        yield chunk, last, e, s, rope
+
+
 @torch.no_grad()
 def batched_greedy(model: RecurrentDepthModel, prompts: Sequence[Sequence[int]],
                    example_ids: Sequence[str], init_seed: int, steps: int, max_new_tokens: int,
@@ -116,37 +146,13 @@ def batched_greedy(model: RecurrentDepthModel, prompts: Sequence[Sequence[int]],
     seqs = [list(p) for p in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))
-    pad = model.config.pad_token_id
     for _ in range(max_new_tokens):
-        if not active:
-            break
-        active.sort(key=lambda i: len(seqs[i]))
         still = []
-        start = 0
-        while start < len(active):
-            # Rows of similar length together, at most batch_tokens padded tokens per forward.
-            end = start + 1
-            while end < len(active) and (end - start + 1) * len(seqs[active[end]]) <= batch_tokens:
-                end += 1
-            chunk = active[start:end]
-            start = end
-            lengths = [len(seqs[i]) for i in chunk]
-            width = max(lengths)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            for row, i in enumerate(chunk):
-                ids[row, :lengths[row]] = torch.tensor(seqs[i])
-            ids = ids.to(model.device)
-            rope = model.rotary(width)
-            e = model.embed(ids, rope)
-            s = torch.zeros_like(e)
-            for row, (i, n) in enumerate(zip(chunk, lengths)):
-                g = torch.Generator().manual_seed(state_seed(example_ids[i], init_seed, n))
-                s[row, :n] = model.initial_state(e[row:row + 1, :n], g)[0]
+        for chunk, last, e, s, rope in _padded_batches(model, seqs, active, example_ids, init_seed,
+                                                       batch_tokens):
             for t in range(1, steps + 1):
                 s = model.core_step(s, e, t, rope)
-            logits = model.readout(s, rope)  # [b, width, vocab]
-            last = torch.tensor(lengths, device=logits.device) - 1
-            tokens = logits[torch.arange(len(chunk), device=logits.device), last].argmax(-1).tolist()
+            tokens = model.readout(s, rope, at=last).argmax(-1).tolist()
             for i, token in zip(chunk, tokens):
                 if token in stop_ids:
                     continue
@@ -199,34 +205,16 @@ def answer_lens(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], step
         gold.append(answer[lead])
     top1 = {t: 0.0 for t in steps}
     logp = {t: 0.0 for t in steps}
-    order = sorted(range(len(prompts)), key=lambda i: len(seqs[i]))
-    pad = model.config.pad_token_id
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= batch_tokens:
-            end += 1
-        chunk, start = order[start:end], end
-        lengths = [len(seqs[i]) for i in chunk]
-        ids = torch.full((len(chunk), max(lengths)), pad, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            ids[row, :lengths[row]] = torch.tensor(seqs[i])
-        ids = ids.to(model.device)
-        rope = model.rotary(ids.shape[1])
-        e = model.embed(ids, rope)
-        s = torch.zeros_like(e)
-        for row, (i, n) in enumerate(zip(chunk, lengths)):
-            g = torch.Generator().manual_seed(state_seed(prompts[i].example_id, init_seed, n))
-            s[row, :n] = model.initial_state(e[row:row + 1, :n], g)[0]
-        rows = torch.arange(len(chunk), device=model.device)
-        last = torch.tensor(lengths, device=model.device) - 1
-        target = torch.tensor([gold[i] for i in chunk], device=model.device)
+    for chunk, last, e, s, rope in _padded_batches(model, seqs, range(len(seqs)),
+                                                   [p.example_id for p in prompts], init_seed,
+                                                   batch_tokens):
+        target = torch.tensor([gold[i] for i in chunk], device=e.device)
         for t in range(1, steps[-1] + 1):
             s = model.core_step(s, e, t, rope)
             if t in top1:
-                lp = model.readout(s, rope, at=(rows, last)).log_softmax(-1)
+                lp = model.readout(s, rope, at=last).log_softmax(-1)
                 top1[t] += (lp.argmax(-1) == target).sum().item()
-                logp[t] += lp[rows, target].sum().item()
+                logp[t] += lp[last[0], target].sum().item()
     n = max(len(prompts), 1)
     return [{"steps": t, "top1": top1[t] / n, "logp": logp[t] / n, "n": len(prompts)} for t in steps]
 
@@ -396,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             update_card(Path(args.model), table, note)
         target = next((s for s in scores if (s.benchmark, s.context, s.steps)
                        == (args.benchmark, args.context, args.steps)), None)
+    prompts = None
     if args.lens is not None:
         lens_steps = args.lens or sorted({1, 2, 3, 4, 8, 16, args.steps})
         prompts = prompts_for(args.benchmark, args.context, args.n)
@@ -403,7 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(lens_table(answer_lens(model, tok, prompts, lens_steps, args.init_seed,
                                      args.batch_tokens)), flush=True)
     if target is None:
-        target = cell(prompts_for(args.benchmark, args.context, args.n), args.context, args.steps)
+        if prompts is None:
+            prompts = prompts_for(args.benchmark, args.context, args.n)
+        target = cell(prompts, args.context, args.steps)
         scores.append(target)
     if args.by_type:
         print(f"by type: {kinds_line(target)}")
