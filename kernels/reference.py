@@ -127,15 +127,22 @@ def flex_block_mask(layout: torch.Tensor, block_size: int, n: int):
 
 
 _FLEX = None
+# Each distinct (shape, dtype, kernel_options) is one more compiled graph of flex_attention. The
+# bench's option sweep and the timing stage's geometries pass dynamo's default limit (8), and past
+# it dynamo silently runs flex_attention eagerly: the unfused path that materialises the whole
+# score matrix, so a "FlexAttention" time would be meaningless (seen on the H200, session 8).
+# Allow more graphs, and make hitting the limit an error instead of a quiet fallback.
+FLEX_RECOMPILE_LIMIT = 128
 
 
 def flex_attention_call(q, k, v, block_mask, scale=None, kernel_options=None):
-    """Compiled flex_attention on [Hq, n, d] inputs (GQA via enable_gqa)."""
+    """Compiled flex_attention on [Hq, n, d] inputs (GQA via enable_gqa); never the eager fallback."""
     global _FLEX
     if _FLEX is None:
         from torch.nn.attention.flex_attention import flex_attention
 
         _FLEX = torch.compile(flex_attention, dynamic=False)
-    out = _FLEX(q[None], k[None], v[None], block_mask=block_mask, scale=scale,
-                enable_gqa=q.shape[0] != k.shape[0], kernel_options=kernel_options)
+    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+        out = _FLEX(q[None], k[None], v[None], block_mask=block_mask, scale=scale,
+                    enable_gqa=q.shape[0] != k.shape[0], kernel_options=kernel_options)
     return out[0]

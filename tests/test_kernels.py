@@ -684,3 +684,32 @@ def test_parse_config_reads_the_command_line_form():
     for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1,7"):
         with pytest.raises(ValueError, match="pack,kb,warps,stages"):
             parse_config(bad)
+
+
+def test_flex_call_never_falls_back_to_eager_silently(monkeypatch):
+    """Past dynamo's recompile limit flex_attention would run eagerly (materialising all scores)
+    and the bench would time that; the call raises the limit and turns a hit into an error."""
+    import torch._dynamo.config as dynamo_config
+
+    import kernels.reference as ref
+
+    seen = {}
+
+    def fake_flex(q, k, v, **kwargs):
+        seen.update(limit=dynamo_config.recompile_limit, fail=dynamo_config.fail_on_recompile_limit_hit,
+                    gqa=kwargs["enable_gqa"])
+        return q
+
+    monkeypatch.setattr(ref, "_FLEX", fake_flex)
+    before = (dynamo_config.recompile_limit, dynamo_config.fail_on_recompile_limit_hit)
+    q = torch.zeros(4, 8, 16)
+    ref.flex_attention_call(q, q[:2], q[:2], block_mask=None)
+    assert seen == {"limit": ref.FLEX_RECOMPILE_LIMIT, "fail": True, "gqa": True}
+    assert (dynamo_config.recompile_limit, dynamo_config.fail_on_recompile_limit_hit) == before
+
+    # and the dynamo setting does what the call relies on: a hit raises instead of running eagerly
+    fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    with pytest.raises(Exception, match="(?i)recompile"):
+        with dynamo_config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+            for n in (3, 4):
+                fn(torch.ones(n))
