@@ -303,3 +303,14 @@ def test_context_questions_are_answered_by_the_context():
         for question, answer, kind in extras:
             assert kind == "problem" and int(answer) >= 0
             assert any(t in question for t in titles - {e.meta["supporting_titles"][0]})
+
+
+def test_question_first_prompt_opens_and_ends_with_the_question():
+    e = load_examples("synthhop", "validation", 3, 1)[0]
+    plain, first = format_prompt(e), format_prompt(e, "question_first")
+    assert first == f"Question: {e.question}\n\n{plain}"  # the same prompt, question also in front
+    assert first.endswith(f"Question: {e.question}\nAnswer:")
+    bare = e.with_passages([])  # nothing to read ahead of: the plain prompt
+    assert format_prompt(bare, "question_first") == format_prompt(bare)
+    with pytest.raises(ValueError, match="question_first"):  # the error lists the known styles
+        format_prompt(e, "question_last")

@@ -106,3 +106,27 @@ def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
                  "--max-new-tokens", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith("EM=") and "T | first-token top-1 | mean log p(first token)" in out
+
+
+def test_checkpoint_is_asked_in_its_training_prompt_style(tmp_path, monkeypatch, capsys):
+    import json
+    import shutil
+
+    import wise.evaluate as ev
+
+    folder = tmp_path / "m"
+    shutil.copytree(MODEL, folder)
+    assert ev.trained_prompt_style(str(folder)) == "plain"  # no recipe: the plain prompt
+    (folder / "train_recipe.json").write_text(json.dumps({"prompt_style": "question_first"}))
+    assert ev.trained_prompt_style(str(folder)) == "question_first"
+
+    seen = []
+    real = ev.build_prompts
+    monkeypatch.setattr(ev, "build_prompts", lambda *a, **k: seen.append(k["style"]) or real(*a, **k))
+    args = ["--model", str(folder), "--benchmark", "synthhop", "--context", "256", "--steps", "1",
+            "--n", "1", "--max-new-tokens", "1", "--device", "cpu"]
+    assert main(args) == 0
+    assert main(args + ["--prompt-style", "plain"]) == 0  # an explicit style wins
+    assert seen == ["question_first", "plain"]
+    with pytest.raises(SystemExit, match="question_last"):
+        main(args + ["--prompt-style", "question_last"])

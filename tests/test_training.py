@@ -308,3 +308,20 @@ def test_hop_probes_read_every_later_step_and_stay_out_of_the_checkpoint(tok, tm
     saved = load_file(str(tmp_path / "model.safetensors"))
     assert set(saved) <= set(build_model(cfg).state_dict()) and len(saved) > 10
     assert load_checkpoint(str(tmp_path)).config.name == "tiny-random"
+
+
+def test_prompt_style_writes_rows_and_is_validated(tok):
+    """train.prompt_style: every row's prompt is written in that style (budgets count it), the
+    answer spans still follow the prompt, and an unknown style names the key."""
+    first = make_batch(CFG.replace(prompt_style="question_first"), tok, 3)
+    plain = make_batch(CFG, tok, 3)
+    assert first.budget == plain.budget and first.ids.shape[1] <= first.budget
+    for row in range(first.ids.shape[0]):
+        ids = first.ids[row][first.ids[row] != PAD_ID].tolist()
+        text = tok.decode(ids[1:])
+        question = text.split("\n\n", 1)[0]
+        assert question.startswith("Question: ") and text.count(question) >= 2
+        answer = first.targets[row][first.is_answer[row]]
+        assert answer[-1] == EOS_ID
+    with pytest.raises(ValueError, match="train.prompt_style"):
+        CFG.replace(prompt_style="question_last")

@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data.prompts import PROMPT_STYLES
 from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import load_tokenizer
@@ -74,7 +75,8 @@ def question_kind(meta: dict) -> str:
 
 
 def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_positions: int,
-                  max_new_tokens: int, split: str = "test", ask: str | None = None) -> list[Prompt]:
+                  max_new_tokens: int, split: str = "test", ask: str | None = None,
+                  style: str = "plain") -> list[Prompt]:
     """Prompts of the first n examples at `context` tokens. With `ask` (a kind of
     ``context_questions``, e.g. "fact"), each context is asked one seeded question of that kind
     instead of its own (contexts without one are skipped): a probe of the sub-skills."""
@@ -91,7 +93,8 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
     reserve = max(0, context + max_new_tokens - max_positions)
     examples = load_examples(benchmark, split, n, seed)
     out = []
-    for cv in build_cohort_variants(examples, [context], count_tokens, seed, reserve_tokens=reserve):
+    for cv in build_cohort_variants(examples, [context], count_tokens, seed, style=style,
+                                    reserve_tokens=reserve):
         if context not in cv.variants:
             continue
         var, kind = cv.variants[context], question_kind(cv.variants[context].meta)
@@ -101,7 +104,7 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
                 continue
             question, answer = random.Random(derive_seed(seed, "ask", var.example_id)).choice(pool)
             var, kind = dataclasses.replace(var, question=question, answers=(answer,)), ask
-        out.append(Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var)),
+        out.append(Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var, style)),
                           var.answers, benchmark, kind))
     return out
 
@@ -229,6 +232,15 @@ def kinds_line(score: Score) -> str:
     return ", ".join(f"{k} {em:.3f} (n={n})" for k, (em, n) in score.by_kind.items())
 
 
+def trained_prompt_style(folder: str) -> str:
+    """The prompt style a checkpoint folder was trained with (``prompt_style`` of its
+    train_recipe.json); "plain" for checkpoints without one (the recipe predates the key)."""
+    recipe = Path(folder) / "train_recipe.json"
+    if not recipe.is_file():
+        return "plain"
+    return json.loads(recipe.read_text()).get("prompt_style", "plain")
+
+
 def load_model(source: str, device: str, dtype: torch.dtype = torch.float32):
     path = Path(source)
     if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
@@ -316,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--split", default="test")
     ap.add_argument("--init-seed", type=int, default=0, help="base seed of the initial state")
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--prompt-style", default=None,
+                    help="prompt format (default: the one the checkpoint was trained with, from its "
+                         "train_recipe.json; else plain)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per forward")
     ap.add_argument("--table", action="store_true", help="benchmark x context x T table")
@@ -344,12 +359,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights; TF32 products
         torch.backends.cudnn.allow_tf32 = True
+    style = args.prompt_style or trained_prompt_style(args.model)
+    if style not in PROMPT_STYLES:
+        raise SystemExit(f"error: --prompt-style {style!r} is not one of {', '.join(sorted(PROMPT_STYLES))}")
     model, tok = load_model(args.model, device)
     cfg = model.config
 
     def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
         return build_prompts(tok, bench, ctx, n, args.seed, cfg.max_positions, args.max_new_tokens,
-                             args.split, ask=args.ask)
+                             args.split, ask=args.ask, style=style)
 
     def cell(prompts, ctx, steps) -> Score:
         return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens,

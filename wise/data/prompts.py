@@ -26,6 +26,17 @@ def _plain(example: Example) -> str:
     return "\n\n".join(blocks)
 
 
+def _question_first(example: Example) -> str:
+    # The question also opens the prompt: a causal model then reads every passage already knowing
+    # what is asked, so a passage's tokens can mark the entity or value the question needs (for a
+    # bridge, the film's passage can mark its director before the director's passage is reached).
+    # With passages only before the question ("plain"), all of that must happen at the last
+    # positions. It ends exactly like "plain" ("Question: ...\nAnswer:").
+    if not example.passages:
+        return _plain(example)
+    return f"Question: {example.question}\n\n{_plain(example)}"
+
+
 # Huginn-0125's chat template (tokenizer_config.json of tomg-group-umd/huginn-0125) renders each
 # message as <|begin_header|>{role}<|end_header|>\n\n{content | trim}<|end_turn|>, prefixes the
 # first with the BOS token, and opens the assistant turn with <|begin_header|>Huginn<|end_header|>
@@ -63,6 +74,7 @@ def _llama_completion(example: Example) -> str:
 
 PROMPT_STYLES: dict[str, PromptStyle] = {
     "plain": _plain,
+    "question_first": _question_first,
     "huginn_chat": _huginn_chat,
     "llama_completion": _llama_completion,
 }

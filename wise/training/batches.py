@@ -61,9 +61,9 @@ def batch_budget(config: TrainConfig, index: int) -> int:
     return rng.choices(budgets, weights)[0]
 
 
-def encode_row(tok, example, budget_example) -> tuple[list[int], int]:
+def encode_row(tok, example, budget_example, style: str = "plain") -> tuple[list[int], int]:
     """Token ids of one training row and the length of its prompt part (incl. BOS)."""
-    prompt = [BOS_ID] + tok.encode(format_prompt(budget_example), add_special_tokens=False).ids
+    prompt = [BOS_ID] + tok.encode(format_prompt(budget_example, style), add_special_tokens=False).ids
     answer = tok.encode(answer_continuation(example), add_special_tokens=False).ids
     return prompt + answer + [EOS_ID], len(prompt)
 
@@ -150,7 +150,7 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
             seed = derive_seed(config.seed, "examples", index, bench, attempt) % (2**31)
             examples = load_examples(bench, "train", need + 2 + need // 4, seed)
             variants = build_cohort_variants(examples, [budget], count_tokens, seed,
-                                             reserve_tokens=config.answer_reserve + config.extra_reserve)
+                                             style=config.prompt_style, reserve_tokens=config.answer_reserve + config.extra_reserve)
             for example, cv in zip(examples, variants):
                 if need == 0 or budget not in cv.variants:
                     continue
@@ -158,7 +158,7 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
                 evidence = [p for p in variant.passages if p.is_evidence]
                 if evidence and evidence_only():
                     variant = variant.with_passages(evidence)
-                ids, prompt_len = encode_row(tok, example, variant)
+                ids, prompt_len = encode_row(tok, example, variant, config.prompt_style)
                 if len(ids) > budget:  # an unusually long answer: skip rather than truncate
                     continue
                 spans = [(prompt_len, len(ids))]

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from wise.data.prompts import PROMPT_STYLES
 from wise.models.config import PRESETS, RecurrentConfig
 
 
@@ -36,6 +37,9 @@ class TrainConfig:
     # passages (no distractors); afterwards a fraction evidence_only_frac of rows still does.
     evidence_only_steps: int = 0
     evidence_only_frac: float = 0.0
+    # how a row's prompt is written (a wise.data prompt style); evaluation reads it back from the
+    # checkpoint's train_recipe.json, so a model is always asked the way it was trained
+    prompt_style: str = "plain"
     # extra questions: after its own answer, a row asks up to extra_questions more questions that
     # its passages answer (one-hop facts, other bridges and comparisons; other problems), each
     # "Question: ...\nAnswer: <answer><eos>", inside extra_reserve tokens kept free for them.
@@ -121,6 +125,8 @@ class TrainConfig:
         need(self.hop_loss_weight >= 0, "hop_loss_weight", "must be >= 0")
         need(self.hop_stride >= 1, "hop_stride", "must be >= 1")
         need(self.hop_readout in ("lm", "probe"), "hop_readout", 'must be "lm" or "probe"')
+        need(self.prompt_style in PROMPT_STYLES, "prompt_style",
+             f"must be one of {', '.join(sorted(PROMPT_STYLES))}")
         need(self.max_steps >= 1, "max_steps", "must be >= 1")
         need(self.time_limit_s >= 0, "time_limit_s", "must be >= 0")
         need(self.lr > 0, "lr", "must be > 0")

@@ -52,12 +52,13 @@ class HeldOutCheck:
         self.tok = load_tokenizer(tokenizer_path)
         seed = derive_seed(config.seed, "heldout") % 2**31
         self.prompts = {b: build_prompts(self.tok, b, config.eval_context, config.eval_n, seed,
-                                         max_positions, max_new_tokens=8, split="validation")
+                                         max_positions, max_new_tokens=8, split="validation",
+                                         style=config.prompt_style)
                         for b in sorted(config.benchmarks)}
         if "synthhop" in config.benchmarks:  # the one-hop lookups multi-hop answers are built from
             self.prompts["synthhop_fact"] = build_prompts(
                 self.tok, "synthhop", config.eval_context, config.eval_n, seed, max_positions,
-                max_new_tokens=8, split="validation", ask="fact")
+                max_new_tokens=8, split="validation", ask="fact", style=config.prompt_style)
 
     def __call__(self, model: RecurrentDepthModel, autocast) -> dict[str, float]:
         from wise.evaluate import score_cell
