@@ -713,3 +713,20 @@ def test_flex_call_never_falls_back_to_eager_silently(monkeypatch):
         with dynamo_config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
             for n in (3, 4):
                 fn(torch.ones(n))
+
+
+def test_tail_simulation_is_a_list_schedule():
+    from kernels.tail import launch_costs, list_schedule_makespan, main, tail_overhead
+
+    # 3,3 start at once; the 2s take the first free slot: 3+2, 3+2, then 5+2
+    assert list_schedule_makespan([3, 3, 2, 2, 2], 2) == 7
+    assert list_schedule_makespan([1, 1, 1, 1, 4], 2) == 6  # the long one last: a tail
+    assert list_schedule_makespan([4, 1, 1, 1, 1], 2) == 4  # longest first: none
+    with pytest.raises(ValueError, match="slots"):
+        list_schedule_makespan([1.0], 0)
+    counts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert launch_costs(counts, 1.0) == [9, 8, 7, 6, 5, 4, 3, 2]
+    assert launch_costs(counts, 0.0, head_group=1) == [4, 3, 2, 1, 8, 7, 6, 5]
+    assert tail_overhead(torch.full((4, 8), 3), slots=8) == pytest.approx(0.0)  # 4 even waves
+    assert tail_overhead(counts, slots=3) > 0
+    assert main(["--n", "256", "--slots", "16", "--fixed", "1"]) == 0
