@@ -274,7 +274,7 @@ def model_facts(source: str) -> dict | None:
 
     if source.startswith("preset:"):
         cfg = RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0])
-        return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim}
+        return _facts(cfg)
     if (Path(source) / "config.json").is_file():
         from wise.models.checkpoint import load_config
 
@@ -282,8 +282,13 @@ def model_facts(source: str) -> dict | None:
             cfg = load_config(source)
         except (KeyError, ValueError) as exc:
             raise ParamsError(f"params.yaml: model.source = {source!r}: {exc}") from exc
-        return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim}
+        return _facts(cfg)
     return None
+
+
+def _facts(cfg) -> dict:
+    return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim, "heads": cfg.heads,
+            "kv_heads": cfg.kv_heads}
 
 
 def _check_backend(p: Params, facts: dict | None) -> None:

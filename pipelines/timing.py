@@ -2,8 +2,9 @@
 
 It calls ``kernels.bench`` (the same code as ``python -m kernels.bench``) on
 (a) WISE-like random supports in the configured geometry (default Huginn: 55 heads, d=96, 4
-layers) at the configured densities, and (b) the real working sets of the supports stage (the
-current model's heads and block counts; q/k/v drawn at ``timing.head_dim``). Without CUDA every
+layers) at the configured densities, and (b) the real working sets of the supports stage in the
+current model's own geometry (its heads, kv heads and head_dim when its config can be read and the
+kernel supports that head_dim, else ``timing.head_dim``; random q/k/v). Without CUDA every
 planned measurement is written with status ``skipped: no CUDA``, so the table says what was not
 measured instead of being silently empty.
 """
@@ -13,7 +14,7 @@ import torch
 
 from pipelines import paths
 from pipelines.artifacts import read_parquet, write_parquet
-from pipelines.params import Params
+from pipelines.params import Params, model_facts
 from wise.support import unpack_layout
 
 
@@ -37,6 +38,15 @@ def model_supports(p: Params) -> list[tuple[str, int, torch.Tensor]]:
             for _, ex_id in sorted(longest.items())]
 
 
+def model_geometry(heads: int, facts: dict | None, fallback_head_dim: int) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim) to time a model's supports with: the model's own, when its config
+    is known (``model_facts``) and the kernel supports its head_dim (64, 96, 128); else MHA at
+    the configured ``timing.head_dim`` (a hub id not downloaded yet, say)."""
+    if not facts or facts.get("heads") != heads or facts.get("head_dim") not in (64, 96, 128):
+        return heads, heads, fallback_head_dim
+    return heads, facts["kv_heads"], facts["head_dim"]
+
+
 def run_timing(p: Params) -> None:
     from kernels import bench
 
@@ -56,13 +66,14 @@ def run_timing(p: Params) -> None:
                     new = bench.benchmark(lays, n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label,
                                           seed=t.seed)
                 rows += [{**r, "source": "random", "rho": rho} for r in new]
+    facts = model_facts(p.model.source)
     for label, n, lays in model_supports(p):
-        heads = lays.shape[1]
+        heads, kv_heads, head_dim = model_geometry(lays.shape[1], facts, t.head_dim)
         if not cuda:
-            new = bench.planned_rows(n, p.wise.block_size, heads, heads, t.head_dim, "bf16", label,
+            new = bench.planned_rows(n, p.wise.block_size, heads, kv_heads, head_dim, "bf16", label,
                                      lays.shape[0])
         else:
-            new = bench.benchmark(lays.cuda(), n, p.wise.block_size, heads, heads, t.head_dim, "bf16",
+            new = bench.benchmark(lays.cuda(), n, p.wise.block_size, heads, kv_heads, head_dim, "bf16",
                                   label, seed=t.seed)
         rows += [{**r, "source": "model_supports", "rho": None} for r in new]
     write_parquet(rows, paths.TIMING)
