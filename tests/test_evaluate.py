@@ -130,3 +130,15 @@ def test_checkpoint_is_asked_in_its_training_prompt_style(tmp_path, monkeypatch,
     assert seen == ["question_first", "plain"]
     with pytest.raises(SystemExit, match="question_last"):
         main(args + ["--prompt-style", "question_last"])
+
+
+@pytest.mark.parametrize("style", ["plain", "question_first"])
+def test_asked_questions_keep_the_prompt_within_its_budget(style):
+    """--ask swaps in another question of the context; a longer one must not push the prompt past
+    the budget, which at the model's last positions would leave no room to generate."""
+    tok = load_tokenizer("data/models/wise-small")
+    for ask in ("fact", "comparison"):
+        prompts = build_prompts(tok, "synthhop", 512, 40, seed=123, max_positions=520,
+                                max_new_tokens=16, ask=ask, style=style)
+        assert len(prompts) >= 30 and all(p.kind == ask for p in prompts)
+        assert max(len(p.ids) for p in prompts) <= 512 - 8  # 512 + 16 - 520 reserved

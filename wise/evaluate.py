@@ -31,7 +31,8 @@ import torch
 
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.prompts import PROMPT_STYLES
-from wise.data.registry import context_questions
+from wise.data.context import build_context_variants
+from wise.data.registry import context_questions, distractor_pool
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import load_tokenizer
 from wise.metrics import exact_match, f1
@@ -92,21 +93,41 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
     # positions (4096 at 4096); shorter budgets are built exactly as the cohorts stage builds them.
     reserve = max(0, context + max_new_tokens - max_positions)
     examples = load_examples(benchmark, split, n, seed)
-    out = []
-    for cv in build_cohort_variants(examples, [context], count_tokens, seed, style=style,
-                                    reserve_tokens=reserve):
-        if context not in cv.variants:
-            continue
-        var, kind = cv.variants[context], question_kind(cv.variants[context].meta)
-        if ask is not None:
-            pool = [(q, a) for q, a, k in context_questions(var) if k == ask]
-            if not pool:
-                continue
-            question, answer = random.Random(derive_seed(seed, "ask", var.example_id)).choice(pool)
-            var, kind = dataclasses.replace(var, question=question, answers=(answer,)), ask
-        out.append(Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var, style)),
-                          var.answers, benchmark, kind))
-    return out
+    if ask is not None:
+        variants = [_asked_variant(e, examples, ask, context, count_tokens, seed, style, reserve)
+                    for e in examples]
+    else:
+        variants = [cv.variants.get(context) for cv in build_cohort_variants(
+            examples, [context], count_tokens, seed, style=style, reserve_tokens=reserve)]
+    return [Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var, style)),
+                   var.answers, benchmark, ask or question_kind(var.meta))
+            for var in variants if var is not None]
+
+
+def _asked_variant(example, examples, ask: str, context: int, count_tokens, seed: int, style: str,
+                   reserve: int):
+    """The context variant of `example` asking one seeded question of kind `ask` instead of its own,
+    None when the context answers none. The variant is built for its own question, so a longer
+    asked question could push the prompt past the budget (and, at the model's last positions, past
+    its positions); then the variant is rebuilt with more room (at least doubling, since fewer
+    distractors can change which question is asked), so fewer distractors."""
+    extra = 0
+    for _ in range(10):
+        var = build_context_variants(example, [context], count_tokens, seed,
+                                     pool=distractor_pool(example, examples), style=style,
+                                     reserve_tokens=reserve + extra).variants.get(context)
+        if var is None:
+            return None
+        pool = [(q, a) for q, a, k in context_questions(var) if k == ask]
+        if not pool:
+            return None
+        question, answer = random.Random(derive_seed(seed, "ask", var.example_id)).choice(pool)
+        var = dataclasses.replace(var, question=question, answers=(answer,))
+        over = count_tokens(format_prompt(var, style)) - (context - reserve)
+        if over <= 0:
+            return var
+        extra = max(2 * extra, extra + over)
+    raise ValueError(f"{example.example_id}: the asked {ask} question does not fit {context} tokens")
 
 
 def _padded_batches(model: RecurrentDepthModel, seqs: Sequence[Sequence[int]], rows: Sequence[int],
