@@ -221,6 +221,7 @@ def _sparse_attn_fwd(
 
 
 _SPLIT = {64: (64, 0), 96: (64, 32), 128: (128, 0)}
+HEAD_DIMS = tuple(_SPLIT)  # the head sizes the kernel compiles for
 
 
 def kernel_for(config: KernelConfig):

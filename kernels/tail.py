@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .bench import random_wise_layout
+from .schedule import sorted_order
 
 
 def list_schedule_makespan(costs: Iterable[float], slots: int) -> float:
@@ -36,12 +37,12 @@ def list_schedule_makespan(costs: Iterable[float], slots: int) -> float:
 def launch_costs(counts: torch.Tensor, fixed: float, head_group: int = 0) -> list[float]:
     """Tile costs [H, M] (active blocks per tile) in the kernel's launch order: longest first over
     all heads (head_group 0), or longest first within consecutive groups of head_group heads."""
-    cost = counts.float() + fixed
-    groups = [cost] if head_group <= 0 else [cost[h:h + head_group] for h in range(0, cost.shape[0], head_group)]
-    out: list[float] = []
-    for g in groups:
-        out += sorted(g.flatten().tolist(), reverse=True)
-    return out
+    heads, tiles = counts.shape
+    # the order build_schedule launches in (one tile per query block: pack 1); its group key needs
+    # a bound on the counts, which a real layout's block count is
+    bound = max(tiles, int(counts.max()))
+    order = sorted_order(counts.flatten(), heads, tiles, bound, head_group if head_group > 0 else None)
+    return (counts.flatten()[order].float() + fixed).tolist()
 
 
 def tail_overhead(counts: torch.Tensor, slots: int, fixed: float = 1.0, head_group: int = 0) -> float:

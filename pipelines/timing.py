@@ -40,9 +40,11 @@ def model_supports(p: Params) -> list[tuple[str, int, torch.Tensor]]:
 
 def model_geometry(heads: int, facts: dict | None, fallback_head_dim: int) -> tuple[int, int, int]:
     """(heads, kv heads, head_dim) to time a model's supports with: the model's own, when its config
-    is known (``model_facts``) and the kernel supports its head_dim (64, 96, 128); else MHA at
+    is known (``model_facts``) and the kernel supports its head_dim (``kernels.HEAD_DIMS``); else MHA at
     the configured ``timing.head_dim`` (a hub id not downloaded yet, say)."""
-    if not facts or facts.get("heads") != heads or facts.get("head_dim") not in (64, 96, 128):
+    from kernels import HEAD_DIMS
+
+    if not facts or facts.get("heads") != heads or facts.get("head_dim") not in HEAD_DIMS:
         return heads, heads, fallback_head_dim
     return heads, facts["kv_heads"], facts["head_dim"]
 

@@ -111,17 +111,16 @@ def _asked_variant(example, examples, ask: str, context: int, count_tokens, seed
     asked question could push the prompt past the budget (and, at the model's last positions, past
     its positions); then the variant is rebuilt with more room (at least doubling, since fewer
     distractors can change which question is asked), so fewer distractors."""
-    extra = 0
+    extra, pool = 0, distractor_pool(example, examples)
     for _ in range(10):
-        var = build_context_variants(example, [context], count_tokens, seed,
-                                     pool=distractor_pool(example, examples), style=style,
+        var = build_context_variants(example, [context], count_tokens, seed, pool=pool, style=style,
                                      reserve_tokens=reserve + extra).variants.get(context)
         if var is None:
             return None
-        pool = [(q, a) for q, a, k in context_questions(var) if k == ask]
-        if not pool:
+        asked = [(q, a) for q, a, k in context_questions(var) if k == ask]
+        if not asked:
             return None
-        question, answer = random.Random(derive_seed(seed, "ask", var.example_id)).choice(pool)
+        question, answer = random.Random(derive_seed(seed, "ask", var.example_id)).choice(asked)
         var = dataclasses.replace(var, question=question, answers=(answer,))
         over = count_tokens(format_prompt(var, style)) - (context - reserve)
         if over <= 0:
