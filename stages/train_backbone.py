@@ -43,11 +43,15 @@ def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
     final = summary.get("final") or {}
     digits = ", one token per digit" if config.tokenizer_split_digits else ""
     where = ({"lm": f"the model's readout after step j x {config.hop_stride}",
-              "probe": f"training-only linear probes on the state after every step >= j x {config.hop_stride}"}
+              "probe": f"training-only linear probes on the state after every step >= j x {config.hop_stride}",
+              "final": "the model's readout after the last step"}
              [config.hop_readout])
+    window = ("falling linearly to 0 at {:.0%} of training".format(config.hop_loss_until)
+              if config.hop_readout == "final" and config.hop_loss_until else
+              "steps inside the backprop window only" if config.hop_readout != "final" else "constant")
     hops = (f" Hop supervision: {config.hop_loss_weight} x the cross-entropy of {where}, at each\n"
-            f"  multi-hop question's answer position, against the tokens of its j-th intermediate\n"
-            f"  entity (steps inside the backprop window only)."
+            f"  multi-hop question's answer position, against the tokens of every intermediate\n"
+            f"  entity ({window})."
             if config.hop_loss_weight else "")
     card = f"""# wise-small
 

@@ -310,6 +310,46 @@ def test_hop_probes_read_every_later_step_and_stay_out_of_the_checkpoint(tok, tm
     assert load_checkpoint(str(tmp_path)).config.name == "tiny-random"
 
 
+def test_final_hop_readout_scores_the_last_logits_and_its_weight_falls_to_zero(tok, tmp_path):
+    """hop_readout "final": the intermediate entities are scored on the logits after the last
+    step, at the positions that predict the answers' first tokens; the weight falls linearly
+    to 0 at hop_loss_until of training, after which no hop loss is computed."""
+    from wise.training.loop import HopLoss, hop_weight
+
+    cfg = CFG.replace(benchmarks={"synthhop": 1.0}, extra_questions=4, extra_reserve=96,
+                      hop_loss_weight=2.0, hop_readout="final", hop_loss_until=0.5,
+                      tokens_per_batch=6144)
+    batch = make_batch(cfg, tok, 5)
+    ids = torch.from_numpy(batch.ids)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    logits = recurrent_forward(model, ids, 3, 2, torch.Generator().manual_seed(0))
+    hop = HopLoss(model, batch.hops, cfg.hop_stride, torch.device("cpu"))
+    hop.on_final(logits)
+    assert len(hop.terms) == len(np.unique(batch.hops[:, 2])) == 2  # one term per hop
+    per_hop = []
+    for j in (1, 2):
+        rows = batch.hops[batch.hops[:, 2] == j]
+        picked = logits[torch.from_numpy(rows[:, 0]), torch.from_numpy(rows[:, 1])]
+        per_hop.append(torch.nn.functional.cross_entropy(picked, torch.from_numpy(rows[:, 3])))
+    assert torch.allclose(hop.loss(), torch.stack(per_hop).mean(), rtol=1e-5, atol=1e-6)
+    # those are the positions whose own target is an answer's first token
+    assert batch.is_answer[batch.hops[:, 0], batch.hops[:, 1]].all()
+    assert not batch.is_answer[batch.hops[:, 0], batch.hops[:, 1] - 1].any()
+    assert [hop_weight(cfg, p) for p in (0.0, 0.25, 0.5, 0.9)] == [2.0, 1.0, 0.0, 0.0]
+    assert hop_weight(cfg.replace(hop_loss_until=0.0), 0.9) == 2.0  # 0: constant
+    assert hop_weight(cfg.replace(hop_readout="lm"), 0.9) == 2.0  # the decay is "final"'s only
+    with pytest.raises(ValueError, match="train.hop_loss_until"):
+        cfg.replace(hop_loss_until=1.5)
+    # in training: hop loss logged while the weight is positive, then absent (NaN)
+    train(cfg.replace(max_steps=4, tokens_per_batch=2048), tmp_path, device="cpu", workers=0,
+          progress=False)
+    rows = (tmp_path / "loss_curve.csv").read_text().splitlines()
+    col = rows[0].split(",").index("hop_loss")
+    hop_losses = [float(r.split(",")[col]) for r in rows[1:]]
+    assert all(np.isfinite(hop_losses[:2])) and all(np.isnan(hop_losses[2:]))
+
+
 def test_prompt_style_writes_rows_and_is_validated(tok):
     """train.prompt_style: every row's prompt is written in that style (budgets count it), the
     answer spans still follow the prompt, and an unknown style names the key."""

@@ -58,7 +58,10 @@ class TrainConfig:
     # cross-entropy over its tokens), when that step is inside the backprop window
     hop_loss_weight: float = 0.0
     hop_stride: int = 3
-    hop_readout: str = "lm"  # "lm": the model's readout at step j*stride; "probe": see loop.HopLoss
+    hop_readout: str = "lm"  # "lm" (after step j*stride) | "probe" | "final": see loop.HopLoss
+    # "final" only: the hop weight falls linearly to 0 at this fraction of training (0: constant),
+    # so the last part of training sees the answer alone
+    hop_loss_until: float = 0.0
     max_steps: int = 100000
     time_limit_s: float = 720.0  # 0: none; else stop (and save) after this many seconds of training
     lr: float = 2e-3
@@ -124,7 +127,9 @@ class TrainConfig:
         need(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
         need(self.hop_loss_weight >= 0, "hop_loss_weight", "must be >= 0")
         need(self.hop_stride >= 1, "hop_stride", "must be >= 1")
-        need(self.hop_readout in ("lm", "probe"), "hop_readout", 'must be "lm" or "probe"')
+        need(self.hop_readout in ("lm", "probe", "final"), "hop_readout",
+             'must be "lm", "probe" or "final"')
+        need(0 <= self.hop_loss_until <= 1, "hop_loss_until", "must be in [0, 1]")
         need(self.prompt_style in PROMPT_STYLES, "prompt_style",
              f"must be one of {', '.join(sorted(PROMPT_STYLES))}")
         need(self.max_steps >= 1, "max_steps", "must be >= 1")

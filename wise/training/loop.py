@@ -127,6 +127,11 @@ class HopLoss:
     - "probe": training-only linear probes (one per hop, on the normalised state), after every
       step >= j * stride: the entity must stay in the state from then on, where later steps can
       use it, while the model's own readout keeps answering.
+    - "final": the model's own readout after the last step, the very logits that predict the
+      answer's first token (``on_final``). Both targets share one distribution there, so the
+      final state has to hold the intermediate entities next to the answer, where the steps
+      that compute the answer can use them (the clock of "lm" is impossible: the step count
+      is random). Its weight can fall to 0 over training (``hop_weight``), leaving the answer.
 
     Only steps that build a graph count. Everything a step needs is selected on the host, so the
     loss adds no host synchronisation."""
@@ -157,9 +162,22 @@ class HopLoss:
                 logits = self.probes[j - 1](self.model.transformer.ln_f(s[rows, cols])).float()
             self.terms.append(F.cross_entropy(logits, tokens, reduction="sum") / len(tokens))
 
+    def on_final(self, logits: torch.Tensor) -> None:
+        """The "final" readout: `logits` [b, n, vocab] after the last step."""
+        for rows, cols, tokens in self.by_hop.values():
+            self.terms.append(F.cross_entropy(logits[rows, cols].float(), tokens, reduction="sum")
+                              / len(tokens))
+
     def loss(self) -> torch.Tensor | None:
         """Mean over the (hop, step) pairs that were supervised; None when none was."""
         return torch.stack(self.terms).mean() if self.terms else None
+
+
+def hop_weight(config: TrainConfig, progress: float) -> float:
+    """The hop loss weight at this fraction of training (``hop_loss_until``: linear decay to 0)."""
+    if config.hop_readout != "final" or not config.hop_loss_until:
+        return config.hop_loss_weight
+    return config.hop_loss_weight * max(0.0, 1.0 - progress / config.hop_loss_until)
 
 
 def hop_probes(model: RecurrentDepthModel, config: TrainConfig) -> nn.ModuleList | None:
@@ -265,15 +283,19 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
             ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
             steps = sample_recurrence(config, step)
             state_gen.manual_seed(derive_seed(config.seed, "state", step))
+            hop_w = hop_weight(config, frac)
             hop = (HopLoss(model, batch.hops, config.hop_stride, device, probes)
-                   if config.hop_loss_weight else None)
+                   if hop_w else None)
+            final_hop = hop is not None and config.hop_readout == "final"
             with autocast:
                 logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen,
-                                           tap=hop)
+                                           tap=None if final_hop else hop)
             loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
+            if final_hop:
+                hop.on_final(logits)
             hop_loss = hop.loss() if hop is not None else None
             if hop_loss is not None:
-                loss = loss + config.hop_loss_weight * hop_loss
+                loss = loss + hop_w * hop_loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), config.grad_clip)
