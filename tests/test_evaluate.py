@@ -64,9 +64,11 @@ def test_probe_questions_and_per_type_scores(capsys):
         text = tok.decode(p.ids)
         assert p.answers[0] in text.rsplit("Question:", 1)[0]  # answered by the context itself
     assert main(["--model", MODEL, "--benchmark", "synthhop", "--context", "256", "--steps", "2",
-                 "--n", "6", "--seed", "3", "--by-type", "--ask", "fact"]) == 0
+                 "--n", "6", "--seed", "3", "--by-type", "--ask", "fact", "--by-source"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.fullmatch(r"by type: fact \d\.\d{3} \(n=\d+\)", lines[-2])
+    assert re.fullmatch(r"by type: fact \d\.\d{3} \(n=\d+\)", lines[-3])
+    assert re.fullmatch(r"wrong answers by source: evidence \d+, distractor \d+, question \d+, "
+                        r"nowhere \d+, empty \d+ \(of \d+ wrong\)", lines[-2])
     assert re.fullmatch(r"EM=\d\.\d{4} F1=\d\.\d{4} n=\d+", lines[-1])
 
 
@@ -142,3 +144,18 @@ def test_asked_questions_keep_the_prompt_within_its_budget(style):
                                 max_new_tokens=16, ask=ask, style=style)
         assert len(prompts) >= 30 and all(p.kind == ask for p in prompts)
         assert max(len(p.ids) for p in prompts) <= 512 - 8  # 512 + 16 - 520 reserved
+
+
+def test_wrong_answer_sources_add_up_and_passages_are_the_prompts():
+    """Every wrong answer gets one source; a prompt's passages are the ones its text holds."""
+    from wise.evaluate import load_model, score_cell
+
+    model, tok = load_model("data/models/wise-small", "cpu")
+    prompts = build_prompts(tok, "synthhop", 256, 12, seed=123, max_positions=4096, max_new_tokens=8)
+    for p in prompts:
+        text = tok.decode(p.ids)
+        assert p.question in text and all(passage in text for passage, _ in p.passages)
+        assert any(evidence for _, evidence in p.passages)
+    score = score_cell(model, tok, prompts, 256, 2)
+    wrong = round(len(prompts) * (1 - score.em))
+    assert sum(score.wrong_sources.values()) == wrong > 0

@@ -70,3 +70,25 @@ def test_answer_change():
     assert answer_change("The London.", "london", False, False) == "both_wrong_different"
     assert answer_change("7.0", "7", False, False, "gsm8k") == "unchanged"
     assert set(ANSWER_CHANGES) == {"unchanged", "correct_to_wrong", "wrong_to_correct", "both_wrong_different"}
+
+
+def test_answer_source_finds_where_a_wrong_answer_was_copied_from():
+    from wise.metrics import ANSWER_SOURCES, answer_source
+
+    passages = [("Dorta: Dorta is a town in Roswen. It was founded in 1602.", True),
+                ("Majas: Majas was founded in 1,664 by the Roswen Guild.", False)]
+    question = "Which town was founded earlier, Dorta or Telwen?"
+
+    def src(pred, bench="synthhop"):
+        return answer_source(pred, question, passages, bench)
+
+    assert src("Roswen") == "evidence"  # in an evidence passage (also in a distractor)
+    assert src("the Majas.") == "distractor"  # normalised: article and punctuation dropped
+    assert src("Telwen") == "question"
+    assert src("Gori") == "nowhere"
+    assert src("Dor") == "nowhere"  # whole words only, not a part of "Dorta"
+    assert src(" . ") == "empty"
+    assert src("1664", "syntharith") == "distractor"  # numbers compare as numbers ("1,664")
+    assert src("the year 1602", "syntharith") == "evidence"
+    assert src("160", "syntharith") == "nowhere"
+    assert set(ANSWER_SOURCES) == {"evidence", "distractor", "question", "nowhere", "empty"}

@@ -4,6 +4,7 @@
     python -m wise.evaluate --table                      # benchmark x context length x T
     python -m wise.evaluate --table --update-card        # and write the table into README.md
     python -m wise.evaluate --lens                       # where in the recurrence the answer appears
+    python -m wise.evaluate --by-type --by-source        # EM per question type; where wrong answers come from
 
 The last line printed is ``EM=<float> F1=<float> n=<int>`` (for the --benchmark/--context/--steps
 cell, also with --table). Examples are the first n of the test split for --seed, their context
@@ -30,12 +31,12 @@ from typing import Sequence
 import torch
 
 from wise.data import build_cohort_variants, format_prompt, load_examples
-from wise.data.prompts import PROMPT_STYLES
+from wise.data.prompts import PROMPT_STYLES, format_passage
 from wise.data.context import build_context_variants
 from wise.data.registry import context_questions, distractor_pool
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import load_tokenizer
-from wise.metrics import exact_match, f1
+from wise.metrics import ANSWER_SOURCES, answer_source, exact_match, f1
 from wise.models.checkpoint import load_checkpoint
 from wise.models.recurrent import RecurrentDepthModel
 from wise.runner import state_seed
@@ -53,6 +54,8 @@ class Prompt:
     answers: tuple[str, ...]
     benchmark: str
     kind: str = ""  # question type: bridge2 / bridge3 / comparison / arithmetic / fact ...
+    question: str = ""  # the question asked, and the context's passages as (text, is_evidence),
+    passages: tuple = ()  # for telling where a wrong answer came from (metrics.answer_source)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Score:
     n: int
     seconds: float
     by_kind: dict = field(default_factory=dict)  # question type -> [EM, n]
+    wrong_sources: dict = field(default_factory=dict)  # wrong answers: answer_source -> count
 
     def line(self) -> str:
         return f"EM={self.em:.4f} F1={self.f1:.4f} n={self.n}"
@@ -100,7 +104,8 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
         variants = [cv.variants.get(context) for cv in build_cohort_variants(
             examples, [context], count_tokens, seed, style=style, reserve_tokens=reserve)]
     return [Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var, style)),
-                   var.answers, benchmark, ask or question_kind(var.meta))
+                   var.answers, benchmark, ask or question_kind(var.meta), var.question,
+                   tuple((format_passage(p), p.is_evidence) for p in var.passages))
             for var in variants if var is not None]
 
 
@@ -194,16 +199,19 @@ def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], conte
                           init_seed, steps, max_new_tokens, stop, batch_tokens)
     ems, f1s = [], []
     kinds: dict[str, list[float]] = {}
+    sources = dict.fromkeys(ANSWER_SOURCES, 0)
     for p, out in zip(prompts, outs):
         pred = tok.decode(out, skip_special_tokens=True).strip()
         ems.append(exact_match(pred, list(p.answers), p.benchmark))
         f1s.append(f1(pred, list(p.answers), p.benchmark))
         kinds.setdefault(p.kind, []).append(ems[-1])
+        if not ems[-1]:
+            sources[answer_source(pred, p.question, p.passages, p.benchmark)] += 1
     n = len(prompts)
     bench = prompts[0].benchmark if prompts else ""
     by_kind = {k: [round(sum(v) / len(v), 4), len(v)] for k, v in sorted(kinds.items())}
     return Score(bench, context, steps, sum(ems) / max(n, 1), sum(f1s) / max(n, 1), n,
-                 round(time.monotonic() - start, 1), by_kind)
+                 round(time.monotonic() - start, 1), by_kind, sources)
 
 
 @torch.no_grad()
@@ -250,6 +258,11 @@ def lens_table(rows: Sequence[dict]) -> str:
 
 def kinds_line(score: Score) -> str:
     return ", ".join(f"{k} {em:.3f} (n={n})" for k, (em, n) in score.by_kind.items())
+
+
+def sources_line(score: Score) -> str:
+    wrong = sum(score.wrong_sources.values())
+    return (", ".join(f"{k} {v}" for k, v in score.wrong_sources.items()) + f" (of {wrong} wrong)")
 
 
 def trained_prompt_style(folder: str) -> str:
@@ -355,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per forward")
     ap.add_argument("--table", action="store_true", help="benchmark x context x T table")
     ap.add_argument("--by-type", action="store_true", help="also print EM per question type")
+    ap.add_argument("--by-source", action="store_true",
+                    help="also print where the wrong answers occur in the prompt: an evidence "
+                         "passage, only a distractor passage, only the question, nowhere")
     ap.add_argument("--ask", default=None, metavar="KIND",
                     help="ask each context one of its other questions of this kind instead of its "
                          "own (synthhop: fact, bridge, comparison; syntharith: problem)")
@@ -410,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{bench:>10} @{ctx:<5} T={steps:<3} {sc.line()}  ({sc.seconds}s)", flush=True)
                     if args.by_type:
                         print(f"{'':>10}  by type: {kinds_line(sc)}", flush=True)
+                    if args.by_source:
+                        print(f"{'':>10}  wrong answers by source: {sources_line(sc)}", flush=True)
         merged = merge_scores(args.json, scores)
         table = markdown_table(merged)
         print(table)
@@ -436,6 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scores.append(target)
     if args.by_type:
         print(f"by type: {kinds_line(target)}")
+    if args.by_source:
+        print(f"wrong answers by source: {sources_line(target)}")
     if args.json:
         merged = merge_scores(args.json, scores)
         Path(args.json).write_text(json.dumps([s.__dict__ for s in merged], indent=2) + "\n")

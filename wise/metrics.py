@@ -31,6 +31,9 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # commas, optional decimals. Trailing sentence commas are stripped with the thousands separators.
 _NUMBER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.\d+)?")
 
+# Where a wrong answer was copied from (``answer_source``), in the order they are checked.
+ANSWER_SOURCES = ("evidence", "distractor", "question", "nowhere", "empty")
+
 # Answer-change categories versus the Full run; "unchanged" covers both-correct and both-wrong
 # with the same normalised prediction.
 ANSWER_CHANGES = ("unchanged", "correct_to_wrong", "wrong_to_correct", "both_wrong_different")
@@ -142,3 +145,28 @@ def answer_change(
         if not same:
             return "both_wrong_different"
     return "unchanged"
+
+
+def answer_source(prediction: str, question: str, passages: Sequence[tuple[str, bool]],
+                  benchmark: str) -> str:
+    """Where a prediction's text occurs in the prompt: "evidence" (in an evidence passage),
+    "distractor" (only in distractor passages), "question" (only in the question), "nowhere", or
+    "empty" (nothing left after normalisation). `passages` are (text, is_evidence) pairs. Text
+    benchmarks match normalised whole words; numeric ones the normalised number among the
+    text's numbers. Used on wrong answers: does the model follow a wrong chain or copy a
+    plausible entity from the wrong passage?"""
+    pred = normalize_answer(prediction, benchmark)
+    if not pred:
+        return "empty"
+    numeric = benchmark in NUMERIC_BENCHMARKS
+
+    def occurs(text: str) -> bool:
+        if numeric:
+            return pred in {normalize_answer(n, benchmark) for n in _NUMBER.findall(text)}
+        return f" {pred} " in f" {_normalize_text(text)} "
+
+    if any(occurs(text) for text, evidence in passages if evidence):
+        return "evidence"
+    if any(occurs(text) for text, evidence in passages if not evidence):
+        return "distractor"
+    return "question" if occurs(question) else "nowhere"
