@@ -46,9 +46,12 @@ def write_card(out: Path, config: TrainConfig, summary: dict) -> None:
               "probe": f"training-only linear probes on the state after every step >= j x {config.hop_stride}",
               "final": "the model's readout after the last step"}
              [config.hop_readout])
-    window = ("falling linearly to 0 at {:.0%} of training".format(config.hop_loss_until)
-              if config.hop_readout == "final" and config.hop_loss_until else
-              "steps inside the backprop window only" if config.hop_readout != "final" else "constant")
+    if config.hop_readout != "final":
+        window = "steps inside the backprop window only"
+    elif config.hop_loss_until:
+        window = f"falling linearly to 0 at {config.hop_loss_until:.0%} of training"
+    else:
+        window = "constant"
     hops = (f" Hop supervision: {config.hop_loss_weight} x the cross-entropy of {where}, at each\n"
             f"  multi-hop question's answer position, against the tokens of every intermediate\n"
             f"  entity ({window})."

@@ -262,7 +262,7 @@ def kinds_line(score: Score) -> str:
 
 def sources_line(score: Score) -> str:
     wrong = sum(score.wrong_sources.values())
-    return (", ".join(f"{k} {v}" for k, v in score.wrong_sources.items()) + f" (of {wrong} wrong)")
+    return ", ".join(f"{k} {v}" for k, v in score.wrong_sources.items()) + f" (of {wrong} wrong)"
 
 
 def trained_prompt_style(folder: str) -> str:

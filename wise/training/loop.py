@@ -160,13 +160,16 @@ class HopLoss:
                 if t < j * self.stride or j > len(self.probes):
                     continue
                 logits = self.probes[j - 1](self.model.transformer.ln_f(s[rows, cols])).float()
-            self.terms.append(F.cross_entropy(logits, tokens, reduction="sum") / len(tokens))
+            self._add(logits, tokens)
 
     def on_final(self, logits: torch.Tensor) -> None:
         """The "final" readout: `logits` [b, n, vocab] after the last step."""
         for rows, cols, tokens in self.by_hop.values():
-            self.terms.append(F.cross_entropy(logits[rows, cols].float(), tokens, reduction="sum")
-                              / len(tokens))
+            self._add(logits[rows, cols].float(), tokens)
+
+    def _add(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """One supervised (hop, step): mean cross-entropy over the entity's tokens."""
+        self.terms.append(F.cross_entropy(logits, tokens, reduction="sum") / len(tokens))
 
     def loss(self) -> torch.Tensor | None:
         """Mean over the (hop, step) pairs that were supervised; None when none was."""
