@@ -34,6 +34,7 @@ def run_condition_stage(p: Params) -> None:
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
+               "generation": p.conditions.generation,
                "stop_ids": stop}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("conditions", items, context, desc="conditions")

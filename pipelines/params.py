@@ -60,7 +60,8 @@ class WiseParams:
 class ConditionParams:
     names: tuple[str, ...] = CONDITIONS
     max_new_tokens: int = 8
-    backend: str = "reference"  # late attention: reference | kernel | flex
+    backend: str = "reference"  # late attention: reference | gather | kernel | flex
+    generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
 
 
 @dataclass(frozen=True)
@@ -218,8 +219,10 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(len(set(p.conditions.names)) == len(p.conditions.names), "conditions.names",
              list(p.conditions.names), "has duplicates")
     _require(p.conditions.max_new_tokens >= 1, "conditions.max_new_tokens", p.conditions.max_new_tokens, "must be >= 1")
-    _require(p.conditions.backend in ("reference", "kernel", "flex"), "conditions.backend",
-             p.conditions.backend, "must be reference, kernel or flex")
+    _require(p.conditions.backend in ("reference", "gather", "kernel", "flex"), "conditions.backend",
+             p.conditions.backend, "must be reference, gather, kernel or flex")
+    _require(p.conditions.generation in ("cached", "rerun"), "conditions.generation",
+             p.conditions.generation, "must be cached or rerun")
     _require(p.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", p.model.dtype,
              "must be float32, bfloat16 or float16")
     _require(p.model.device in ("auto", "cpu", "cuda"), "model.device", p.model.device, "must be auto, cpu or cuda")

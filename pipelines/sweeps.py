@@ -40,6 +40,7 @@ def run_sweep_stage(p: Params, axis: str) -> None:
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "axis": axis, "values": values, "max_new_tokens": p.conditions.max_new_tokens,
+               "generation": p.conditions.generation,
                "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")

@@ -11,7 +11,8 @@ from wise.data.tokenizer import load_tokenizer
 from wise.evaluate import build_prompts
 from wise.metrics import exact_match
 from wise.models.checkpoint import load_checkpoint, load_config
-from wise.runner import WiseSettings, greedy_generate
+from wise.decoding import evaluate_example
+from wise.runner import WiseSettings, state_seed
 from wise.training import TrainConfig
 
 MODEL = Path("data/models/wise-small")
@@ -56,7 +57,8 @@ def test_golden_questions_are_answered(model):
     settings = WiseSettings(steps=32)
     for example_id in GOLDEN:
         p = prompts[example_id]
-        gen = greedy_generate(model, torch.tensor(p.ids), "full", settings, example_id, 0, 8,
-                              {model.config.eos_token_id})
-        prediction = tok.decode(gen.token_ids, skip_special_tokens=True).strip()
+        answer = tok.encode(" " + p.answers[0], add_special_tokens=False).ids
+        runs = evaluate_example(model, p.ids, answer, ["full"], settings, state_seed(example_id, 0), 8,
+                                {model.config.eos_token_id})
+        prediction = tok.decode(runs["full"].tokens, skip_special_tokens=True).strip()
         assert exact_match(prediction, list(p.answers), "synthhop") == 1.0, (example_id, prediction, p.answers)
