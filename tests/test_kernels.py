@@ -1,23 +1,20 @@
-"""Block-sparse attention kernel: schedule, kernel vs fp32 reference, argument checks, bench helpers.
+"""Block-sparse attention kernel: schedule, kernel vs fp32 reference, prepared path, argument checks.
 
 On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest) at tiny sizes with fp32/fp16
 (bf16 is broken in the interpreter). Tests marked gpu cover every head_dim, block size, GQA ratio
 and dtype on a CUDA device.
 """
-import math
-import os
-import re
 
 import pytest
 import torch
 
 import kernels.launch
+from benchmarks.inputs import full_layout, random_wise_layout
 from kernels import (KernelConfig, build_schedule, default_config, default_head_group, default_pack,
                      masked_attention_reference, prepare_attention, prepare_schedule, sparse_attention,
                      validate_layout)
-from kernels.bench import active_pairs, benchmark, density, full_layout, random_wise_layout
 from kernels.reference import relative_error
-from kernels.schedule import _build_torch, capacity_order
+from kernels.schedule import build_schedule_torch, capacity_order
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -62,7 +59,7 @@ def test_schedule_matches_torch_builder(pack, m):
     lay = torch.rand(3, m, m, generator=gen) < 0.5  # includes blocks above the diagonal: ignored
     lay |= torch.eye(m, dtype=torch.bool)
     s = build_schedule(lay, 32, pack)
-    start, count, full, entries = _build_torch(lay, pack, s.tiles_per_head)
+    start, count, full, entries = build_schedule_torch(lay, pack, s.tiles_per_head)
     assert torch.equal(s.row_start, start) and torch.equal(s.row_count, count)
     assert torch.equal(s.row_full, full)
     for t in range(s.num_tiles):
@@ -138,27 +135,6 @@ def test_kernel_matches_reference_small(hq, hkv, n, d, block_size, dtype, pack):
 
 def test_kernel_head_dim_96_padded_variant():
     run_case(2, 2, 80, 96, 32, torch.float32, config=KernelConfig(1, 2, 4, 1, pad_d=True))
-
-
-@pytest.mark.parametrize("hq,hkv,n,d,block_size,kb,pad", [
-    (2, 2, 300, 96, 32, 2, False),  # d=96 split 64 + 32, partial last block, diagonal-only / full heads
-    (2, 2, 300, 96, 32, 2, True),   # d=96 padded to 128
-    (4, 2, 420, 64, 32, 4, False),  # GQA, 128-key groups, leftover entries in the masked tail
-    (2, 1, 150, 128, 16, 4, False),  # B=16, d=128
-])
-def test_kernel_key_major_matches_reference(hq, hkv, n, d, block_size, kb, pad):
-    if CUDA:
-        pytest.skip("covered by the gpu tests")
-    run_case(hq, hkv, n, d, block_size, torch.float32, pack=1,
-             config=KernelConfig(1, kb, 4, 1, pad_d=pad, key_major=True))
-
-
-def test_kernel_key_major_needs_pack_1():
-    lay = torch.ones(1, 2, 2, dtype=torch.bool).tril()
-    q = torch.randn(1, 64, 64, device=DEV)
-    with pytest.raises(ValueError, match="key-major config needs pack=1"):
-        sparse_attention(q, q, q, build_schedule(lay.to(DEV), 32, 2),
-                         config=KernelConfig(2, 1, 4, 1, key_major=True))
 
 
 def test_kernel_scale_and_strided_inputs():
@@ -478,89 +454,10 @@ def test_default_pack_density_and_pack_configs(monkeypatch):
     assert default_pack(32, 96, density=1.0) == 1  # no entry: no change
     monkeypatch.setitem(sched_mod.DENSE_PACK, (32, 96), 4)
     cfg = KernelConfig(pack=4, kb=1, num_warps=8, num_stages=2, pad_d=True)
-    monkeypatch.setitem(attn_mod._PACK_CONFIGS, (32, 96, 4), cfg)
+    monkeypatch.setitem(attn_mod.PACK_CONFIGS, (32, 96, 4), cfg)
     assert default_config(96, 32, torch.bfloat16, pack=4) == cfg
     assert default_config(96, 32, torch.bfloat16, pack=2).pack == 2
     assert default_config(96, 32, torch.bfloat16) == default_config(96, 32, torch.bfloat16, pack=1)
-
-
-# ---------------------------------------------------------------------------------------------
-# bench helpers
-
-def test_random_wise_layout_properties():
-    lay = random_wise_layout(8, 1000, 32, 0.37, torch.Generator().manual_seed(0))
-    m = math.ceil(1000 / 32)
-    assert lay.shape == (8, m, m) and lay.dtype == torch.bool
-    validate_layout(lay)
-    assert lay.diagonal(dim1=1, dim2=2).all() and lay[..., 0].all()
-    assert 0.37 < density(lay) < 0.5
-    assert active_pairs(full_layout(1, 70, 32), 32, 70) == 70 * 71 // 2
-
-
-@pytest.mark.skipif(CUDA, reason="checks the no-CUDA path")
-def test_benchmark_without_cuda_records_skip():
-    lays = random_wise_layout(2, 64, 32, 0.5)[None]
-    rows = benchmark(lays, 64, 32, 2, 2, 64, torch.bfloat16, "t")
-    assert rows[0]["status"] == "skipped: no CUDA" and math.isnan(rows[0]["kernel_ms"])
-
-
-@pytest.mark.skipif(CUDA, reason="the GPU session runs the real benchmark")
-def test_benchmark_body_runs_on_interpreter(monkeypatch):
-    """The GPU-only timing code (prepared columns, host overhead) end to end on the CPU, with
-    stand-in timers: catches broken code paths before the GPU session does."""
-    import kernels.bench as kb
-    import kernels.bench_host as kh
-
-    monkeypatch.setattr(kb, "_bench_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(kb, "_ms", lambda fn, rep=100: (fn(), 1.0)[1])
-    monkeypatch.setattr(kb, "_graph_ms", lambda fn: (fn(), 0.5)[1])
-    lays = torch.stack([random_wise_layout(2, 70, 16, 0.4, torch.Generator().manual_seed(i)) for i in range(2)])
-    row, = kb.benchmark(lays, 70, 16, 2, 1, 64, torch.float32, "t", flex=False)
-    assert row["rel_err_kernel"] <= 1e-4 and row["rel_err_prepared"] <= 1e-4 and row["rel_err_prepared_cap"] <= 1e-4
-    assert row["prep_ms"] == 0.5 and row["prep_reuse20_vs_flash"] == 1.0 and row["cap_vs_sorted_kernel"] == 1.0
-    assert "-" not in kb.format_table([row], kb.PREPARED_COLS).splitlines()[1].split(" | ")[:9]
-    host = kh.host_overhead(70, 16, 2, 1, 64, torch.float32, reps=1)
-    assert [r["what"] for r in host][:6] == ["sparse_attention", "prepared call", "build_schedule",
-                                             "build_schedule capacity", "prepared build", "prepared build capacity"]
-    assert all(r["host_us"] > 0 for r in host[:6]) and kb.format_host_table(host)
-
-
-def test_interleaved_timing_rotates_the_order_and_takes_medians(monkeypatch):
-    """Candidates are timed in turns, each round starting one later, inside their own context;
-    the result is each one's median over rounds and the largest slowest/fastest round ratio."""
-    import contextlib
-    import kernels.bench as kb
-
-    order, entered = [], []
-    script = {"a": iter([1.0, 3.0, 2.0]), "b": iter([5.0, 4.0, 6.0]), "c": iter([2.0, 2.0, 2.0])}
-
-    def fake_ms(fn, rep=100):
-        name = fn()
-        order.append(name)
-        return next(script[name])
-
-    @contextlib.contextmanager
-    def ctx():
-        entered.append(True)
-        yield
-
-    monkeypatch.setattr(kb, "_ms", fake_ms)
-    cands = [("a", lambda: "a", None), ("b", lambda: "b", ctx), ("c", lambda: "c", None)]
-    medians, spread = kb.interleaved_ms(cands, rounds=3, rep=30)
-    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert medians == {"a": 2.0, "b": 5.0, "c": 2.0} and spread == 3.0 and len(entered) == 3
-
-
-@pytest.mark.skipif(CUDA, reason="the GPU session runs the real sweep")
-def test_tune_sweep_runs_on_interpreter(monkeypatch):
-    import kernels.tune as kt
-
-    monkeypatch.setattr(kt, "_ms", lambda fn, rep=100: (fn(), 1.0)[1])
-    cfgs = [KernelConfig(1, 2, 2, 1), KernelConfig(2, 1, 4, 1, True), KernelConfig(4, 1, 4, 1, True)]
-    rows = kt.sweep(64, 2, 1, 96, 16, 0.4, dtype=torch.float32, configs=cfgs, rhos=(0.8,), device="cpu")
-    assert [r["support"] for r in rows] == ["rho0.4", "rho0.8", "full"] * 3
-    assert all(r.get("ok") for r in rows), [r.get("error") or r.get("rel_err") for r in rows]
-    assert len(kt.best_rows(rows)) == 3 and all(c.kb * 16 <= 128 for c in kt.PRESETS["gqa"]["configs"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,10 +504,7 @@ def test_build_and_call_do_not_synchronise():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [KernelConfig(1, 1, 2, 2), KernelConfig(1, 2, 4, 3),
                                  KernelConfig(2, 2, 4, 2, pad_d=True), KernelConfig(4, 1, 4, 2, pad_d=True),
-                                 KernelConfig(4, 2, 4, 3, pad_d=True),
-                                 KernelConfig(1, 2, 4, 2, key_major=True),
-                                 KernelConfig(1, 2, 4, 2, pad_d=True, key_major=True),
-                                 KernelConfig(1, 4, 4, 2, key_major=True)])
+                                 KernelConfig(4, 2, 4, 3, pad_d=True)])
 def test_kernel_gpu_configs(cfg):
     run_case(6, 2, 1500, 96, 32, torch.bfloat16, pack=cfg.pack, config=cfg, rho=0.3)
 
@@ -645,43 +539,12 @@ def test_prepared_attention_gpu(d, block_size, hq, hkv):
     assert attn.fast_calls == 2 and build.fast_calls == 2, "the compiled-kernel launch was not used"
 
 
-# ---------------------------------------------------------------------------------------------
-# offline compile check (no GPU: Triton's CUDA backend and its bundled ptxas)
-
-def test_compile_check_builds_for_sm80_and_sm90_offline():
-    """A 64-row tile compiles to Hopper's wgmma for sm_90 and to mma.sync for sm_80, with the
-    resources read from ptxas's report. Runs in a subprocess: conftest's interpreter mode would
-    replace the kernels in this one."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--arch", "80", "90",
-                        "--config", "2,2,4,3", "--block-size", "32", "--head-dim", "64"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    sm80, sm90 = r.stdout.strip().splitlines()
-    counts = [dict(re.findall(r"(wgmma|mma\.sync|regs|smem)\s+(\d+)", line)) for line in (sm80, sm90)]
-    assert counts[0]["wgmma"] == "0" and int(counts[0]["mma.sync"]) > 0, sm80
-    assert int(counts[1]["wgmma"]) > 0 and counts[1]["mma.sync"] == "0", sm90
-    assert all(0 < int(c["regs"]) <= 255 and int(c["smem"]) > 0 for c in counts)
-
-
-def test_compile_check_refuses_the_interpreter(monkeypatch, capsys):
-    from kernels.compile_check import main
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert main(["--arch", "90"]) == 2
-    assert "unset TRITON_INTERPRET" in capsys.readouterr().err
-
-
 def test_parse_config_reads_the_command_line_form():
     from kernels.sparse_attention import parse_config
 
     assert parse_config("4,2,4,3,1") == KernelConfig(4, 2, 4, 3, pad_d=True)
-    assert parse_config("1,4,4,2,0,1") == KernelConfig(1, 4, 4, 2, key_major=True)
-    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1,7"):
+    assert parse_config("1,4,4,2") == KernelConfig(1, 4, 4, 2)
+    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1"):
         with pytest.raises(ValueError, match="pack,kb,warps,stages"):
             parse_config(bad)
 
@@ -713,20 +576,3 @@ def test_flex_call_never_falls_back_to_eager_silently(monkeypatch):
         with dynamo_config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
             for n in (3, 4):
                 fn(torch.ones(n))
-
-
-def test_tail_simulation_is_a_list_schedule():
-    from kernels.tail import launch_costs, list_schedule_makespan, main, tail_overhead
-
-    # 3,3 start at once; the 2s take the first free slot: 3+2, 3+2, then 5+2
-    assert list_schedule_makespan([3, 3, 2, 2, 2], 2) == 7
-    assert list_schedule_makespan([1, 1, 1, 1, 4], 2) == 6  # the long one last: a tail
-    assert list_schedule_makespan([4, 1, 1, 1, 1], 2) == 4  # longest first: none
-    with pytest.raises(ValueError, match="slots"):
-        list_schedule_makespan([1.0], 0)
-    counts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
-    assert launch_costs(counts, 1.0) == [9, 8, 7, 6, 5, 4, 3, 2]
-    assert launch_costs(counts, 0.0, head_group=1) == [4, 3, 2, 1, 8, 7, 6, 5]
-    assert tail_overhead(torch.full((4, 8), 3), slots=8) == pytest.approx(0.0)  # 4 even waves
-    assert tail_overhead(counts, slots=3) > 0
-    assert main(["--n", "256", "--slots", "16", "--fixed", "1"]) == 0
