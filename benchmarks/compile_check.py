@@ -26,7 +26,8 @@ import tempfile
 import torch
 from triton.errors import TritonError
 
-from kernels.sparse_attention import CONFIGS, PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for, parse_config
+from kernels.sparse_attention import (CONFIGS, PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for,
+                                     parse_config)
 
 _CONSTEXPRS = ("B", "PACK", "KB", "HEAD_D", "D_A", "D_B", "PRECISION")
 
@@ -66,7 +67,8 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
     from triton.compiler import ASTSource
 
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("benchmarks.compile_check needs TRITON_INTERPRET unset (the interpreter replaces the kernels)")
+        raise RuntimeError("benchmarks.compile_check needs TRITON_INTERPRET unset (the interpreter "
+                           "replaces the kernels)")
     config, values = kernel_constexprs(config, head_dim, block_size,
                                        torch.bfloat16 if dtype == "bf16" else torch.float16)
     fn = kernel_for(config)

@@ -1,6 +1,7 @@
 """Training the project's small recurrent-depth backbone on the generated benchmarks.
 
-    from wise.training import TrainConfig, train_checkpoint
+    from wise.training import TrainConfig
+    from wise.training.run import train_checkpoint
     train_checkpoint(TrainConfig(max_steps=2000), out="data/models/wise-small", device="cuda")
 
 - config.py: TrainConfig, the `train:` section of params.yaml, validated;
@@ -14,8 +15,7 @@ same code runs on a bare GPU machine.
 from wise.training.batches import Batch, BatchStream, batch_budget, make_batch
 from wise.training.config import TrainConfig
 from wise.training.loop import batch_loss, build_model, recurrent_forward, sample_recurrence, train
-from wise.training.run import recipe_matches, train_checkpoint
 
+# run.py and card.py are imported by their users (and card.py runs as `python -m`), not here
 __all__ = ["Batch", "BatchStream", "TrainConfig", "batch_budget", "batch_loss", "build_model",
-           "make_batch", "recipe_matches", "recurrent_forward", "sample_recurrence", "train",
-           "train_checkpoint"]
+           "make_batch", "recurrent_forward", "sample_recurrence", "train"]

@@ -59,7 +59,8 @@ def _model_section(folder: Path, config: TrainConfig) -> str:
     arch = _read_json(folder, "config.json") or {}
     custom = f" with {json.dumps(config.model)}" if config.model else ""
     digits = ", one token per digit" if config.tokenizer_split_digits else ""
-    shape = (f"Architecture (`config.json`): {arch['n_prelude']} prelude / {arch['n_core']} core / {arch['n_coda']} coda blocks, hidden "
+    shape = (f"Architecture (`config.json`): {arch['n_prelude']} prelude / {arch['n_core']} core / "
+             f"{arch['n_coda']} coda blocks, hidden "
              f"{arch['hidden']}, {arch['heads']} heads ({arch['kv_heads']} kv) of {arch['head_dim']}, "
              f"vocabulary {arch['vocab_size']}, {arch['max_positions']} positions"
              if arch else "Architecture: config.json missing")
