@@ -5,6 +5,7 @@
 - kernels/ imports only torch, triton and the standard library (it is the product: anyone can
   take it without the pipeline's dependencies);
 - benchmarks/ adds only pyarrow (for its tables) and the kernel;
+- no module imports another module's private (underscore) names;
 - wise/ and kernels/ never import ray, dvc or duckdb (the library runs on a bare GPU machine).
 """
 from __future__ import annotations
@@ -138,3 +139,14 @@ def test_library_never_imports_the_pipeline_stack():
         assert not bad, bad
         assert not any(d.startswith(("pipelines", "stages", "benchmarks"))
                        for m, deps in import_graph().items() if m.startswith(package) for d in deps)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name with a leading underscore is its module's own; sharing it means making it public."""
+    bad = []
+    for name, path in repo_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in PACKAGES):
+                bad += [f"{name}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                        for a in node.names if a.name.startswith("_")]
+    assert not bad, bad
