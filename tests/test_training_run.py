@@ -2,6 +2,7 @@
 wise.training.run): a run that raises, meets a non-finite loss or is interrupted exits non-zero and
 leaves the previous folder byte-identical; a run that succeeds writes recipe, summary (with the
 precision and compile mode used) and card; a folder already holding the recipe is kept."""
+import contextlib
 import hashlib
 import json
 
@@ -122,3 +123,16 @@ def test_without_a_gpu_auto_refuses_to_train(trained, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["--params", str(params), "--out", str(out), "--set", "lr=0.001"]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_compile_fallback_is_recorded(monkeypatch):
+    """When the compile probe fails the blocks go back to eager, and the mode train() puts into
+    train_summary.json says so with the reason (a silent fallback leaves a run's speed unexplained)."""
+    def failing_probe(*args, **kwargs):
+        raise RuntimeError("BackendCompilerFailed: inductor raised")
+
+    model = loop.build_model(CFG)
+    monkeypatch.setattr(loop, "recurrent_forward", failing_probe)
+    mode = loop._compile_blocks(model, contextlib.nullcontext())
+    assert mode == "eager (torch.compile failed: RuntimeError: BackendCompilerFailed: inductor raised)"
+    assert all(b._compiled_call_impl is None for b in model.transformer.core_block)
