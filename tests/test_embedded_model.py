@@ -50,6 +50,20 @@ def test_params_train_section_is_the_recipe_of_the_shipped_checkpoint():
     assert "<!-- quality-table:begin -->" in card and "| synthhop | 512 |" in card
 
 
+def test_card_is_generated_from_the_folders_artifacts():
+    """The committed card is exactly what the generator writes from the files next to it: no
+    hand-written line, and every number traceable to an artifact (or the command shown)."""
+    from wise.training.card import render
+
+    card = (MODEL / "README.md").read_text()
+    assert card == render(MODEL), "regenerate: python -m wise.training.card data/models/wise-small"
+    quality = json.loads((MODEL / "quality.json").read_text())
+    cell = next(c for c in quality if (c["benchmark"], c["context"], c["steps"]) == ("synthhop", 512, 32))
+    assert f"| synthhop | 512 | {cell['n']} |" in card and f"{cell['em']:.3f}" in card
+    summary = json.loads((MODEL / "train_summary.json").read_text())
+    assert f"{summary['steps']} steps, {summary['tokens']:,} tokens" in card
+
+
 def test_golden_questions_are_answered(model):
     tok = load_tokenizer(MODEL / "tokenizer.json")
     prompts = {p.example_id: p for p in build_prompts(tok, "synthhop", 512, 101, 123,

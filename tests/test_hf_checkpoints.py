@@ -15,6 +15,8 @@ Facts encoded below, and where they come from:
   buffer, two copies of the tied embedding in the files (model card).
 - retrofitted modeling: pre-norm block with norm_1/norm_2, transformers' rotate-half RoPE with
   llama3 scaling, GQA, no ln_f after the recurrence, untied head.
+Over 400 lines on purpose: the two reference forward passes (the first ~280 lines) must share no
+code with the model they check, so they live here and not in a helper of the project's.
 """
 import json
 import math

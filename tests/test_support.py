@@ -1,4 +1,4 @@
-"""Support rules on hand-computed block masses (DESIGN.md §4, issue 4)."""
+"""Support rules on hand-computed block masses."""
 import math
 
 import numpy as np

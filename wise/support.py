@@ -1,4 +1,4 @@
-"""Block-level attention mass and the support rules built on it (DESIGN.md §4, paper eqs. 5-6).
+"""Block-level attention mass and the support rules built on it (the paper's eqs. 5-6).
 
 Every function takes torch tensors with arbitrary leading dims ``[..., M, M]`` (typically
 ``[layers, heads, M, M]`` or ``[heads, M, M]``), works on whatever device they live on, and is
