@@ -27,8 +27,8 @@ class ModelText:
     max_positions: int
 
 
-def model_text(source: str) -> ModelText:
-    folder = resolve_model_source(source)
+def model_text(source: str, revision: str | None = None) -> ModelText:
+    folder = resolve_model_source(source, revision)
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"model.source {source!r} has no tokenizer.json beside the weights")
@@ -78,7 +78,7 @@ def cohort_row(base_id: str, benchmark: str, budget: int, variant, tok, bos: int
 
 def build_cohort(p: Params) -> list[dict]:
     c = p.cohorts
-    text = model_text(p.model.source)
+    text = model_text(p.model.source, p.model.revision)
     tok, bos, eos = text.tokenizer, text.bos_id, text.stop_ids[0]
     reserve = generation_reserve(p, text.max_positions)
 

@@ -27,6 +27,7 @@ class ModelParams:
     source: str = "data/models/wise-tiny-random"  # folder, hub id, or preset:<name>@<seed>
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda
+    revision: str | None = None  # hub ids: branch, tag or commit to download (None: default branch)
 
 
 @dataclass(frozen=True)
