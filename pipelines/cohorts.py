@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from pipelines.params import Params
-from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data import build_cohort_variants, format_prompt, load_examples, public_benchmarks
 from wise.data.prompts import answer_continuation
 from wise.data.tokenizer import load_tokenizer
 from wise.models.checkpoint import load_config, resolve_model_source
@@ -91,7 +91,13 @@ def build_cohort(p: Params) -> list[dict]:
     rows = []
     for bench in c.benchmarks:
         options = dict(c.sources.get(bench, {}))  # e.g. {path: hotpot_dev_distractor_v1.json}
-        examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **options)
+        if bench in public_benchmarks.SPLIT_NAMES:  # real benchmarks: malformed rows dropped, listed
+            examples, bad = public_benchmarks.load_checked(bench, c.split, c.examples_per_benchmark, c.seed,
+                                                           max_bad_fraction=c.max_bad_rows_fraction, **options)
+            for row_id, reason in bad:
+                print(f"cohorts: {bench} row {row_id} dropped: {reason}")
+        else:
+            examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **options)
         for ex, cv in zip(examples, build_cohort_variants(examples, list(c.context_lengths), count_tokens,
                                                           c.seed, style=c.prompt_style,
                                                           reserve_tokens=reserve)):

@@ -30,7 +30,7 @@ def project():
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()
     for rel in files:
-        if rel.startswith("data/") and not rel.startswith("data/models/"):
+        if rel.startswith("data/") and not rel.startswith(("data/models/", "data/raw/")):
             continue  # outputs of an earlier run are not part of the project
         src = ROOT / rel
         if src.is_file():
