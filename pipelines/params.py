@@ -118,6 +118,7 @@ class ComputeParams:
     num_workers: int = 0  # 0: one per GPU, else as many CPU actors as cores allow
     cpus_per_worker: int = 1
     gpus_per_worker: float = 1.0
+    max_retries: int = 2  # times an item is resubmitted to a new actor after the one running it died
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(cp.executor in ("ray", "local"), "compute.executor", cp.executor, "must be ray or local")
     _require(cp.num_workers >= 0, "compute.num_workers", cp.num_workers, "must be >= 0 (0 = auto)")
     _require(cp.cpus_per_worker >= 1, "compute.cpus_per_worker", cp.cpus_per_worker, "must be >= 1")
+    _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
     return p
 
 
