@@ -45,6 +45,11 @@ _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
             "RAY_DISABLE_DOCKER_CPU_WARNING": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
+def _actor_hex(actor) -> str:
+    # A handle exposes its id only as the (private) _actor_id; Ray's errors report it as hex.
+    return actor._actor_id.hex()
+
+
 def item_id(item: Any, index: int) -> str:
     """How errors name a work item: its example id, else its position."""
     return str(item.get("example_id")) if isinstance(item, dict) and "example_id" in item else f"#{index}"
@@ -226,12 +231,14 @@ class WorkerPool:
         next_out = 0
 
         def submit(actor, i):
-            running[actor._actor_id.hex()] = i
+            running[_actor_hex(actor)] = i
             return actor.run_indexed.remote(task, i, items[i], ctx_ref)
 
         while queue or pool.has_next():
             while queue and pool.has_free():  # one item in flight per actor keeps load balanced
                 pool.submit(submit, queue.popleft())
+            if not pool.has_next():
+                raise RuntimeError(f"{task}: no live actor left for {len(queue)} item(s)")
             try:
                 i, out = pool.get_next_unordered()
             except RayActorError as exc:
@@ -259,7 +266,7 @@ class WorkerPool:
     def _replace(self, pool, actor_id: str) -> None:
         import ray
 
-        dead = [a for a in self.actors if a._actor_id.hex() == actor_id]
+        dead = [a for a in self.actors if _actor_hex(a) == actor_id]
         for a in dead:
             ray.kill(a)  # already dead; makes sure its resources (a GPU) are released
             self.actors.remove(a)
