@@ -28,7 +28,7 @@ def run_condition_stage(p: Params) -> None:
     layouts = {}
     for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
         layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
-    text = model_text(p.model.source)
+    text = model_text(p.model.source, p.model.revision)
     tok, stop = text.tokenizer, list(text.stop_ids)
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]

@@ -34,7 +34,7 @@ def run_sweep_stage(p: Params, axis: str) -> None:
         raise ParamsError(f"unknown sweep axis {axis!r}; known: {list(AXES)}")
     values = list(getattr(p.sweeps, axis))
     cohort = sweep_cohort(p)
-    text = model_text(p.model.source)
+    text = model_text(p.model.source, p.model.revision)
     tok = text.tokenizer
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]

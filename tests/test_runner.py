@@ -83,7 +83,8 @@ def test_supports_stage_reproduces_the_runner_support_from_a_full_trace(model):
     run_condition(model, ids, "full", SETTINGS, seed=9, observer=masses)
     trace = masses.stacked_masses(SETTINGS.steps)
     summaries = supports_from_trace(trace, 70, ["wise", "size_matched", "mass_matched", "static95"],
-                                    SETTINGS.eta, SETTINGS.discovery_step, SETTINGS.window)
+                                    SETTINGS.eta, SETTINGS.discovery_step, SETTINGS.window,
+                                    SETTINGS.block_size)
     for name, s in summaries.items():
         run = run_condition(model, ids, name, SETTINGS, seed=9)
         assert torch.equal(run.layouts, s.layout), name
