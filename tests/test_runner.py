@@ -127,6 +127,6 @@ def test_trajectory_observer_series():
 
 def test_settings_validate_relations():
     with pytest.raises(ValueError):
-        WiseSettings(steps=8, discovery_step=8, window=2)
+        WiseSettings(steps=8, discovery_step=9, window=2)
     with pytest.raises(ValueError):
         WiseSettings(steps=8, discovery_step=3, window=4)

@@ -176,8 +176,8 @@ def _padded_batches(model: RecurrentDepthModel, seqs: Sequence[Sequence[int]], r
 
 
 def full_settings(steps: int) -> WiseSettings:
-    """Settings for a Full run of `steps` steps (t_d only has to be valid: Full never uses it)."""
-    return WiseSettings(steps=steps, discovery_step=max(1, steps - 1), window=1) if steps >= 2 else None
+    """Settings for a Full run of `steps` steps (Full never uses t_d)."""
+    return WiseSettings(steps=steps, discovery_step=steps, window=1)
 
 
 def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], context: int, steps: int,
@@ -189,7 +189,7 @@ def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], conte
     stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
     settings = full_settings(steps) if condition == "full" else settings
     if settings is None or settings.steps != steps:
-        raise ValueError(f"condition {condition!r} needs WiseSettings with steps={steps} (steps >= 2)")
+        raise ValueError(f"condition {condition!r} needs WiseSettings with steps={steps}")
     outs = []
     for p in prompts:
         gold = tok.encode(" " + p.answers[0], add_special_tokens=False).ids

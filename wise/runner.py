@@ -37,8 +37,9 @@ class WiseSettings:
     backend: str = "reference"  # late sparse attention: "reference" (masked dense), "kernel", "flex"
 
     def __post_init__(self) -> None:
-        if not 1 <= self.window <= self.discovery_step < self.steps:
-            raise ValueError(f"need 1 <= window <= discovery_step < steps, got {self}")
+        # t_d = T is allowed (no late steps: every condition is Full); the pipeline asks t_d < T
+        if not 1 <= self.window <= self.discovery_step <= self.steps:
+            raise ValueError(f"need 1 <= window <= discovery_step <= steps, got {self}")
 
 
 def _hash63(text: str) -> int:

@@ -32,7 +32,8 @@ from torch import nn
 from tqdm import tqdm
 
 from wise.data.splits import derive_seed
-from wise.data.tokenizer import corpus_for_tokenizer, save_tokenizer, train_tokenizer
+from wise.data.corpus import corpus_for_tokenizer
+from wise.data.tokenizer import save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.training.batches import IGNORE, Batch, BatchStream
