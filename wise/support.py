@@ -136,6 +136,26 @@ def attention_block_mass(
     return torch.cat(out, dim=0)
 
 
+def fast_block_mass(q: torch.Tensor, k: torch.Tensor, block_size: int,
+                    dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Block masses of one layer, as the discovery recorder stores them, without n×n probabilities
+    where the Triton kernel runs.
+
+    q: [H, n, d]; k: [Hkv, n, d] (GQA as in attention_block_mass). On CUDA tensors of a shape the
+    kernel takes (kernels.block_mass_supported: B in 16/32/64/128, d <= 128, fp16/bf16/fp32) the
+    masses come from kernels.block_mass (fp32 accumulation, exact up to fp32 rounding); otherwise
+    from the dense fp32 probabilities (attention_block_mass: the same numbers as
+    block_mass(causal_attention_probs)). Either way the float32 masses are rounded to `dtype` (the
+    recorder's fp16 by default). Returns [H, M, M] in `dtype`.
+    """
+    if q.is_cuda:  # kernels (and triton) are imported only where they can run
+        from kernels import block_mass as kernel_block_mass, block_mass_supported
+
+        if block_mass_supported(q.shape[-1], block_size, q.device, q.dtype):
+            return kernel_block_mass(q, k, block_size).to(dtype)
+    return attention_block_mass(q, k, block_size).to(dtype)
+
+
 def _ranked(mass: torch.Tensor):
     """Rank each row's causal key blocks by mass, descending, ties to the lower key index.
 
