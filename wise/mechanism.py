@@ -18,7 +18,7 @@ import math
 import torch
 
 from wise.diagnostics import causal_topk, js_rows, neg_entropy_rows, relative_change, topk_jaccard_rows
-from wise.support import block_mass, causal_attention_probs
+from wise.support import block_mass, causal_attention_probs, fast_block_mass
 
 # A layer's previous-step probabilities are kept (not rebuilt from q/k) up to this many elements.
 _KEEP_PROBS_ELEMENTS = 2**25
@@ -64,6 +64,9 @@ class TrajectoryObserver:
             self.qk[layer] = (q, k)
         if not self.diagnostics and self.steps is not None and step not in self.steps:
             return  # nothing to record at this step: skip the n x n work
+        if not self.diagnostics:  # masses only: no n x n probabilities (the Triton kernel on CUDA)
+            self.masses.setdefault(step, {})[layer] = fast_block_mass(q, k, self.block_size, self.mass_dtype)
+            return
         probs = layer_probs(q, k)
         if self.steps is None or step in self.steps:
             self.masses.setdefault(step, {})[layer] = block_mass(probs, self.block_size).to(self.mass_dtype)
