@@ -25,6 +25,7 @@ in every pass, so cached Full equals rerun Full up to floating-point summation o
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -58,10 +59,11 @@ def _mean_logprob(logits: torch.Tensor, targets: list[int]) -> float:
 @torch.no_grad()
 def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, settings: WiseSettings,
                      seed: int, max_new_tokens: int, stop_ids, generation: str = "cached",
-                     share_prefix: bool = True) -> dict[str, ConditionRun]:
+                     share_prefix: bool = True, profile: dict | None = None) -> dict[str, ConditionRun]:
     """Every condition of one example (`seed` = ``state_seed`` of the example). share_prefix=False
     (rerun only) runs each condition's passes on their own, as separate runs would: the same
-    numbers, more work (the benchmark's "today" path)."""
+    numbers, more work (the benchmark's "today" path). `profile` (cached only) receives the seconds
+    of the shared prefix ("prefix") and of each condition's fork."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
     if max_new_tokens < 1 or not answer_ids:
@@ -71,7 +73,7 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
     if generation == "cached":
         if not share_prefix:
             raise ValueError("cached decoding always shares the prompt's prefix")
-        return _cached(*args)
+        return _cached(*args, profile=profile)
     if share_prefix:
         return _rerun(*args)
     runs = {c: _rerun(*args[:3], [c], *args[4:])[c] for c in conditions}
@@ -114,10 +116,20 @@ def _rerun(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[
     return out
 
 
-def _cached(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[str, ConditionRun]:
+def _clock(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _cached(model, prompt, answer, conds, settings, seed, max_new, stop, profile=None) -> dict[str, ConditionRun]:
+    start = _clock(model.device) if profile is not None else 0.0
     prefix = _prefix(model, prompt, conds, settings, seed, cache=True)
+    if profile is not None:
+        profile["prefix"] = _clock(model.device) - start
     out = {}
     for c in conds:
+        start = _clock(model.device) if profile is not None else 0.0
         late = run_late(model, prefix, c, settings, cache=True)
         ctx = DecodeContext(model, prefix, late, settings)
         last = model.readout(late.state, prefix.rope, at=_last(len(prompt), late.state.device))[0]
@@ -133,6 +145,8 @@ def _cached(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict
                 break
             token = int(ctx.extend([token], tail)[-1].argmax())
         out[c] = ConditionRun(c, tokens, gold, prefix.state_hash, late.layouts)
+        if profile is not None:
+            profile[c] = _clock(model.device) - start
     return out
 
 

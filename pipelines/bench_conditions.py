@@ -1,0 +1,115 @@
+"""Condition runs before and after the shared prefix and cached decoding, timed side by side.
+
+    python -m pipelines.bench_conditions                       # the default params, on this machine
+    python -m pipelines.bench_conditions --params params/huginn-paper.yaml \\
+        --source preset:huginn-0125@0 --context 4096 --n 2     # Huginn's shape, random init, on a GPU
+
+"Today" is the path the conditions stage had: every condition on its own, each new token re-running
+the whole recurrence over prompt + prefix (``generation: rerun`` without a shared prefix). "New" is
+``wise.decoding.evaluate_example`` with ``generation: cached``: steps 1..t_d once per example, then
+each condition's late steps and a K/V-cached decode. Both run the same examples in this process on
+the params' model, dtype, device and backend. Prints seconds per (example × condition) per
+condition and path, and last ``speedup=<float> agree=<fraction of (example, condition)
+predictions equal>``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pipelines.cohorts import build_cohort
+from pipelines.discovery import wise_settings
+from pipelines.dryrun import DEFAULT_TOKENIZER, build_example
+from pipelines.params import load_params
+from pipelines.pool import ModelWorker
+from wise.data.tokenizer import load_tokenizer
+from wise.decoding import evaluate_example
+from wise.runner import state_seed
+
+
+def examples(p, model, n: int, context: int | None) -> list[dict]:
+    """The cohort's first n rows at `context` (default: its longest length); for a preset source
+    (no tokenizer, benchmarks maybe offline), synthhop rows as the dry run builds them."""
+    budget = context or max(p.cohorts.context_lengths)
+    if p.model.source.startswith("preset:"):
+        tok = load_tokenizer(DEFAULT_TOKENIZER)
+        return [build_example(p, model, tok, budget)] * n
+    if context is not None and context not in p.cohorts.context_lengths:
+        p = dataclasses.replace(p, cohorts=dataclasses.replace(p.cohorts, context_lengths=(context,)))
+    rows = [r for r in build_cohort(p) if r["context_length"] == budget]
+    if len(rows) < n:
+        raise ValueError(f"only {len(rows)} cohort rows at {budget} tokens, --n asks {n}")
+    return rows[:n]
+
+
+def clock(device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--source", default=None, help="override model.source, e.g. preset:huginn-0125@0")
+    ap.add_argument("--context", type=int, default=None, help="prompt budget (default: the longest in params)")
+    ap.add_argument("--n", type=int, default=4, help="examples")
+    ap.add_argument("--json", default=None, help="also write the measurements here")
+    args = ap.parse_args(argv)
+    p = load_params(args.params, check_model=args.source is None)
+    if args.source:
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=args.source))
+    worker = ModelWorker(p.model, threads=os.cpu_count() or 1)
+    model, device = worker.model, worker.device
+    rows = examples(p, model, args.n, args.context)
+    settings, names = wise_settings(p), list(p.conditions.names)
+    stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
+    max_new = p.conditions.max_new_tokens
+    old = {c: 0.0 for c in names}
+    new = {c: 0.0 for c in ("prefix", *names)}
+    same = 0
+    for r in rows:
+        seed = state_seed(r["example_id"], p.recurrence.init_seed)
+        before = {}
+        for c in names:  # today: each condition alone, re-running the recurrence per token
+            start = clock(device)
+            before[c] = evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new,
+                                         stop, "rerun", share_prefix=False)[c]
+            old[c] += clock(device) - start
+        profile = {}
+        after = evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings, seed, max_new, stop,
+                                 "cached", profile=profile)
+        for key, secs in profile.items():
+            new[key] += secs
+        same += sum(before[c].tokens == after[c].tokens for c in names)
+    n, k = len(rows), len(names)
+    old_total, new_total = sum(old.values()), sum(new.values())
+    print(f"bench_conditions: {p.model.source} ({p.model.dtype}, {device}"
+          f"{', ' + torch.cuda.get_device_name() if device == 'cuda' else ''}), backend {settings.backend}, "
+          f"{n} example(s) of {len(rows[0]['token_ids'])} tokens, T={settings.steps}, t_d={settings.discovery_step}, "
+          f"max_new_tokens={max_new}")
+    print("| condition | today: s per example | new: s per example (its fork) |")
+    print("| --- | --- | --- |")
+    print(f"| shared prefix (steps 1..t_d, once) | – | {new['prefix'] / n:.3f} |")
+    for c in names:
+        print(f"| {c} | {old[c] / n:.3f} | {new[c] / n:.3f} |")
+    print(f"| **per example × condition** | **{old_total / (n * k):.3f}** | **{new_total / (n * k):.3f}** |")
+    speedup, agree = old_total / new_total, same / (n * k)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
+            "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
+            "agree": agree}, indent=2) + "\n")
+    print(f"speedup={speedup:.2f} agree={agree:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
