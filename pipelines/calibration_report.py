@@ -76,24 +76,27 @@ def calibration_data(con, p: Params, convergence: list[dict], oracle) -> dict | 
 
 
 def fig_calibration(cal: dict, save, plt, t_d: int) -> str:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    """Small multiples: per condition, measured EM (points) and the construction's expectation
+    (line) by chain length L (top row) and by the steps the answer needs, L + m (bottom row)."""
     conditions = list(dict.fromkeys(r["condition"] for r in cal["by_hops"]))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, key, xlabel in ((axes[0], "by_hops", "chain length L (hops)"),
-                            (axes[1], "by_depth", "steps needed L + m")):
-        for i, cond in enumerate(conditions):
+    fig, axes = plt.subplots(2, len(conditions), figsize=(2.1 * len(conditions), 4.6), sharey=True,
+                             squeeze=False)
+    for col, cond in enumerate(conditions):
+        for row, (key, xlabel) in enumerate((("by_hops", "L"), ("by_depth", "L + m"))):
+            ax = axes[row][col]
             pts = [r for r in cal[key] if r["condition"] == cond]
-            color = colors[i % len(colors)]
-            ax.plot([r["x"] for r in pts], [r["em"] for r in pts], "o-", color=color, markersize=3,
-                    linewidth=1.2, label=f"{cond} (measured)")
-            ax.plot([r["x"] for r in pts], [r["expected_em"] for r in pts], ":", color=color, linewidth=2,
-                    alpha=0.7, label=f"{cond} (expected)")
-        ax.axvline(t_d, color="grey", linewidth=0.6)
-        ax.set(xlabel=xlabel, ylim=(-0.03, 1.03))
-    axes[0].set_ylabel("EM")
-    axes[0].set_title(f"EM by chain length (t_d = {t_d}, grey line)")
-    axes[1].set_title("EM by steps the answer needs")
-    axes[1].legend(fontsize=7, ncol=2, loc="lower left")
+            xs = [r["x"] for r in pts]
+            ax.plot(xs, [r["expected_em"] for r in pts], "-", color="black", linewidth=1, label="expected")
+            ax.plot(xs, [r["em"] for r in pts], "o", color="tab:orange", markersize=3, label="measured")
+            ax.axvline(t_d, color="grey", linewidth=0.6, linestyle=":")
+            ax.set(ylim=(-0.05, 1.05), xlabel=xlabel)
+            if row == 0:
+                ax.set_title(cond, fontsize=9)
+    axes[0][0].set_ylabel("EM")
+    axes[1][0].set_ylabel("EM")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"EM by chain length L and by steps needed L + m, measured vs expected (t_d = {t_d}, dotted)",
+                 fontsize=10)
     return save(fig, "calibration_em")
 
 

@@ -408,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="prompt format (default: the one the checkpoint was trained with, from its "
                          "train_recipe.json; else plain)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="weights and activations (the kernel backend needs float16 or bfloat16 on CUDA)")
     ap.add_argument("--batch-tokens", type=int, default=65536, help="padded tokens per forward")
     ap.add_argument("--table", action="store_true", help="benchmark x context x T table")
     ap.add_argument("--by-type", action="store_true", help="also print EM per question type")
@@ -452,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     style = args.prompt_style or trained_prompt_style(args.model)
     if style not in PROMPT_STYLES:
         raise SystemExit(f"error: --prompt-style {style!r} is not one of {', '.join(sorted(PROMPT_STYLES))}")
-    model, tok = load_model(args.model, device)
+    model, tok = load_model(args.model, device, getattr(torch, args.dtype))
     cfg = model.config
 
     def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
