@@ -17,6 +17,7 @@ With ``cache=True`` both functions keep the keys and values of every (step, core
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -56,17 +57,35 @@ def state_hash(state: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# The rows drawn so far for the last few (seed, std, width): a longer pass over the same example
+# reuses them (every new token of a rerun pass, every condition), so each row is drawn once.
+_ROWS: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_ROWS_KEPT = 4
+
+
+def _state_rows(seed: int, std: float, h: int, stop: int) -> torch.Tensor:
+    key = (seed, std, h)
+    have = _ROWS.pop(key, torch.empty(0, h))
+    if have.shape[0] < stop:
+        more = torch.empty(stop - have.shape[0], h)
+        for j, i in enumerate(range(have.shape[0], stop)):
+            g = torch.Generator().manual_seed(_hash63(f"{seed}|{i}"))
+            nn.init.trunc_normal_(more[j], mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
+        have = torch.cat([have, more])
+    _ROWS[key] = have
+    while len(_ROWS) > _ROWS_KEPT:
+        _ROWS.popitem(last=False)
+    return have
+
+
 def initial_state(model, e: torch.Tensor, seed: int, start: int = 0) -> torch.Tensor:
     """Rows start..start+n-1 of the example's initial state, shaped like e [1, n, h]: row i is a
     truncated normal (the model's init_state_std, cut at 3 std, times init_state_scale) from a
     generator seeded by (seed, i), drawn on the CPU in fp32 so every device and dtype sees the same
     numbers."""
     c = model.config
-    std, n, h = c.init_state_std, e.shape[1], e.shape[2]
-    rows = torch.empty(n, h, dtype=torch.float32)
-    for i in range(n):
-        g = torch.Generator().manual_seed(_hash63(f"{seed}|{start + i}"))
-        nn.init.trunc_normal_(rows[i], mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
+    n, h = e.shape[1], e.shape[2]
+    rows = _state_rows(seed, c.init_state_std, h, start + n)[start:start + n]
     return (rows * c.init_state_scale).to(device=e.device, dtype=e.dtype)[None]
 
 
