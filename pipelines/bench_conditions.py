@@ -72,6 +72,11 @@ def main(argv=None) -> int:
     settings, names = wise_settings(p), list(p.conditions.names)
     stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
     max_new = p.conditions.max_new_tokens
+    cfg = model.config
+    itemsize = next(model.parameters()).element_size()
+    kv_bytes = settings.steps * cfg.n_core * 2 * len(rows[0]["token_ids"]) * cfg.kv_heads * cfg.head_dim * itemsize
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     old = {c: 0.0 for c in names}
     new = {c: 0.0 for c in ("prefix", *names)}
     same = 0
@@ -102,11 +107,14 @@ def main(argv=None) -> int:
         print(f"| {c} | {old[c] / n:.3f} | {new[c] / n:.3f} |")
     print(f"| **per example × condition** | **{old_total / (n * k):.3f}** | **{new_total / (n * k):.3f}** |")
     speedup, agree = old_total / new_total, same / (n * k)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    print(f"K/V cache per example (steps 1..t_d shared + one condition's late steps at a time): "
+          f"{kv_bytes / 2**30:.2f} GiB; peak GPU memory: {'n/a' if peak is None else f'{peak:.1f} GiB'}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
             "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
-            "agree": agree}, indent=2) + "\n")
+            "agree": agree, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak}, indent=2) + "\n")
     print(f"speedup={speedup:.2f} agree={agree:.3f}")
     return 0
 
