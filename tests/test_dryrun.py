@@ -21,7 +21,8 @@ def test_dryrun_runs_every_condition_on_one_example(tmp_path):
                       "--json", str(out)])
     assert rc == 0
     summary = json.loads(out.read_text())
-    assert [p["phase"] for p in summary["phases"]] == ["trace", "full", "wise", "freeze_a", "truncate"]
+    assert [p["phase"] for p in summary["phases"]] == ["trace", "conditions"]
+    assert set(summary["phases"][1]["generated"]) == {"full", "wise", "freeze_a", "truncate"}
     assert 150 < summary["tokens"] <= 192 and summary["context"] == 192
     assert summary["parameters"] > 0 and summary["max_peak_gib"] is None  # no CUDA here
     assert all(p["seconds"] > 0 for p in summary["phases"])
