@@ -50,6 +50,18 @@ def test_training_rows_mark_answers_and_their_eos():
         assert prompt.rstrip().endswith("Answer:")
 
 
+def test_worker_processes_make_the_same_batches():
+    from wise.looped.data import BatchStream
+
+    spec = BatchSpec({"syntharith": 1.0}, {}, context=192, rows=3, extra_questions=1, extra_reserve=32, seed=1)
+    tok = "data/models/wise-small/tokenizer.json"
+    with BatchStream(tok, SpecialIds(0, 1, 2), spec, workers=0) as local, \
+            BatchStream(tok, SpecialIds(0, 1, 2), spec, workers=2, prefetch=2) as pool:
+        for _ in range(3):
+            a, b = next(local), next(pool)
+            assert a.index == b.index and np.array_equal(a.ids, b.ids) and np.array_equal(a.is_answer, b.is_answer)
+
+
 def test_retrofit_params_name_the_bad_key():
     RetrofitParams.from_dict(None)  # every default is valid
     for raw, key in [({"train": {"lr": 0}}, "retrofit.train.lr"), ({"train": {"loops_min": 1}}, "retrofit.train.loops_min"),
@@ -70,6 +82,14 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     q = load_retrofit_params("params/recurtrace-qwen3.yaml")
     assert q.base == "Qwen/Qwen3-0.6B" and q.dtype == "bfloat16"
     load_params("params/recurtrace-qwen3.yaml", check_model=False)
+    load_params("params/recurtrace-embedded.yaml", check_model=False)
+    # the presets keep the committed embedded checkpoints: same recipes as params.yaml
+    raw = {f: yaml.safe_load(open(f)) for f in ("params.yaml", "params/recurtrace-qwen3.yaml",
+                                               "params/recurtrace-embedded.yaml")}
+    for f, r in raw.items():
+        assert r["train"] == raw["params.yaml"]["train"], f
+        assert r["retrofit"]["base_train"] == raw["params.yaml"]["retrofit"]["base_train"], f
+    assert raw["params/recurtrace-embedded.yaml"]["retrofit"] == raw["params.yaml"]["retrofit"]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ continuation is `` answer`` + EOS. A training row is
 
 the extra questions being other questions its passages answer (``context_questions``), with two
 target sets: answer tokens + their EOS, and the prompt text. Batch i is a pure function of
-(seed, i), made by worker processes ahead of the training loop (``BatchStream``).
+(seed, i), made by worker processes ahead of the training loop (``BatchStream``), so the
+batches do not depend on the number of workers.
 """
 from __future__ import annotations
 
@@ -184,8 +185,13 @@ class BatchStream:
         self.next_index, self.prefetch = 0, max(1, prefetch)
         self.pending: collections.deque = collections.deque()
         self.pool = None
-        if workers > 0:  # forked before CUDA is touched by the caller; children run no CUDA
-            self.pool = mp.get_context("fork").Pool(workers, _init_worker, (tokenizer_path, special, spec))
+        if workers > 0:
+            # forkserver, not fork: the caller may already hold a CUDA context (the GPU run trains
+            # three models in one process), and forking a process with one is unsafe. The server
+            # starts clean and preloads the data modules, so each worker starts in a fraction of a second.
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["wise.looped.data"])
+            self.pool = ctx.Pool(workers, _init_worker, (tokenizer_path, special, spec))
         else:
             _init_worker(tokenizer_path, special, spec)
 

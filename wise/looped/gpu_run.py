@@ -8,6 +8,7 @@ plain retrofit, and their fixed-depth table, written in the repository's layout 
     $OUT/data/models/<name>-lma/         retrofit checkpoints (added weights, base pointer ../recurtrace-base)
     $OUT/data/models/<name>-plain/
     $OUT/data/retrofit/fixed_depth*.{parquet,json,md}
+    $OUT/recurtrace_run.json             seconds per part, the safe-floor check, the table
 
 Copy $OUT/data over the repository's data/ and `dvc commit` the four stages (train_recurtrace_base,
 train_retrofit@lma, train_retrofit@plain, retrofit_eval): every folder carries the recipe its stage
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     import torch
 
     from wise.looped.runs import ensure_base, ensure_retrofit, ensure_table
+    from wise.looped.tables import write_json
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output root (gets data/models/... and data/retrofit/...)")
@@ -94,7 +96,10 @@ def main(argv=None) -> int:
     times["eval"] = time.monotonic() - t
     print(result["table"])
     print(f"safe floor (T=1 vs base): {json.dumps(result['floor'])}")
-    print(f"seconds: {json.dumps({k: round(v, 1) for k, v in times.items()})}, total {time.monotonic() - start:.1f}")
+    seconds = {**{k: round(v, 1) for k, v in times.items()}, "total": round(time.monotonic() - start, 1)}
+    print(f"seconds: {json.dumps(seconds)}")
+    write_json({"seconds": seconds, "device": device, "floor": result["floor"], "summary": result["summary"]},
+               root / "recurtrace_run.json")
     return 0
 
 

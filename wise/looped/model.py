@@ -135,7 +135,7 @@ class LoopedModel(nn.Module):
             observer.on_state(step, out)
         return out
 
-    def hidden(self, s: torch.Tensor) -> torch.Tensor:
+    def hidden_state(self, s: torch.Tensor) -> torch.Tensor:
         """h [b, n, hidden] of a state."""
         return s[..., :self.config.hidden]
 
@@ -143,7 +143,7 @@ class LoopedModel(nn.Module):
                 at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """State -> logits [b, n, vocab] fp32 (suffix layers, final norm, lm head); with
         at=(rows, positions) only those positions' logits [k, vocab]."""
-        h = self.hidden(s)
+        h = self.hidden_state(s)
         for layer in self._parts.layers[self.config.block_start + self.config.block_layers:]:
             h = apply_layer(layer, h, rope)
         if at is not None:

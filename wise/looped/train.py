@@ -63,7 +63,8 @@ def autocast_for(device: torch.device, weights: torch.dtype):
 def run_loop(params: list[torch.nn.Parameter], cfg: Training, stream: BatchStream, device: torch.device,
              step_loss: Callable[[dict, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]],
              desc: str, progress: bool = True) -> tuple[list[dict], dict]:
-    """The shared loop: `step_loss(batch tensors, step)` -> (total, answer, lm, extra log fields)."""
+    """The shared loop: `step_loss(batch tensors, step)` -> (total, answer, lm, extra log fields).
+    Nothing reads a GPU value except on logged steps, so the host runs ahead of the GPU."""
     decay = [p for p in params if p.ndim >= 2]
     flat = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -97,7 +98,8 @@ def run_loop(params: list[torch.nn.Parameter], cfg: Training, stream: BatchStrea
             bar.update()
             if step % cfg.log_every == 0 or step == cfg.max_steps - 1:
                 row = {"step": step, "tokens": tokens, "loss": float(total.detach()), "answer_loss": float(answer.detach()),
-                       "lm_loss": float(lm.detach()), "grad_norm": float(grad_norm), "lr": lr, **extra,
+                       "lm_loss": float(lm.detach()), "grad_norm": float(grad_norm), "lr": lr,
+                       **{k: float(v) if torch.is_tensor(v) else v for k, v in extra.items()},
                        "elapsed_s": round(time.monotonic() - start, 2)}
                 log.append(row)
                 bar.set_postfix(answer=f"{row['answer_loss']:.3f}", lm=f"{row['lm_loss']:.3f}")
@@ -147,7 +149,7 @@ def train_base(cfg: BaseTraining, out: str | Path, device: str | torch.device = 
 
     def step_loss(t: dict, step: int):
         with autocast:
-            logits = base(input_ids=t["ids"]).logits
+            logits = base(input_ids=t["ids"], use_cache=False).logits
         total, answer, lm = batch_loss(logits, t["targets"], t["is_answer"], cfg.lm_loss_weight)
         return total, answer, lm, {}
 
@@ -243,9 +245,9 @@ def train_retrofit(params: RetrofitParams, variant: str, out: str | Path, device
         with autocast:
             logits = model(t["ids"], loops)
         total, answer, lm = batch_loss(logits, t["targets"], t["is_answer"], cfg.lm_loss_weight)
-        extra = {"loops": loops, "alpha": float(model.alpha.detach())}
+        extra = {"loops": loops, "alpha": model.alpha.detach()}  # tensors: read only when logged
         if model.lma:
-            extra["gamma"] = sum(float(m.gamma.detach()) for m in model.lma) / len(model.lma)
+            extra["gamma"] = torch.stack([m.gamma.detach() for m in model.lma]).mean()
         return total, answer, lm, extra
 
     log, summary = run_loop(added, cfg, stream, device, step_loss, f"train retrofit ({variant})", progress)
