@@ -234,3 +234,18 @@ def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
     other.save_pretrained(tmp_path / "base")
     with pytest.raises(ValueError, match="fingerprint"):
         load_retrofit(out)
+
+
+def test_kernel_backend_matches_the_reference_on_the_looped_model():
+    """The Triton block-sparse kernel (interpreter on the CPU) behind the seam gives the reference
+    late attention's result (head_dim 64: a size the kernel compiles for)."""
+    base = build_base("qwen3", 0, **dict(TINY, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                         num_hidden_layers=4)).eval()
+    model = build_looped(base, block_start=1, block_layers=2, lma_heads=1, lma_head_dim=8, gate_hidden=2)
+    ids = ids_of(64)[0]
+    out = {be: run_condition(model, ids, "wise", WiseSettings(steps=4, discovery_step=2, window=1, block_size=16,
+                                                              backend=be), 0)
+           for be in ("reference", "kernel")}
+    assert out["kernel"].state_hash == out["reference"].state_hash
+    assert torch.equal(out["kernel"].layouts, out["reference"].layouts)
+    assert torch.allclose(out["kernel"].logits, out["reference"].logits, atol=1e-4)

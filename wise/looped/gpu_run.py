@@ -66,6 +66,10 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny settings: the whole path in seconds")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.no_progress:  # transformers' own load/save bars too (the GPU tool keeps only the log's tail)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     params = load_retrofit_params(args.params)
     if args.smoke:
         params = smoke_params(params)
