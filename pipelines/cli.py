@@ -15,12 +15,14 @@ for _k, _v in {"DVC_NO_ANALYTICS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUT
     os.environ.setdefault(_k, _v)
 
 
-def stage_main(name: str, run: Callable[[Params], None], argv: list[str] | None = None) -> int:
+def stage_main(name: str, run: Callable[[Params], None], argv: list[str] | None = None,
+               check_model: bool = True) -> int:
+    """check_model=False for a stage that builds the model `model.source` names."""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{name.split('@')[0]}", description=f"DVC stage: {name}")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     args = parser.parse_args(argv)
     try:
-        params = load_params(args.params)
+        params = load_params(args.params, check_model=check_model)
     except (ParamsError, FileNotFoundError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2

@@ -58,7 +58,8 @@ def cohort_row(base_id: str, benchmark: str, budget: int, variant, tok, bos: int
     """One cohort row: the variant's prompt, its token ids (BOS first) and the gold answer ids
     (answer + EOS, for teacher forcing), keyed ``<base id>@<budget>``."""
     prompt = format_prompt(variant, style)
-    ids = [bos] + tok.encode(prompt, add_special_tokens=False).ids
+    enc = tok.encode(prompt, add_special_tokens=False)
+    ids = [bos] + enc.ids
     return {
         "example_id": f"{base_id}@{budget}",
         "base_id": base_id,
@@ -70,10 +71,22 @@ def cohort_row(base_id: str, benchmark: str, budget: int, variant, tok, bos: int
         "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest(),
         "n_tokens": len(ids),
         "token_ids": ids,
+        "question_start": question_start(prompt, variant.question, enc.offsets),
+        "hops": variant.meta.get("hops"),
+        "refine": variant.meta.get("refine"),
         "answer_ids": tok.encode(answer_continuation(variant), add_special_tokens=False).ids + [eos],
         "n_passages": len(variant.passages),
         "meta": json.dumps(variant.meta, sort_keys=True),
     }
+
+
+def question_start(prompt: str, question: str, offsets) -> int:
+    """Row (BOS = row 0) of the first token of the question text, the last place it occurs in the
+    prompt: the question rows the mechanism study restricts to run from here to the prompt's end."""
+    at = prompt.rfind(question)
+    if at < 0:
+        raise ValueError(f"the question {question!r} is not in its prompt")
+    return 1 + next(i for i, (_, end) in enumerate(offsets) if end > at)
 
 
 def build_cohort(p: Params) -> list[dict]:

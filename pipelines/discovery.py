@@ -35,7 +35,8 @@ def run_spec(p: Params) -> dict[str, Any]:
 # -- traces ----------------------------------------------------------------------------------------
 def run_traces(p: Params) -> None:
     cohort = read_parquet(paths.COHORT).to_pylist()
-    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"]} for r in cohort]
+    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"],
+              "question_start": r["question_start"]} for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "topk": p.diagnostics.topk, "diagnostics": True}
     with WorkerPool(p.model, p.compute, len(items)) as pool, \
@@ -50,8 +51,9 @@ def run_traces(p: Params) -> None:
                                "mass_f16": np.ascontiguousarray(m[t, layer]).tobytes()}
                               for t in range(T) for layer in range(L)])
             series = tr["series"]
+            # S, A, H, O over every position, and *_q over the question rows alone.
             steps_out.write([{"example_id": row["example_id"], "step": t + 1,
-                              **{q: series[q][t] for q in ("S", "A", "H", "O")},
+                              **{q: series[q][t] for q in ("S", "A", "H", "O", "S_q", "A_q", "H_q", "O_q")},
                               "state_hash_td": tr["state_hash_td"]} for t in range(T)])
             layers_out.write([{"example_id": row["example_id"], **v} for v in tr["layer_values"]])
 

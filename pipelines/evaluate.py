@@ -12,6 +12,7 @@ from pipelines import paths
 from pipelines.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
 from pipelines.discovery import run_spec, wise_settings
+from pipelines.expected import oracle_for, settings_of
 from pipelines.params import Params
 from pipelines.pool import WorkerPool
 from wise.metrics import answer_change, exact_match, f1
@@ -38,6 +39,7 @@ def run_condition_stage(p: Params) -> None:
         outputs = pool.map("conditions", items, context, desc="conditions")
 
     spec = run_spec(p)
+    oracle, expected_settings = oracle_for(p.model.source, tok), settings_of(p)
     rows = []
     for ex, out in zip(cohort, outputs):
         hashes = {r["state_hash_td"] for r in out["rows"]}
@@ -70,7 +72,10 @@ def run_condition_stage(p: Params) -> None:
                 # derived from the Full trace (same state, same fp16 masses).
                 "support_matches_trace": None if run_layout is None or trace_layout is None else
                 run_layout == [trace_layout[i] for i in sorted(trace_layout)],
-                "benchmark_split": p.cohorts.split, **spec,
+                "benchmark_split": p.cohorts.split, "hops": ex.get("hops"), "refine": ex.get("refine"),
+                # What the construction says the answer must be (calibration model only).
+                "expected_em": None if oracle is None else oracle.em(ex, name, expected_settings),
+                **spec,
             })
     write_parquet(rows, paths.CONDITION_RESULTS)
     mismatched = [f"{r['example_id']}/{r['condition']}" for r in rows if r["support_matches_trace"] is False]

@@ -114,7 +114,18 @@ class ComputeParams:
 
 
 @dataclass(frozen=True)
+class CalibrationParams:
+    """The constructed calibration model (stage build_calibration, wise.models.construct.ChainSpec)."""
+
+    seed: int = 0  # seeds the frequency search of the entity codes
+    code_pairs: int = 12  # entity codes have 2 x code_pairs dims
+    max_refine: int = 8  # largest refinement count the model represents
+    max_positions: int = 8192
+
+
+@dataclass(frozen=True)
 class Params:
+    calibration: CalibrationParams = field(default_factory=CalibrationParams)
     model: ModelParams = field(default_factory=ModelParams)
     cohorts: CohortParams = field(default_factory=CohortParams)
     recurrence: RecurrenceParams = field(default_factory=RecurrenceParams)
@@ -242,6 +253,10 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
              "must be >= 1")
     _require(sw.context_length in c.context_lengths, "sweeps.context_length", sw.context_length,
              f"must be one of cohorts.context_lengths {list(c.context_lengths)}")
+    cal = p.calibration
+    _require(1 <= cal.code_pairs <= 23, "calibration.code_pairs", cal.code_pairs, "must be in 1..23")
+    _require(0 <= cal.max_refine <= 16, "calibration.max_refine", cal.max_refine, "must be in 0..16")
+    _require(cal.max_positions >= 64, "calibration.max_positions", cal.max_positions, "must be >= 64")
     s = p.statistics
     _require(s.bootstrap_resamples >= 100, "statistics.bootstrap_resamples", s.bootstrap_resamples, "must be >= 100")
     _require(0.5 < s.ci_level < 1.0, "statistics.ci_level", s.ci_level, "must be in (0.5, 1)")

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 DATA = Path("data")
+CALIBRATION_MODEL = DATA / "models" / "wise-chain"
 COHORT = DATA / "cohorts" / "examples.parquet"
 TRACE_MASSES = DATA / "traces" / "masses.parquet"
 TRACE_STEPS = DATA / "traces" / "steps.parquet"

@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipelines import paper_reference as paper  # noqa: E402
+from pipelines.calibration_report import calibration_markdown, fig_calibration  # noqa: E402
 from pipelines.artifacts import write_text  # noqa: E402
 from pipelines.params import Params  # noqa: E402
 
@@ -56,15 +57,18 @@ def _save(fig, name: str) -> str:
 
 # -- figures -----------------------------------------------------------------------------------
 def fig_fraction_converged(fractions: list[dict], T: int) -> str:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for q, label in (("S", "S: top-k support"), ("A", "A: attention (JS)"), ("H", "H: state"),
-                     ("O", "O: attention output")):
-        pts = [r for r in fractions if r["quantity"] == q]
-        ax.plot([r["step"] for r in pts], [r["fraction_converged"] for r in pts], label=label,
-                linestyle="-" if q in "SA" else "--")
-    ax.set(xlabel="recurrent step t", ylabel="fraction of examples converged", xlim=(1, T), ylim=(-0.02, 1.02),
-           title="Routing (S, A) vs representation (H, O) convergence")
-    ax.legend(loc="lower right", fontsize=8)
+    scopes = [s for s in ("all", "question") if any(r["scope"] == s for r in fractions)]
+    fig, axes = plt.subplots(1, max(1, len(scopes)), figsize=(5.5 * max(1, len(scopes)), 3.6), squeeze=False)
+    for ax, scope in zip(axes[0], scopes):
+        for q, label in (("S", "S: top-k support"), ("A", "A: attention (JS)"), ("H", "H: state"),
+                         ("O", "O: attention output")):
+            pts = [r for r in fractions if r["quantity"] == q and r["scope"] == scope]
+            ax.plot([r["step"] for r in pts], [r["fraction_converged"] for r in pts], label=label,
+                    linestyle="-" if q in "SA" else "--")
+        ax.set(xlabel="recurrent step t", ylabel="fraction of examples converged", xlim=(1, T),
+               ylim=(-0.02, 1.02), title=f"{'every position' if scope == 'all' else 'question rows'}")
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle("Routing (S, A) vs representation (H, O) convergence", fontsize=10)
     return _save(fig, "fraction_converged")
 
 
@@ -158,6 +162,8 @@ def build_markdown(p: Params, d: dict) -> str:
          f"{int(p.statistics.ci_level * 100)}% percentile CIs.",
          "", "Columns marked *paper* are the published Huginn-0125 numbers (HotpotQA, RTX A6000), shown for "
          "orientation only: a different model and benchmark.", ""]
+    if d.get("calibration"):
+        L += calibration_markdown(d["calibration"], d["figures"]["calibration"], p, f, table)
     pooled = [r for r in d["summary"] if r["benchmark"] == "all" and r["context_length"] == 0]
     L += ["## Table 1 — controls", ""]
     L += table(["condition", "n", "F1", "EM", "ΔF1 [CI]", "ΔEM [CI]", "Δ log-prob [CI]", "McNemar p",
@@ -186,9 +192,9 @@ def build_markdown(p: Params, d: dict) -> str:
     L += ["## Tables 3–4 — convergence and threshold sensitivity", "",
           "Mean convergence step per quantity (censored examples count as T+1); gap = min(τ_H, τ_O) − "
           "max(τ_S, τ_A); *routing first* = share of examples with gap > 0.", ""]
-    L += table(["benchmark", "setting", "n", "τ_S", "τ_A", "τ_H", "τ_O", "gap", "routing first",
+    L += table(["benchmark", "rows", "setting", "n", "τ_S", "τ_A", "τ_H", "τ_O", "gap", "routing first",
                 "censored S/A/H/O"],
-               [[r["benchmark"], r["setting"], str(r["n"]), f(r["mean_tau_S"], 1), f(r["mean_tau_A"], 1),
+               [[r["benchmark"], r["scope"], r["setting"], str(r["n"]), f(r["mean_tau_S"], 1), f(r["mean_tau_A"], 1),
                  f(r["mean_tau_H"], 1), f(r["mean_tau_O"], 1), f(r["mean_gap"], 1), f(r["routing_first_frac"], 2),
                  "/".join(str(r[f"censored_{q}"]) for q in "SAHO")] for r in d["convergence"]])
     L += ["Paper (Huginn, default setting): " + "; ".join(
@@ -270,6 +276,8 @@ def write_report(p: Params, d: dict) -> None:
         "block_size": fig_block_size(d["sweeps"], d["timing"]),
         "jaccard": fig_jaccard(d["jaccard_mean"], p.wise.discovery_step),
     }
+    if d.get("calibration"):
+        d["figures"]["calibration"] = fig_calibration(d["calibration"], _save, plt, p.wise.discovery_step)
     md = build_markdown(p, d)
     write_text(md, "data/report/report.md")
     write_text(markdown_to_html(md), "data/report/report.html")

@@ -18,7 +18,7 @@ from wise.stats import mcnemar, paired_bootstrap
 PAIRED_SQL = """
 SELECT benchmark, context_length, condition, example_id, f1, em, full_f1, full_em,
        delta_f1, delta_em, delta_logprob, gold_logprob, density, retained_future_mass,
-       answer_change
+       answer_change, expected_em
 FROM paired
 ORDER BY benchmark, context_length, condition, example_id
 """
@@ -47,6 +47,8 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
         d_f1, d_em, d_lp = ci("delta_f1"), ci("delta_em"), ci("delta_logprob")
         changes = [r["answer_change"] for r in g]
         dens = [r["density"] for r in g if r["density"] is not None]
+        expected = [r["expected_em"] for r in g]
+        known = all(e is not None for e in expected)
         fut = [r["retained_future_mass"] for r in g if r["retained_future_mass"] is not None]
         out.append({
             "benchmark": bench, "context_length": length, "condition": cond, "n": len(g),
@@ -60,6 +62,9 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
             "both_wrong_different": changes.count("both_wrong_different"),
             "density": float(np.mean(dens)) if dens else None,
             "retained_future_mass": float(np.mean(fut)) if fut else None,
+            # calibration model: what the construction says, and how many answers disagree with it
+            "expected_em": float(np.mean(expected)) if known else None,
+            "expected_mismatches": sum(r["em"] != r["expected_em"] for r in g) if known else None,
             "bootstrap_resamples": s.bootstrap_resamples, "bootstrap_seed": s.bootstrap_seed,
             "ci_level": s.ci_level,
         })
@@ -108,7 +113,10 @@ def headline_metrics(summary: list[dict]) -> dict:
 
 
 def run_statistics(p: Params) -> None:
+    from pipelines.calibration_report import calibration_data
+    from pipelines.cohorts import model_text
     from pipelines.discovery import iter_trace_masses
+    from pipelines.expected import oracle_for
     from pipelines.report import write_report
     from pipelines.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
@@ -120,6 +128,7 @@ def run_statistics(p: Params) -> None:
         if not rows:
             raise ValueError("statistics: the results view is empty; nothing to summarise")
         per_example, conv_summary, fractions = convergence_tables(con, p)
+        calibration = calibration_data(con, p, per_example, oracle_for(p.model.source, model_text(p.model.source).tokenizer))
         sweeps = sweep_summary(con, p)
         timing = query_rows(con, "SELECT * FROM timing ORDER BY label, n, block_size")
     finally:
@@ -134,22 +143,22 @@ def run_statistics(p: Params) -> None:
     write_parquet(stab_rows, out / "stability.parquet")
     write_parquet(sweeps, out / "sweep_summary.parquet")
     # CSV copies are the data behind `dvc plots show`.
-    write_csv(fractions, ["quantity", "step", "fraction_converged"], out / "fraction_converged.csv")
+    write_csv(fractions, ["scope", "quantity", "step", "fraction_converged"], out / "fraction_converged.csv")
     write_csv(jaccard_mean, ["step", "mean_jaccard"], out / "rolling_jaccard.csv")
     scaling = context_scaling(summary, timing)
     write_parquet(scaling, out / "context_scaling.parquet")
     build_database()  # again, now with views over the summaries written above
     metrics = {"conditions": headline_metrics(summary)}
-    default = [r for r in conv_summary if r["benchmark"] == "all" and r["setting"] == p.diagnostics.default_setting]
-    if default:
-        metrics["convergence"] = {k: default[0][k] for k in ("mean_tau_S", "mean_tau_A", "mean_tau_H",
-                                                              "mean_tau_O", "mean_gap")}
+    for r in conv_summary:
+        if r["benchmark"] == "all" and r["setting"] == p.diagnostics.default_setting:
+            key = "convergence" if r["scope"] == "all" else f"convergence_{r['scope']}_rows"
+            metrics[key] = {k: r[k] for k in ("mean_tau_S", "mean_tau_A", "mean_tau_H", "mean_tau_O", "mean_gap")}
     metrics["stability"] = stability
     write_json(metrics, paths.METRICS_JSON)
     write_text(table1_markdown(summary, p), paths.SUMMARY_MD)
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
-                     "sweeps": sweeps, "scaling": scaling})
+                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration})
 
 
 def write_csv(rows: list[dict], columns: list[str], path) -> None:

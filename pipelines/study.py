@@ -28,37 +28,45 @@ def has_view(con, name: str) -> bool:
 
 
 # -- convergence (Tables 3-4) ------------------------------------------------------------------
+SCOPES = {"all": "", "question": "_q"}  # which rows the diagnostics cover -> column suffix
+
+
 def convergence_tables(con, p: Params) -> tuple[list[dict], list[dict], list[dict]]:
-    """Per-example taus under every threshold setting, their means per setting, and the fraction
-    of examples converged by each step (default setting)."""
+    """Per-example taus under every threshold setting and both scopes (every position; the question
+    rows), their means per setting, and the fraction of examples converged by each step (default
+    setting)."""
     rows = query_rows(con, """
-        SELECT s.example_id, e.benchmark, e.context_length, s.step, s.S, s.A, s.H, s.O
+        SELECT s.example_id, e.benchmark, e.context_length, s.step, s.S, s.A, s.H, s.O,
+               s.S_q, s.A_q, s.H_q, s.O_q
         FROM trace_steps s JOIN examples e USING (example_id)
         ORDER BY s.example_id, s.step""")
     series: dict[str, dict] = {}
     for r in rows:
         ex = series.setdefault(r["example_id"], {"benchmark": r["benchmark"],
                                                  "context_length": r["context_length"],
-                                                 **{q: [] for q in QUANTITIES}})
-        for q in QUANTITIES:
-            ex[q].append(np.nan if r[q] is None else r[q])
+                                                 **{q + sfx: [] for sfx in SCOPES.values() for q in QUANTITIES}})
+        for sfx in SCOPES.values():
+            for q in QUANTITIES:
+                ex[q + sfx].append(np.nan if r[q + sfx] is None else r[q + sfx])
     dg = p.diagnostics
     per_example = []
     for ex_id, ex in sorted(series.items()):
-        s = {q: np.asarray(ex[q], dtype=float) for q in QUANTITIES}
-        for setting, taus in convergence_by_setting(s, dg.thresholds, run=dg.run,
-                                                    first=dg.early_transitions).items():
-            per_example.append({"example_id": ex_id, "benchmark": ex["benchmark"],
-                                "context_length": ex["context_length"], "setting": setting, **taus})
+        for scope, sfx in SCOPES.items():
+            s = {q: np.asarray(ex[q + sfx], dtype=float) for q in QUANTITIES}
+            for setting, taus in convergence_by_setting(s, dg.thresholds, run=dg.run,
+                                                        first=dg.early_transitions).items():
+                per_example.append({"example_id": ex_id, "benchmark": ex["benchmark"],
+                                    "context_length": ex["context_length"], "scope": scope,
+                                    "setting": setting, **taus})
     T = p.recurrence.steps
     summary = []
     by = defaultdict(list)
     for r in per_example:
         for bench in (r["benchmark"], "all"):
-            by[(bench, r["setting"])].append(r)
+            by[(bench, r["scope"], r["setting"])].append(r)
     order = list(dg.thresholds)
-    for (bench, setting), g in sorted(by.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
-        row = {"benchmark": bench, "setting": setting, "n": len(g)}
+    for (bench, scope, setting), g in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], order.index(kv[0][2]))):
+        row = {"benchmark": bench, "scope": scope, "setting": setting, "n": len(g)}
         for key in ("tau_S", "tau_A", "tau_H", "tau_O", "gap"):
             row[f"mean_{key}"] = float(np.mean([r[key] for r in g]))
         for q in QUANTITIES:
@@ -66,11 +74,12 @@ def convergence_tables(con, p: Params) -> tuple[list[dict], list[dict], list[dic
         row["routing_first_frac"] = float(np.mean([r["gap"] > 0 for r in g]))
         summary.append(row)
     fractions = []
-    default = [r for r in per_example if r["setting"] == dg.default_setting]
-    if default:
-        for q in QUANTITIES:
+    for scope in SCOPES:
+        default = [r for r in per_example if r["setting"] == dg.default_setting and r["scope"] == scope]
+        for q in QUANTITIES if default else ():
             frac = fraction_converged_by_step([r[f"tau_{q}"] for r in default], T)
-            fractions += [{"quantity": q, "step": t + 1, "fraction_converged": float(frac[t])} for t in range(T)]
+            fractions += [{"scope": scope, "quantity": q, "step": t + 1, "fraction_converged": float(frac[t])}
+                          for t in range(T)]
     return per_example, summary, fractions
 
 

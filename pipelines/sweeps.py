@@ -10,6 +10,7 @@ from pipelines import paths
 from pipelines.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
 from pipelines.discovery import run_spec, wise_settings
+from pipelines.expected import oracle_for, settings_of
 from pipelines.params import Params, ParamsError
 from pipelines.pool import WorkerPool
 from wise.metrics import answer_change, exact_match, f1
@@ -43,6 +44,7 @@ def run_sweep_stage(p: Params, axis: str) -> None:
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")
     spec = run_spec(p)
+    oracle, base = oracle_for(p.model.source, tok), settings_of(p)
     rows = []
     for ex, out in zip(cohort, outputs):
         full_pred = tok.decode(out["full_ids"]).strip()
@@ -61,6 +63,9 @@ def run_sweep_stage(p: Params, axis: str) -> None:
                          "answer_change": answer_change(pred, full_pred, em == 1.0, full_em == 1.0,
                                                         ex["benchmark"]),
                          "density": r["density"], "block_count": r["block_count"],
-                         "retained_future_mass": r["retained_future_mass"]})
+                         "retained_future_mass": r["retained_future_mass"],
+                         "expected_em": None if oracle is None else oracle.em(
+                             ex, "wise", dataclasses.replace(base, **{axis: r["value"]})),
+                         "expected_full_em": None if oracle is None else oracle.em(ex, "full", base)})
     write_parquet(rows, paths.SWEEPS_DIR / f"{axis}.parquet")
     print(f"sweep {axis}: {len(values)} values x {len(cohort)} examples -> {paths.SWEEPS_DIR / f'{axis}.parquet'}")

@@ -42,7 +42,9 @@ def project():
     lock["stages"] = {"train_backbone": lock["stages"]["train_backbone"]}
     (tmp / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     params = yaml.safe_load((tmp / "params.yaml").read_text())
-    params["cohorts"].update(examples_per_benchmark=1, context_lengths=[160, 224])
+    # Short chains, so that T=6 answers most questions and t_d=3 cuts some of them.
+    params["cohorts"].update(examples_per_benchmark=2, context_lengths=[160, 224],
+                             sources={"synthchain": {"max_hops": 4, "max_refine": 2}})
     params["recurrence"].update(steps=6)
     params["wise"].update(discovery_step=3, window=2, block_size=16)
     params["conditions"].update(max_new_tokens=2)
@@ -64,7 +66,7 @@ def project():
 
 def test_all_stages_write_outputs(project):
     tmp, env, repro = project
-    for stage in ("cohorts", "traces", "supports", "conditions", "timing", "statistics",
+    for stage in ("build_calibration", "cohorts", "traces", "supports", "conditions", "timing", "statistics",
                   "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size"):
         assert f"Running stage '{stage}'" in repro.stdout
     assert "Running stage 'train_backbone'" not in repro.stdout  # the shipped model is up to date
@@ -83,7 +85,7 @@ def test_all_stages_write_outputs(project):
     assert "jaccard_td_final" in metrics["stability"]
     results = pq.read_table(tmp / "data/conditions/results.parquet").to_pylist()
     cohort = pq.read_table(tmp / "data/cohorts/examples.parquet")
-    assert cohort.num_rows == 4  # 2 benchmarks x 2 lengths, nothing dropped at these budgets
+    assert cohort.num_rows == 4  # 2 examples x 2 lengths, nothing dropped at these budgets
     assert len(results) == cohort.num_rows * 7
     by_example = {}
     for r in results:
@@ -91,6 +93,12 @@ def test_all_stages_write_outputs(project):
         assert r["support_matches_trace"] in (None, True)
         assert (r["T"], r["t_d"], r["B"], r["w"]) == (6, 3, 16, 2)
     assert all(len(h) == 1 for h in by_example.values())
+    # The calibration model: every answer is the one its construction predicts, for every condition.
+    assert all(r["expected_em"] is not None for r in results)
+    assert [(r["example_id"], r["condition"]) for r in results if r["em"] != r["expected_em"]] == []
+    sweeps = [r for axis in ("eta", "discovery_step", "window", "block_size")
+              for r in pq.read_table(tmp / f"data/sweeps/{axis}.parquet").to_pylist()]
+    assert [(r["axis"], r["value"], r["example_id"]) for r in sweeps if r["em"] != r["expected_em"]] == []
     shown = run(["dvc", "metrics", "show"], tmp, env).stdout
     assert "wise" in shown
 
@@ -111,8 +119,10 @@ def test_sweep_point_at_the_default_reproduces_the_default_run(project):
 def test_report_has_every_table(project):
     tmp, _, _ = project
     report = (tmp / "data/report/report.md").read_text()
-    for heading in ("Table 1", "Table 2", "Tables 3–4", "Stability", "Tables 7–9", "Context scaling"):
+    for heading in ("What WISE does here", "Table 1", "Table 2", "Tables 3–4", "Stability", "Tables 7–9",
+                    "Context scaling"):
         assert heading in report
+    assert (tmp / "data/report/figures/calibration_em.png").is_file()
     conv = pq.read_table(tmp / "data/stats/convergence_summary.parquet").to_pylist()
     assert {r["setting"] for r in conv} == {"very_loose", "loose", "default", "strict", "very_strict", "asymmetric"}
     steps = pq.read_table(tmp / "data/traces/steps.parquet").to_pylist()

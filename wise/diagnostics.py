@@ -138,49 +138,81 @@ def _flat_chunks(a: torch.Tensor, b: torch.Tensor):
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
     n = a.shape[-1]
-    a, b = a.reshape(-1, a.shape[-2], n), b.reshape(-1, b.shape[-2], n)
+    a, b = a.reshape(-1, a.shape[-2], n), b.reshape(-1, b.shape[-2], n)  # [..., rows, n]
     step = max(1, _MAX_ELEMENTS // (a.shape[1] * n))
     for h0 in range(0, a.shape[0], step):
         yield a[h0 : h0 + step].float(), b[h0 : h0 + step].float()
 
 
-def topk_support_jaccard(attn_prev: torch.Tensor, attn_cur: torch.Tensor, k_max: int = 16) -> float:
-    """S for one layer: mean over heads and queries of the Jaccard of the causal top-min(k_max,
-    i+1) key sets of query i at two consecutive steps. attn_*: [..., n, n] causal probabilities.
+def _query_rows(attn: torch.Tensor, rows) -> torch.Tensor:
+    n = attn.shape[-1]
+    rows = torch.arange(n, device=attn.device) if rows is None else torch.as_tensor(rows, device=attn.device)
+    if attn.shape[-2] != rows.numel():
+        raise ValueError(f"attention has {attn.shape[-2]} query rows, rows lists {rows.numel()}")
+    return rows
 
-    Sets are compared as index lists ([n, k] × [n, k] equality), which needs no n×n bool masks.
+
+def causal_topk(attn: torch.Tensor, k_max: int = 16, rows=None) -> torch.Tensor:
+    """int64 [..., R, min(k_max, n)]: each query's causal top-k keys by probability, in rank
+    order; attn [..., n, n] (or [..., R, n] for query positions `rows`). Ranks past a query's
+    i+1 causal keys point at non-causal keys (callers mask them with the row's set size)."""
+    n = attn.shape[-1]
+    rows = _query_rows(attn, rows)
+    causal = torch.arange(n, device=attn.device)[None, :] <= rows[:, None]  # [R, n]
+    lead = attn.shape[:-2]
+    out = [a.masked_fill(~causal, float("-inf")).topk(min(k_max, n), dim=-1).indices
+           for a, _ in _flat_chunks(attn, attn)]
+    return torch.cat(out).reshape(*lead, rows.numel(), -1)
+
+
+def topk_jaccard_rows(top_prev: torch.Tensor, top_cur: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """float [..., R]: per query, the Jaccard of two causal top-k sets (``causal_topk`` of two
+    steps); the set of query i has min(k, i+1) members."""
+    k = top_cur.shape[-1]
+    size = torch.clamp(rows + 1, max=k)  # [R]
+    valid = torch.arange(k, device=top_cur.device)[None, :] < size[:, None]  # [R, k]
+    pair_valid = valid[:, :, None] & valid[:, None, :]  # [R, k, k]
+    inter = ((top_prev[..., :, None] == top_cur[..., None, :]) & pair_valid).sum(dim=(-1, -2))
+    return inter / (2 * size - inter)  # |P ∪ C| = |P| + |C| − |P ∩ C|, |P| = |C| = size
+
+
+def topk_support_jaccard(attn_prev: torch.Tensor, attn_cur: torch.Tensor, k_max: int = 16,
+                         rows: torch.Tensor | None = None) -> float:
+    """S for one layer: mean over heads and queries of the Jaccard of the causal top-min(k_max,
+    i+1) key sets of query i at two consecutive steps. attn_*: [..., n, n] causal probabilities, or
+    [..., R, n] for the query positions `rows` (int [R]) only.
+
+    Sets are compared as index lists ([R, k] × [R, k] equality), which needs no n×n bool masks.
     Keys with exactly tied probability at the cut are ordered by torch.topk (unspecified)."""
-    n = attn_cur.shape[-1]
-    k = min(k_max, n)
-    causal = torch.ones(n, n, dtype=torch.bool, device=attn_cur.device).tril_()
-    # Query i has min(k, i+1) real members; ranks beyond that point at non-causal (-inf) keys.
-    size = torch.clamp(torch.arange(1, n + 1, device=attn_cur.device), max=k)  # [n]
-    valid = torch.arange(k, device=attn_cur.device)[None, :] < size[:, None]  # [n, k]
-    pair_valid = valid[:, :, None] & valid[:, None, :]  # [n, k, k]
-    total, count = 0.0, 0
-    for p, c in _flat_chunks(attn_prev, attn_cur):
-        ip = p.masked_fill(~causal, float("-inf")).topk(k, dim=-1).indices  # [h, n, k]
-        ic = c.masked_fill(~causal, float("-inf")).topk(k, dim=-1).indices
-        inter = ((ip[..., :, None] == ic[..., None, :]) & pair_valid).sum(dim=(-1, -2))  # [h, n]
-        jac = inter / (2 * size - inter)  # |P ∪ C| = |P| + |C| − |P ∩ C|, |P| = |C| = size
-        total += float(jac.sum())
-        count += jac.numel()
-    return total / count
+    if attn_prev.shape != attn_cur.shape:
+        raise ValueError(f"shapes differ: {tuple(attn_prev.shape)} vs {tuple(attn_cur.shape)}")
+    r = _query_rows(attn_cur, rows)
+    return float(topk_jaccard_rows(causal_topk(attn_prev, k_max, r), causal_topk(attn_cur, k_max, r), r).mean())
+
+
+def neg_entropy_rows(attn: torch.Tensor) -> torch.Tensor:
+    """float32 [..., R]: sum_j p log p per query row (0 log 0 = 0)."""
+    lead = attn.shape[:-1]
+    return torch.cat([torch.xlogy(a, a).sum(-1) for a, _ in _flat_chunks(attn, attn)]).reshape(lead)
+
+
+def js_rows(attn_prev: torch.Tensor, attn_cur: torch.Tensor, neg_prev: torch.Tensor | None = None,
+            neg_cur: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [..., R]: Jensen-Shannon divergence (nats) of each query row between two steps,
+    JS = (H(m) − (H(p) + H(q)) / 2) with m = (p + q) / 2; the rows' sum p log p may be passed in
+    (``neg_entropy_rows``, e.g. kept from the previous step)."""
+    neg_prev = neg_entropy_rows(attn_prev) if neg_prev is None else neg_prev
+    neg_cur = neg_entropy_rows(attn_cur) if neg_cur is None else neg_cur
+    lead = attn_cur.shape[:-1]
+    neg_mix = torch.cat([torch.xlogy(m, m).sum(-1) for m in
+                         (0.5 * (p + c) for p, c in _flat_chunks(attn_prev, attn_cur))]).reshape(lead)
+    return (0.5 * (neg_prev + neg_cur) - neg_mix).clamp_min(0.0)  # rounding can dip a hair below 0
 
 
 def attention_js_divergence(attn_prev: torch.Tensor, attn_cur: torch.Tensor) -> float:
     """A for one layer: mean over heads and query rows of the Jensen-Shannon divergence between
     consecutive attention distributions, in nats (natural log; bounded by ln 2)."""
-    total, count = 0.0, 0
-    for p, c in _flat_chunks(attn_prev, attn_cur):
-        m = 0.5 * (p + c)
-        # xlogy gives 0·log 0 = 0, so masked (zero) keys contribute nothing.
-        kl_p = (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1)
-        kl_c = (torch.xlogy(c, c) - torch.xlogy(c, m)).sum(-1)
-        js = (0.5 * (kl_p + kl_c)).clamp_min(0.0)  # rounding can dip a hair below 0
-        total += float(js.sum())
-        count += js.numel()
-    return total / count
+    return float(js_rows(attn_prev, attn_cur).mean())
 
 
 def relative_change(prev: torch.Tensor, cur: torch.Tensor) -> float:

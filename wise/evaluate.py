@@ -5,6 +5,7 @@
     python -m wise.evaluate --table --update-card        # and write the table into README.md
     python -m wise.evaluate --lens                       # where in the recurrence the answer appears
     python -m wise.evaluate --by-type --by-source        # EM per question type; where wrong answers come from
+    python -m wise.evaluate --benchmark synthchain --context 512 --steps 32 --condition wise --by-depth
 
 The last line printed is ``EM=<float> F1=<float> n=<int>`` (for the --benchmark/--context/--steps
 cell, also with --table). Examples are the first n of the test split for --seed, their context
@@ -12,8 +13,13 @@ variants are built exactly as the cohorts stage builds them (BOS counted, same s
 generated token re-runs the whole recurrence from a fresh initial state seeded by
 ``state_seed("<example id>@<context>", init_seed, length)``, so the answers are those of
 ``wise.runner.greedy_generate`` with condition "full" (which this module batches: rows are
-right-padded, which causal attention makes invisible to the real positions). Examples whose
-evidence alone exceeds the budget are skipped and not counted in n.
+right-padded, which causal attention makes invisible to the real positions). ``--condition``
+runs any other condition through ``greedy_generate`` itself (t_d, w, B, η from the flags). Examples
+whose evidence alone exceeds the budget are skipped and not counted in n.
+
+On synthchain the default model is the constructed calibration model data/models/wise-chain (built
+in a second if the folder is missing), and the line before the last gives the EM the construction
+predicts (``wise.calibration``) for the same examples and settings.
 """
 from __future__ import annotations
 
@@ -39,9 +45,11 @@ from wise.data.tokenizer import load_tokenizer
 from wise.metrics import ANSWER_SOURCES, answer_source, exact_match, f1
 from wise.models.checkpoint import load_checkpoint
 from wise.models.recurrent import RecurrentDepthModel
-from wise.runner import state_seed
+from wise.conditions import CONDITIONS
+from wise.runner import WiseSettings, greedy_generate, state_seed
 
 DEFAULT_MODEL = "data/models/wise-small"
+CALIBRATION_MODEL = "data/models/wise-chain"  # the default for --benchmark synthchain
 TABLE_CONTEXTS = (512, 1024, 2048, 4096)
 TABLE_STEPS = (2, 32, 64)
 CARD_BEGIN, CARD_END = "<!-- quality-table:begin -->", "<!-- quality-table:end -->"
@@ -56,6 +64,8 @@ class Prompt:
     kind: str = ""  # question type: bridge2 / bridge3 / comparison / arithmetic / fact ...
     question: str = ""  # the question asked, and the context's passages as (text, is_evidence),
     passages: tuple = ()  # for telling where a wrong answer came from (metrics.answer_source)
+    hops: int | None = None  # synthchain: chain length L and refinement count m
+    refine: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,8 @@ class Score:
     seconds: float
     by_kind: dict = field(default_factory=dict)  # question type -> [EM, n]
     wrong_sources: dict = field(default_factory=dict)  # wrong answers: answer_source -> count
+    condition: str = "full"
+    correct: list = field(default_factory=list)  # per prompt, in prompt order (for --by-depth)
 
     def line(self) -> str:
         return f"EM={self.em:.4f} F1={self.f1:.4f} n={self.n}"
@@ -105,7 +117,8 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
             examples, [context], count_tokens, seed, style=style, reserve_tokens=reserve)]
     return [Prompt(f"{var.example_id}@{context}", [bos] + encode(format_prompt(var, style)),
                    var.answers, benchmark, ask or question_kind(var.meta), var.question,
-                   tuple((format_passage(p), p.is_evidence) for p in var.passages))
+                   tuple((format_passage(p), p.is_evidence) for p in var.passages),
+                   var.meta.get("hops"), var.meta.get("refine"))
             for var in variants if var is not None]
 
 
@@ -192,11 +205,20 @@ def batched_greedy(model: RecurrentDepthModel, prompts: Sequence[Sequence[int]],
 
 
 def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], context: int, steps: int,
-               init_seed: int = 0, max_new_tokens: int = 8, batch_tokens: int = 65536) -> Score:
+               init_seed: int = 0, max_new_tokens: int = 8, batch_tokens: int = 65536,
+               condition: str = "full", settings: WiseSettings | None = None) -> Score:
+    """Greedy answers of every prompt, scored. Full is batched; another condition runs
+    ``greedy_generate`` per prompt with `settings` (its steps must equal `steps`)."""
     start = time.monotonic()
     stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
-    outs = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts],
-                          init_seed, steps, max_new_tokens, stop, batch_tokens)
+    if condition == "full":
+        outs = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts],
+                              init_seed, steps, max_new_tokens, stop, batch_tokens)
+    else:
+        if settings is None or settings.steps != steps:
+            raise ValueError(f"condition {condition!r} needs WiseSettings with steps={steps}")
+        outs = [greedy_generate(model, torch.tensor(p.ids), condition, settings, p.example_id, init_seed,
+                                max_new_tokens, stop).token_ids for p in prompts]
     ems, f1s = [], []
     kinds: dict[str, list[float]] = {}
     sources = dict.fromkeys(ANSWER_SOURCES, 0)
@@ -211,7 +233,36 @@ def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], conte
     bench = prompts[0].benchmark if prompts else ""
     by_kind = {k: [round(sum(v) / len(v), 4), len(v)] for k, v in sorted(kinds.items())}
     return Score(bench, context, steps, sum(ems) / max(n, 1), sum(f1s) / max(n, 1), n,
-                 round(time.monotonic() - start, 1), by_kind, sources)
+                 round(time.monotonic() - start, 1), by_kind, sources, condition, ems)
+
+
+def depth_lines(prompts: Sequence[Prompt], score: Score) -> list[str]:
+    """EM per chain length L and per L + m (synthchain prompts)."""
+    lines = []
+    for label, key in (("L", lambda p: p.hops), ("L+m", lambda p: p.hops + p.refine)):
+        cells: dict[int, list[float]] = {}
+        for p, em in zip(prompts, score.correct):
+            if p.hops is not None:
+                cells.setdefault(key(p), []).append(em)
+        if cells:
+            lines.append(f"EM by {label}: " + ", ".join(
+                f"{k}: {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(cells.items())))
+    return lines
+
+
+def expected_line(tok, prompts: Sequence[Prompt], condition: str, steps: int,
+                  settings: WiseSettings | None) -> str | None:
+    """The EM the construction predicts for these prompts (synthchain), else None."""
+    from wise.calibration import Settings, expected_outcome, parse_layout
+
+    if not prompts or any(p.benchmark != "synthchain" for p in prompts):
+        return None
+    s = Settings(steps=steps) if settings is None else Settings(
+        steps=settings.steps, discovery_step=settings.discovery_step, window=settings.window,
+        block_size=settings.block_size, eta=settings.eta)
+    hits = [expected_outcome(parse_layout([tok.id_to_token(i) for i in p.ids]), condition, s).correct
+            for p in prompts]
+    return f"expected EM={sum(hits) / len(hits):.4f} (the construction's prediction, wise.calibration)"
 
 
 @torch.no_grad()
@@ -276,6 +327,11 @@ def trained_prompt_style(folder: str) -> str:
 
 def load_model(source: str, device: str, dtype: torch.dtype = torch.float32):
     path = Path(source)
+    if source == CALIBRATION_MODEL and not (path / "config.json").is_file():
+        from wise.models.chain_card import write_chain_checkpoint
+
+        write_chain_checkpoint(path)  # computed, not trained: a second on the CPU
+        print(f"built the calibration model in {path} (dvc repro build_calibration does the same)")
     if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
         raise SystemExit(f"error: no trained checkpoint at {source!r} (need config.json, "
                          "model.safetensors and tokenizer.json); train one with "
@@ -352,7 +408,9 @@ def update_card(folder: Path, table: str, note: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint folder with tokenizer.json")
+    ap.add_argument("--model", default=None,
+                    help=f"checkpoint folder with tokenizer.json (default: {CALIBRATION_MODEL} for "
+                         f"synthchain, else {DEFAULT_MODEL})")
     ap.add_argument("--benchmark", default="synthhop")
     ap.add_argument("--context", type=int, default=512, help="prompt token budget")
     ap.add_argument("--steps", type=int, default=32, help="recurrence steps T")
@@ -361,6 +419,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--split", default="test")
     ap.add_argument("--init-seed", type=int, default=0, help="base seed of the initial state")
     ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--condition", default="full", choices=CONDITIONS,
+                    help="inference condition of the late steps (default: full)")
+    ap.add_argument("--discovery-step", type=int, default=12, help="t_d (conditions other than full)")
+    ap.add_argument("--window", type=int, default=4, help="w")
+    ap.add_argument("--block-size", type=int, default=32, help="B")
+    ap.add_argument("--eta", type=float, default=0.95, help="η")
+    ap.add_argument("--backend", default="reference", help="late sparse attention: reference | kernel | flex")
+    ap.add_argument("--by-depth", action="store_true", help="also print EM per chain length L and per L + m")
     ap.add_argument("--prompt-style", default=None,
                     help="prompt format (default: the one the checkpoint was trained with, from its "
                          "train_recipe.json; else plain)")
@@ -390,6 +456,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also write the scores to this JSON file (cells already there are kept "
                          "unless measured again, and the table covers them all)")
     args = ap.parse_args(argv)
+    if args.model is None:
+        args.model = CALIBRATION_MODEL if args.benchmark == "synthchain" else DEFAULT_MODEL
+    settings = None
+    if args.condition != "full":
+        if args.table or args.lens is not None:
+            raise SystemExit("error: --condition applies to the single cell (not --table / --lens)")
+        try:
+            settings = WiseSettings(steps=args.steps, discovery_step=args.discovery_step, window=args.window,
+                                    block_size=args.block_size, eta=args.eta, backend=args.backend)
+        except ValueError as exc:
+            raise SystemExit(f"error: --condition {args.condition}: {exc}") from None
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device.startswith("cuda"):
@@ -450,8 +527,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if target is None:
         if prompts is None:
             prompts = prompts_for(args.benchmark, args.context, args.n)
-        target = cell(prompts, args.context, args.steps)
+        target = score_cell(model, tok, prompts, args.context, args.steps, args.init_seed,
+                            args.max_new_tokens, args.batch_tokens, args.condition, settings)
         scores.append(target)
+    if args.by_depth:
+        if prompts is None:
+            prompts = prompts_for(args.benchmark, args.context, args.n)
+        for line in depth_lines(prompts, target) or ["EM by depth: the benchmark has no chain lengths"]:
+            print(line)
     if args.by_type:
         print(f"by type: {kinds_line(target)}")
     if args.by_source:
@@ -459,6 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         merged = merge_scores(args.json, scores)
         Path(args.json).write_text(json.dumps([s.__dict__ for s in merged], indent=2) + "\n")
+    if prompts is not None and (line := expected_line(tok, prompts, args.condition, args.steps, settings)):
+        print(line)
     print(target.line())
     return 0
 

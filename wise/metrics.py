@@ -1,6 +1,6 @@
 """Answer-quality metrics with each benchmark's official normalisation (DESIGN.md §4, Metrics).
 
-Text benchmarks (HotpotQA, 2WikiMultihopQA and the synthetic multi-hop task) use the
+Text benchmarks (HotpotQA, 2WikiMultihopQA, the synthetic multi-hop task and synthchain) use the
 SQuAD/HotpotQA rule: lowercase, strip punctuation, drop the articles a/an/the, collapse
 whitespace; token F1 over the normalised words; and the HotpotQA special case that a yes / no /
 noanswer answer scores F1 0 unless prediction and gold are equal after normalisation.
@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 
-TEXT_BENCHMARKS = frozenset({"hotpotqa", "2wikimultihopqa", "synthhop"})
+TEXT_BENCHMARKS = frozenset({"hotpotqa", "2wikimultihopqa", "synthhop", "synthchain"})
 NUMERIC_BENCHMARKS = frozenset({"gsm8k", "syntharith"})
 BENCHMARKS = TEXT_BENCHMARKS | NUMERIC_BENCHMARKS
 

@@ -10,12 +10,14 @@ from wise.runner import WiseSettings, run_condition, state_seed
 
 
 def trace_example(model, item: dict, context: dict) -> dict:
-    """Full trajectory of the prompt: block masses of every step (fp16) and S/A/H/O per step."""
+    """Full trajectory of the prompt: block masses of every step (fp16) and S/A/H/O per step, over
+    every position and over the question rows (item["question_start"] to the end)."""
     settings = WiseSettings(**context["settings"])
     ids = torch.tensor(item["token_ids"], dtype=torch.long)
     seed = state_seed(item["example_id"], context["init_seed"], len(ids))
+    rows = range(item["question_start"], len(ids)) if "question_start" in item else None
     obs = TrajectoryObserver(settings.block_size, k_max=context.get("topk", 16),
-                             diagnostics=context.get("diagnostics", True))
+                             diagnostics=context.get("diagnostics", True), rows=rows)
     res = run_condition(model, ids, "full", settings, seed, observer=obs)
     T = settings.steps
     masses = obs.stacked_masses(T)  # [T, L, H, M, M]

@@ -6,7 +6,9 @@ until the full prompt (as `format_prompt` writes it) is as long as the budget al
 - Distractors are natural passages: first the example's own distractors, then a pool the caller
   supplies (for the generated benchmarks, the rest of the example's world; for real benchmarks,
   paragraphs of other examples). Nothing is synthesised, a passage whose title or text is
-  already in the context is skipped, and nothing is ever truncated.
+  already in the context is skipped, and nothing is ever truncated. A pool entry may also be a
+  tuple of passages that only make sense together (synthchain's distractor chains): such a group
+  is added whole or not at all.
 - Nested: the passages of a variant are a subset of those of every longer variant (one
   candidate order is consumed budget after budget).
 - Order: each passage sits at a position given by a seeded hash of (seed, example id, passage),
@@ -43,25 +45,36 @@ def _position(seed: int, example_id: str, passage: Passage) -> float:
     return unit_hash(seed, example_id, passage.title, passage.text)
 
 
-def _candidate_distractors(example: Example, pool: Iterable[Passage], seed: int) -> list[Passage]:
+Unit = tuple  # passages added to a context together (one passage, or a whole group)
+
+
+def _candidate_distractors(example: Example, pool: Iterable, seed: int) -> list[Unit]:
     """Own distractors first (they are the example's hard ones), then the pool; each group in
-    seeded-hash order; duplicates of anything earlier (same title or same text) skipped."""
+    seeded-hash order; units repeating anything earlier (same title or same text) skipped."""
     seen_titles = {p.title for p in example.evidence}
     seen_texts = {p.text for p in example.evidence}
-    out: list[Passage] = []
-    for group in (example.distractors, tuple(pool)):
-        for p in sorted(group, key=lambda p: unit_hash(seed, example.example_id, "pick", p.title, p.text)):
-            if p.title in seen_titles or p.text in seen_texts:
+    out: list[Unit] = []
+
+    def key(unit: Unit) -> float:
+        # (title, text) of each passage: a one-passage unit hashes exactly as a lone passage did
+        return unit_hash(seed, example.example_id, "pick", *(x for p in unit for x in (p.title, p.text)))
+
+    units = ([(p,) for p in example.distractors],
+             [tuple(u) if isinstance(u, (tuple, list)) else (u,) for u in pool])
+    for group in units:
+        for unit in sorted(group, key=key):
+            if any(p.title in seen_titles or p.text in seen_texts for p in unit):
                 continue
-            seen_titles.add(p.title)
-            seen_texts.add(p.text)
-            out.append(p if not p.is_evidence else dataclasses.replace(p, is_evidence=False))
+            seen_titles.update(p.title for p in unit)
+            seen_texts.update(p.text for p in unit)
+            out.append(tuple(p if not p.is_evidence else dataclasses.replace(p, is_evidence=False)
+                             for p in unit))
     return out
 
 
 def build_context_variants(example: Example, budgets: Sequence[int],
                            count_tokens: Callable[[str], int], seed: int,
-                           pool: Iterable[Passage] = (), style: str = "plain",
+                           pool: Iterable = (), style: str = "plain",
                            reserve_tokens: int = 0) -> ContextVariants:
     """Variants of `example` for each budget: the prompt, as `count_tokens` counts
     `format_prompt(variant, style)`, has at most `budget - reserve_tokens` tokens (reserve room
@@ -72,11 +85,15 @@ def build_context_variants(example: Example, budgets: Sequence[int],
                          f"got {list(budgets)}")
     evidence = example.evidence  # may be empty (GSM8K: the problem is the question itself)
     candidates = _candidate_distractors(example, pool, seed)
-    position = {p: _position(seed, example.example_id, p) for p in (*evidence, *candidates)}
-    chosen: list[Passage] = []  # distractors in the context so far; only grows
+    position = {p: _position(seed, example.example_id, p)
+                for p in (*evidence, *(p for unit in candidates for p in unit))}
+    chosen: list[Unit] = []  # distractor units in the context so far; only grows
+
+    def passages() -> list[Passage]:
+        return [*evidence, *(p for unit in chosen for p in unit)]
 
     def variant() -> Example:
-        return example.with_passages(sorted((*evidence, *chosen), key=position.__getitem__))
+        return example.with_passages(sorted(passages(), key=position.__getitem__))
 
     def tokens() -> int:
         return count_tokens(format_prompt(variant(), style))
@@ -87,10 +104,11 @@ def build_context_variants(example: Example, budgets: Sequence[int],
     empty = count_tokens("")
     added: dict[Passage, int] = {}
 
-    def cost(p: Passage) -> int:
-        if p not in added:
-            added[p] = count_tokens("\n\n" + format_passage(p)) - empty
-        return added[p]
+    def cost(unit: Unit) -> int:
+        for p in unit:
+            if p not in added:
+                added[p] = count_tokens("\n\n" + format_passage(p)) - empty
+        return sum(added[p] for p in unit)
 
     current = tokens()  # the evidence-only prompt
     variants: dict[int, Example] = {}
@@ -104,11 +122,11 @@ def build_context_variants(example: Example, budgets: Sequence[int],
         # Take candidates in order while the estimate fits; when one does not, try a few later
         # (shorter) ones to fill the rest, then stop.
         estimate, added_now, skipped = current, [], 0
-        for p in list(remaining):
-            if estimate + cost(p) <= limit:
-                estimate += cost(p)
-                added_now.append(p)
-                remaining.remove(p)
+        for unit in list(remaining):
+            if estimate + cost(unit) <= limit:
+                estimate += cost(unit)
+                added_now.append(unit)
+                remaining.remove(unit)
             else:
                 skipped += 1
                 if skipped > FILL_ATTEMPTS:
@@ -124,5 +142,5 @@ def build_context_variants(example: Example, budgets: Sequence[int],
             current = tokens()
         variants[budget] = dataclasses.replace(
             variant(), meta={**example.meta, "context_budget": budget, "prompt_tokens": current,
-                             "distractors_in_context": len(chosen)})
+                             "distractors_in_context": len(passages()) - len(evidence)})
     return ContextVariants(example.example_id, variants, dropped)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from wise.data import public_benchmarks, syntharith, synthhop
+from wise.data import public_benchmarks, synthchain, syntharith, synthhop
 from wise.data.context import ContextVariants, build_context_variants
 from wise.data.examples import Example, Passage
 from wise.data.splits import check_split
@@ -109,6 +109,9 @@ register_benchmark("synthhop", synthhop.load_synthhop, synthhop.world_distractor
                    "generated HotpotQA-like multi-hop questions (bridge 2/3 hops, comparison)",
                    context_questions=synthhop.context_questions,
                    intermediates=synthhop.bridge_intermediates)
+register_benchmark("synthchain", synthchain.load_synthchain, synthchain.world_distractor_pool,
+                   "generated pointer chasing: L hops over single-token entities, then m successor "
+                   "steps (the calibration benchmark of the constructed model wise-chain)")
 register_benchmark("syntharith", syntharith.load_syntharith, syntharith.world_distractor_pool,
                    "generated GSM8K-like arithmetic word problems (2-4 calculations)",
                    context_questions=syntharith.context_questions)

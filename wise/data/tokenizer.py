@@ -62,7 +62,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> Path:
+def save_tokenizer(tok: Tokenizer, path: str | os.PathLike, max_length: int = 4096) -> Path:
     """Write `tokenizer.json` (and `tokenizer_config.json` beside it). `path` is a folder, or a
     file name ending in .json (then only that file is written). Returns the tokenizer.json path."""
     path = Path(path)
@@ -71,7 +71,7 @@ def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> Path:
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
-            "add_bos_token": True, "model_max_length": 4096, "clean_up_tokenization_spaces": False,
+            "add_bos_token": True, "model_max_length": max_length, "clean_up_tokenization_spaces": False,
         }
         _write_atomic(path / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
         path = path / "tokenizer.json"

@@ -1,0 +1,127 @@
+"""The report's first section when the model is the calibration model: every measured number
+beside the value the construction predicts (``expected_em`` from the conditions stage, expected
+convergence steps from ``wise.calibration``), EM per chain length L and per L + m for every
+condition, and the mechanism table at the question rows."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from pipelines.params import Params
+from pipelines.study import query_rows
+
+TAUS = ("tau_S", "tau_A", "tau_H", "tau_O")
+
+
+def _em_ci(values: list[float], p: Params) -> tuple[float, float]:
+    from wise.stats import paired_bootstrap
+
+    s = p.statistics
+    _, lo, hi = paired_bootstrap(np.asarray(values, dtype=float), n_resamples=s.bootstrap_resamples,
+                                 seed=s.bootstrap_seed, level=s.ci_level)
+    return lo, hi
+
+
+def calibration_data(con, p: Params, convergence: list[dict], oracle) -> dict | None:
+    """None unless the results carry expected values (the calibration model on synthchain)."""
+    rows = query_rows(con, """SELECT condition, context_length, hops, refine, em, expected_em
+                              FROM results WHERE expected_em IS NOT NULL""")
+    if not rows or oracle is None:
+        return None
+    order = {c: i for i, c in enumerate(p.conditions.names)}
+    groups = defaultdict(list)
+    for r in rows:
+        for length in (r["context_length"], 0):
+            groups[(r["condition"], length)].append(r)
+    per_condition = []
+    for (cond, length), g in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+        ems = [r["em"] for r in g]
+        lo, hi = _em_ci(ems, p)
+        per_condition.append({"condition": cond, "context_length": length, "n": len(g),
+                              "em": float(np.mean(ems)), "em_low": lo, "em_high": hi,
+                              "expected_em": float(np.mean([r["expected_em"] for r in g])),
+                              "mismatches": sum(r["em"] != r["expected_em"] for r in g)})
+
+    def curve(key) -> list[dict]:
+        by = defaultdict(list)
+        for r in rows:
+            by[(r["condition"], key(r))].append(r)
+        return [{"condition": c, "x": x, "n": len(g), "em": float(np.mean([r["em"] for r in g])),
+                 "expected_em": float(np.mean([r["expected_em"] for r in g]))}
+                for (c, x), g in sorted(by.items(), key=lambda kv: (order[kv[0][0]], kv[0][1]))]
+
+    # Mechanism at the question rows: measured taus (default setting) vs the construction's.
+    cohort = {r["example_id"]: r for r in query_rows(
+        con, "SELECT example_id, benchmark, token_ids, hops, refine FROM examples")}
+    dg = p.diagnostics
+    by_hops = defaultdict(list)
+    for r in convergence:
+        if r["scope"] != "question" or r["setting"] != dg.default_setting or r["example_id"] not in cohort:
+            continue
+        ex = cohort[r["example_id"]]
+        expected = oracle.taus(ex, p.recurrence.steps, run=dg.run, first=dg.early_transitions)
+        if expected is not None:
+            by_hops[ex["hops"]].append((r, expected))
+    mechanism = []
+    for hops, pairs in sorted(by_hops.items()):
+        row = {"hops": hops, "n": len(pairs)}
+        for t in TAUS:
+            row[f"{t}"] = float(np.mean([m[t] for m, _ in pairs]))
+            row[f"expected_{t}"] = float(np.mean([e[t] for _, e in pairs]))
+            row[f"{t}_agree"] = sum(m[t] == e[t] for m, e in pairs)
+        mechanism.append(row)
+    return {"per_condition": per_condition, "by_hops": curve(lambda r: r["hops"]),
+            "by_depth": curve(lambda r: r["hops"] + r["refine"]), "mechanism": mechanism}
+
+
+def fig_calibration(cal: dict, save, plt, t_d: int) -> str:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    conditions = list(dict.fromkeys(r["condition"] for r in cal["by_hops"]))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key, xlabel in ((axes[0], "by_hops", "chain length L (hops)"),
+                            (axes[1], "by_depth", "steps needed L + m")):
+        for i, cond in enumerate(conditions):
+            pts = [r for r in cal[key] if r["condition"] == cond]
+            color = colors[i % len(colors)]
+            ax.plot([r["x"] for r in pts], [r["em"] for r in pts], "o-", color=color, markersize=3,
+                    linewidth=1.2, label=f"{cond} (measured)")
+            ax.plot([r["x"] for r in pts], [r["expected_em"] for r in pts], ":", color=color, linewidth=2,
+                    alpha=0.7, label=f"{cond} (expected)")
+        ax.axvline(t_d, color="grey", linewidth=0.6)
+        ax.set(xlabel=xlabel, ylim=(-0.03, 1.03))
+    axes[0].set_ylabel("EM")
+    axes[0].set_title(f"EM by chain length (t_d = {t_d}, grey line)")
+    axes[1].set_title("EM by steps the answer needs")
+    axes[1].legend(fontsize=7, ncol=2, loc="lower left")
+    return save(fig, "calibration_em")
+
+
+def calibration_markdown(cal: dict, figure: str, p: Params, f, table) -> list[str]:
+    pooled = [r for r in cal["per_condition"] if r["context_length"] == 0]
+    total = sum(r["mismatches"] for r in pooled)
+    L = ["## What WISE does here — the calibration model", "",
+         f"`{p.model.source}` is constructed, not trained (its model card says how): its attention goes where "
+         "the construction puts it, so every number below has an expected value, derived from the "
+         "construction and the block-level definitions (`wise.calibration`), never from a run. "
+         f"Rows whose measured answer differs from the expected one: **{total}** of "
+         f"{sum(r['n'] for r in pooled)}.", ""]
+    L += table(["condition", "n", "EM [CI]", "expected EM", "mismatches"],
+               [[r["condition"], str(r["n"]), f"{f(r['em'])} [{f(r['em_low'])}, {f(r['em_high'])}]",
+                 f(r["expected_em"]), str(r["mismatches"])] for r in pooled])
+    lengths = sorted({r["context_length"] for r in cal["per_condition"] if r["context_length"]})
+    cells = {(r["condition"], r["context_length"]): r for r in cal["per_condition"]}
+    conds = list(dict.fromkeys(r["condition"] for r in pooled))
+    L += ["Per context length, measured / expected EM:", ""]
+    L += table(["condition", *map(str, lengths)],
+               [[c, *(f"{f(cells[(c, n)]['em'], 2)} / {f(cells[(c, n)]['expected_em'], 2)}"
+                      for n in lengths)] for c in conds])
+    L += [f"![EM by chain length]({figure})", ""]
+    L += ["Mechanism at the question rows (default thresholds): mean measured / expected convergence step "
+          "per chain length, and how many examples match exactly. Expected: τ_S = τ_A = τ_O = L + 2, "
+          "τ_H = L + max(m, 1) + 1 (censored = T + 1 when a relative criterion cannot be met).", ""]
+    L += table(["L", "n", *(f"{t} (agree)" for t in TAUS)],
+               [[str(r["hops"]), str(r["n"]),
+                 *(f"{f(r[t], 1)} / {f(r['expected_' + t], 1)} ({r[t + '_agree']})" for t in TAUS)]
+                for r in cal["mechanism"]])
+    return L

@@ -1,0 +1,139 @@
+"""The wise-chain checkpoint folder: weights, tokenizer, construction record and model card.
+
+    python -m wise.models.chain_card data/models/wise-chain     # what the build_calibration stage runs
+
+The folder is written under a temporary name and renamed into place, so a reader never sees a half
+checkpoint. Everything in the card is either fixed by the construction or read from
+``construction.json`` beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from wise.data import synthchain as sc
+from wise.data.tokenizer import save_tokenizer
+from wise.models.checkpoint import save_checkpoint
+from wise.models.construct import (CONST, MATCH_LOGIT, NAME, ROPE_BASE, SINK_LOGIT, ChainSpec,
+                                   build_chain_model)
+
+RECORD_NAME = "construction.json"
+
+
+def write_chain_checkpoint(folder: str | os.PathLike, spec: ChainSpec = ChainSpec()) -> Path:
+    folder = Path(folder)
+    model, facts = build_chain_model(spec)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_checkpoint(model, tmp)  # one metadata key: safetensors orders several at random
+    save_tokenizer(sc.build_tokenizer(), tmp, max_length=spec.max_positions)
+    record = {"constructed": True, "trained": False, "spec": dataclasses.asdict(spec), **facts,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "hidden": model.config.hidden, "intermediate": model.config.intermediate}
+    (tmp / RECORD_NAME).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (tmp / "README.md").write_text(card_text(record))
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def card_text(record: dict) -> str:
+    spec = record["spec"]
+    D = 2 * spec["code_pairs"]
+    return f"""---
+license: apache-2.0
+tags: [recurrent-depth, calibration, constructed]
+---
+# {NAME}: a constructed (not trained) recurrent-depth model with known routing
+
+**These weights were computed, not learned.** `wise.models.construct` writes every tensor from a
+small config (`{RECORD_NAME}`: seed {spec['seed']}, {spec['code_pairs']} code frequencies,
+refinement counts up to {spec['max_refine']}) and the vocabulary and successor map of the
+`synthchain` benchmark. The `build_calibration` DVC stage rebuilds this folder in about a second.
+It exists so that every number of the default WISE run has an expected value: its attention goes
+exactly where the construction says, so a broken method shows up as a wrong number.
+
+Architecture (the project's own `RecurrentDepthModel`, `config.json`): {record['parameters']:,}
+parameters, hidden {record['hidden']}, one attention head of 64, pre-norm blocks, RoPE base
+{ROPE_BASE:g}; 3 prelude layers, 1 recurrent core layer (intermediate {record['intermediate']}),
+no coda. Float32 is exact; float16 runs to ~0.1% in its gates; bfloat16 is too coarse.
+
+## What it computes on synthchain
+
+A prompt lists facts `x: -> y .` (a chain's end `z: => z .`) and asks `Question: s +m ?`; the answer
+is the end z of s's chain (L hops) advanced m times by the benchmark's successor map.
+
+- **Prelude** (once): a RoPE offset-1 head and an offset-3 head give each fact's target row its
+  source (key), its own entity (value) and whether the arrow was `=>`; a third head lets the question
+  rows (`+m`, `?`, `Answer`, `:`) fetch s and m from the `+m` row.
+- **Each core step**: a question row's query is its pointer p. A key matching p scores
+  {MATCH_LOGIT:g} logits, a sink (the `->`/`=>`/`.` rows and BOS) {SINK_LOGIT:g}, everything else far
+  less, so at hop t the question rows put more than 0.999 of their mass on the fact of hop t. The MLP
+  moves p to the attended target; at the terminal fact p stays and, while the count m is not used
+  up, the answer register is advanced by the successor map (a rotation of the entity code) and the
+  count decremented. A row without a pointer attends BOS; a question row whose next fact is not
+  visible reads a sink and changes nothing.
+- **Readout**: entity logits are 100 × code(e) · r; the row after `Answer:` emits EOS.
+
+Entity codes: entity e at position i of the successor cycle has the {D}-dim code
+[cos(2π f_k i / {sc.N_ENTITIES}), sin(2π f_k i / {sc.N_ENTITIES})]_k / √{spec['code_pairs']} with
+frequencies f = {record['frequencies']} (the best of {spec['frequency_trials']} seeded draws; largest
+correlation between two codes {record['max_code_correlation']:.3f}), so the successor is the rotation
+by 2π f_k / {sc.N_ENTITIES} in each pair. The residual stream carries a constant {CONST:g} that
+dominates its RMS, so every RMSNorm is the identity to ~1e-8 and its scale is bit-stable.
+
+## Expected behaviour, derived (asserted by `tests/test_calibration.py`)
+
+With Full attention, after T steps the answer is right exactly when **T ≥ L + m** (for the default
+distribution, L uniform on 1..16 and m on 0..8: 0.25 at T=8, 0.50 at T=12, 1.0 from T=24). The
+question rows' attention moves every step up to L + 1 and is constant after (routing settles); the
+state moves up to step L + max(m, 1) (representations settle later, by m). With T=32, t_d=12, w=4,
+B=32, η=0.95, per question (`wise.calibration.expected_outcome`, which re-derives each support from
+the block-level definitions):
+
+- the answer row's query block attends, at each step, the BOS block (its rows without a pointer) and
+  the block of the current fact; a mass support at η < 0.999 keeps exactly those blocks;
+- **Truncate@t_d**: right iff L + m ≤ t_d;
+- **WISE** keeps the fact blocks of steps t_d−w+1..t_d: right iff every fact a late step needs lies
+  in one of them. A question with L + m ≤ t_d needs none; with L + 1 ≤ t_d it needs only the
+  terminal fact, attended from step L + 1 and so in the working set: right, including when its
+  refinement runs past t_d, which Truncate loses. With L ≥ t_d (and L + m > t_d) it needs facts first
+  attended after t_d: lost, unless they happen to share a block with the working set;
+- **Static-95, MassMatched, SizeMatched** keep the step-1 blocks (the first hop's fact): right iff
+  L + m ≤ t_d, or the facts still needed happen to share those blocks (more often at short contexts,
+  where a block holds a larger share of the facts);
+- **Freeze-A** re-reads the fact attended at step t_d: equal to WISE when L + 1 ≤ t_d (it keeps
+  refining at the terminal), and right for L ≥ t_d only when L = t_d and m = 0;
+- **mechanism at the question rows** (the question text through the end of the prompt):
+  τ_S = L + 2, τ_A = τ_O = L + 2, τ_H = L + max(m, 1) + 1 (the first transition of three that meet the
+  criterion), so the representation lag τ_H − τ_S = max(m, 1) − 1 and the design's gap
+  G = min(τ_H, τ_O) − max(τ_S, τ_A) is 0 (the attention output is the attended fact's value, which
+  settles with the routing). A relative criterion (A, H, O) is censored (T + 1) when at most one of
+  its first four transitions moves: L = 1 for A and O, L + max(m, 1) ≤ 2 for H.
+
+The pipeline's report prints these expectations beside the measured numbers.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wise.models.chain_card", description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    for f in dataclasses.fields(ChainSpec):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    args = parser.parse_args(argv)
+    spec = ChainSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ChainSpec)})
+    path = write_chain_checkpoint(args.folder, spec)
+    print(f"wrote {path} (constructed {NAME}, {spec})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
