@@ -51,6 +51,7 @@ class PromptRow:
     prompt_ids: tuple[int, ...]  # bos + prompt
     answer_ids: tuple[int, ...]  # " answer" + eos (teacher forcing target)
     answers: tuple[str, ...]
+    hops: int | None = None  # the example's hops / calculations (meta), for depth-vs-difficulty queries
 
 
 def check_vocab(tok, vocab_size: int, source: str) -> None:
@@ -84,7 +85,8 @@ def prompt_rows(tok, special: SpecialIds, benchmark: str, split: str, n: int, se
             continue
         rows.append(PromptRow(f"{var.example_id}@{context}", benchmark,
                               tuple(head + encode(format_prompt(var, style))),
-                              tuple(encode(answer_continuation(var)) + [special.eos]), tuple(var.answers)))
+                              tuple(encode(answer_continuation(var)) + [special.eos]), tuple(var.answers),
+                              var.meta.get("hops")))
     return rows
 
 

@@ -24,7 +24,7 @@ from wise.looped.data import PromptRow
 def score_rows(forward: Callable[[torch.Tensor], torch.Tensor], rows: Sequence[PromptRow], pad: int,
                device: torch.device, batch_rows: int = 32) -> list[dict]:
     """forward(ids [b, n]) -> logits [b, n, vocab]; one dict per row (in input order):
-    example_id, benchmark, nll, correct, answer_tokens."""
+    example_id, benchmark, hops, nll, correct, answer_tokens."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids) + len(rows[i].answer_ids))
     out: dict[int, dict] = {}
     for start in range(0, len(order), batch_rows):
@@ -38,7 +38,7 @@ def score_rows(forward: Callable[[torch.Tensor], torch.Tensor], rows: Sequence[P
             p, a = len(rows[i].prompt_ids), len(rows[i].answer_ids)
             target = torch.tensor(rows[i].answer_ids, device=logp.device)
             row_logp = logp[j, p - 1:p - 1 + a]  # position k predicts token k + 1
-            out[i] = {"example_id": rows[i].example_id, "benchmark": rows[i].benchmark,
+            out[i] = {"example_id": rows[i].example_id, "benchmark": rows[i].benchmark, "hops": rows[i].hops,
                       "nll": float(-row_logp.gather(-1, target[:, None]).mean()),
                       "correct": bool((row_logp.argmax(-1) == target).all()), "answer_tokens": a}
     return [out[i] for i in range(len(rows))]

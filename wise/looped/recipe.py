@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
+# synthchain as pure pointer chasing (no successor refinement) over chains of 1..4 hops: with the
+# project's BPE an entity is 5 tokens and a fact 18, so 4 hops and their distractors fit 256 tokens.
+CHAIN_SOURCES = {"synthchain": {"max_hops": 4, "max_refine": 0}}
 
 
 def _need(ok: bool, section: str, obj: Any, key: str, why: str) -> None:
@@ -79,8 +82,8 @@ class Training:
     """Data and optimisation shared by the base decoder and the retrofit."""
 
     seed: int = 0
-    benchmarks: dict = field(default_factory=lambda: {"syntharith": 0.5, "synthhop": 0.5})  # name -> weight
-    sources: dict = field(default_factory=dict)  # name -> loader options, e.g. {syntharith: {max_steps: 3}}
+    benchmarks: dict = field(default_factory=lambda: {"synthchain": 0.5, "syntharith": 0.5})  # name -> weight
+    sources: dict = field(default_factory=lambda: dict(CHAIN_SOURCES))  # name -> loader options
     context: int = 256  # tokens per row (prompt + answers)
     rows: int = 64  # rows per batch
     extra_questions: int = 4  # further questions a row's passages answer, after its own
@@ -186,8 +189,8 @@ class BaseTraining(Training):
 
 @dataclass(frozen=True)
 class ProbeParams:
-    benchmarks: tuple = ("syntharith", "synthhop")
-    sources: dict = field(default_factory=dict)
+    benchmarks: tuple = ("synthchain", "syntharith")
+    sources: dict = field(default_factory=lambda: dict(CHAIN_SOURCES))
     n: int = 32  # calibration prompts per benchmark (validation split)
     context: int = 256
     seed: int = 0
@@ -202,8 +205,8 @@ class ProbeParams:
 
 @dataclass(frozen=True)
 class EvalParams:
-    benchmarks: tuple = ("syntharith", "synthhop")
-    sources: dict = field(default_factory=dict)
+    benchmarks: tuple = ("synthchain", "syntharith")
+    sources: dict = field(default_factory=lambda: dict(CHAIN_SOURCES))
     n: int = 200  # test examples per benchmark
     context: int = 256
     seed: int = 123
