@@ -34,7 +34,11 @@ def main(argv=None) -> int:
         return 2
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     folders = {v: params.out(v) for v in VARIANTS}
-    result = ensure_table(params, folders, args.out, device=device, recompute=args.recompute)
+    try:
+        result = ensure_table(params, folders, args.out, device=device, recompute=args.recompute)
+    except FileNotFoundError as err:
+        print(f"retrofit_eval: {err}", file=sys.stderr)
+        return 1
     if result is None:
         print(f"retrofit_eval: {args.out} holds the table of these params and checkpoints; keeping it.")
     else:

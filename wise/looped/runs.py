@@ -78,7 +78,14 @@ def ensure_retrofit(params: RetrofitParams, variant: str, out: str | Path, devic
 
 
 def table_recipe(params: RetrofitParams, folders: dict) -> dict:
+    from wise.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
     from wise.looped.evaluate import checkpoint_fingerprint
+
+    for variant, folder in sorted(folders.items()):
+        absent = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (Path(folder) / n).is_file()]
+        if absent:
+            raise FileNotFoundError(f"retrofit {variant}: {folder} has no {', '.join(absent)}; train it first "
+                                    f"(stage train_retrofit@{variant}, or python -m wise.looped.gpu_run)")
 
     return {"eval": dataclasses.asdict(params.eval), "dtype": params.dtype,
             "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}
