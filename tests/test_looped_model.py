@@ -10,7 +10,7 @@ from wise.conditions import CONDITIONS
 from wise.looped.base import build_base, parameter_count
 from wise.looped.checkpoint import load_retrofit, save_retrofit
 from wise.looped.lma import LoopMemoryAttention, alibi_slopes
-from wise.looped.model import LoopedModel, build_looped
+from wise.looped.model import LoopedModel, build_looped, check_safe_floor
 from wise.runner import WiseSettings, run_condition, state_seed
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
@@ -50,6 +50,18 @@ def test_one_loop_reproduces_the_base_exactly(family):
     with torch.no_grad():
         model.alpha.fill_(0.7)
     assert torch.equal(model(ids, 1), reference)
+    check_safe_floor(model)  # the check training runs before it starts
+
+
+def test_safe_floor_check_fails_when_one_loop_is_not_the_base(monkeypatch):
+    import wise.looped.model as looped_model
+
+    model = build_looped(tiny_base("qwen3"), **LMA)
+    check_safe_floor(model)
+    original = looped_model.apply_layer  # the looped path's layers, off by a hair
+    monkeypatch.setattr(looped_model, "apply_layer", lambda layer, h, pos: original(layer, h, pos) * 1.0001)
+    with pytest.raises(AssertionError, match="safe floor"):
+        check_safe_floor(model)
 
 
 @torch.no_grad()

@@ -172,6 +172,18 @@ class LoopedModel(nn.Module):
         return self._parts.lm_head.weight.dtype
 
 
+@torch.no_grad()
+def check_safe_floor(model: LoopedModel, seed: int = 0, n: int = 32) -> None:
+    """Raise unless one loop reproduces the base's logits exactly (on seeded random tokens)."""
+    ids = torch.randint(0, model.config.vocab_size, (2, min(n, model.config.max_positions)),
+                        generator=torch.Generator().manual_seed(seed)).to(model.device)
+    looped = model(ids, 1)
+    base = model.base(input_ids=ids, use_cache=False).logits.float()
+    if not torch.equal(looped, base):
+        raise AssertionError(f"safe floor broken: one loop differs from the base by up to "
+                             f"{float((looped - base).abs().max()):.3g} in the logits")
+
+
 def build_looped(base: nn.Module, base_pointer: str = "", base_sha256: str = "", **fields) -> LoopedModel:
     """A fresh retrofit of `base` (added modules at their initialisation); `fields` are
     LoopedConfig fields (block_start, block_layers, use_lma, window, lma_heads ...)."""

@@ -183,7 +183,7 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
     budget check. Returns (model, probe rows or None)."""
     from wise.looped.base import fingerprint
     from wise.looped.checkpoint import base_pointer
-    from wise.looped.model import build_looped
+    from wise.looped.model import build_looped, check_safe_floor
     from wise.looped.probe import probe_base
 
     probe_rows, start = None, params.block_start
@@ -201,6 +201,7 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
                       gate_bias_init=params.gate_bias_init, lma_head_dim=params.lma_head_dim,
                       lma_heads=params.lma_heads or lma_heads_for(base, params, params.block_layers))
     model = build_looped(base, base_pointer(pointer_source, out), fingerprint(folder), **fields)
+    check_safe_floor(model)  # one loop is the base, bit for bit, before any training
     counts = model.parameter_counts()
     if counts["added_fraction"] > params.max_added_fraction:
         raise ValueError(f"retrofit.max_added_fraction = {params.max_added_fraction}: the retrofit adds "
