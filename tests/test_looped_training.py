@@ -79,6 +79,9 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     load_params("params.yaml", check_model=False)  # `retrofit:` is an allowed section
     p = load_retrofit_params("params.yaml")
     assert p.base == "data/models/recurtrace-base" and p.train.loops_max == 8
+    # the defaults are params.yaml's section, so a params file with only `retrofit: {name: recurtrace}`
+    # (what dvc.yaml interpolates) keeps the committed embedded checkpoints
+    assert p == RetrofitParams.from_dict({"name": "recurtrace"})
     q = load_retrofit_params("params/recurtrace-qwen3.yaml")
     assert q.base == "Qwen/Qwen3-0.6B" and q.dtype == "bfloat16"
     load_params("params/recurtrace-qwen3.yaml", check_model=False)
