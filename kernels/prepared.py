@@ -25,8 +25,8 @@ import math
 import torch
 
 from .launch import FastLauncher
-from .schedule import (Schedule, _alloc, _build_args, _build_schedule_kernel, _build_torch, _check_args,
-                       _use_triton, capacity_order, group_sort_offsets)
+from .schedule import (Schedule, alloc_schedule, build_kernel_args, build_schedule_kernel, build_schedule_torch,
+                       capacity_order, check_schedule_args, group_sort_offsets, use_triton)
 from .sparse_attention import KernelConfig, kernel_for, plan_launch, sparse_attention
 
 
@@ -44,7 +44,7 @@ class ScheduleBuilder:
         if heads < 1 or num_blocks < 1:
             raise ValueError(f"need heads >= 1 and num_blocks >= 1, got {heads} and {num_blocks}")
         probe = torch.empty(self.shape, dtype=torch.bool, device="meta")  # argument checks only
-        pack, head_group = _check_args(probe, block_size, pack, head_dim, order, head_group)
+        pack, head_group = check_schedule_args(probe, block_size, pack, head_dim, order, head_group)
         tiles_per_head = math.ceil(num_blocks / pack)
         self.order = order
         self._group_offsets = None
@@ -57,12 +57,12 @@ class ScheduleBuilder:
                 self._sort_in = torch.empty_like(self._sort_keys)
         else:  # static: computed once, never rewritten
             perm = capacity_order(heads, tiles_per_head, self.device, head_group)
-        self.schedule = _alloc(heads, num_blocks, block_size, pack, self.device, perm)
+        self.schedule = alloc_schedule(heads, num_blocks, block_size, pack, self.device, perm)
         self._stride = (num_blocks * num_blocks, num_blocks, 1)  # contiguous layout, the usual case
         self._launch = None
-        if _use_triton(self.device):
-            self._launch = FastLauncher(_build_schedule_kernel, (self.schedule.num_tiles,),
-                                        _build_args(self._stride, self.schedule))
+        if use_triton(self.device):
+            self._launch = FastLauncher(build_schedule_kernel, (self.schedule.num_tiles,),
+                                        build_kernel_args(self._stride, self.schedule))
 
     def __call__(self, layout: torch.Tensor) -> Schedule:
         if layout.shape != self.shape or layout.dtype != torch.bool or layout.device != self.device:
@@ -71,13 +71,13 @@ class ScheduleBuilder:
         s = self.schedule
         if self._launch is None:  # CPU without the interpreter: torch builder, copied in place
             for dst, src in zip((s.row_start, s.row_count, s.row_full, s.key_blocks),
-                                _build_torch(layout, s.pack, s.tiles_per_head)):
+                                build_schedule_torch(layout, s.pack, s.tiles_per_head)):
                 dst.copy_(src)
         elif layout.stride() == self._stride:
             self._launch(layout.view(torch.uint8))
         else:  # other strides: the normal launch specialises on them
             lay8 = layout.view(torch.uint8)
-            _build_schedule_kernel[(s.num_tiles,)](lay8, *_build_args(lay8.stride(), s))
+            build_schedule_kernel[(s.num_tiles,)](lay8, *build_kernel_args(lay8.stride(), s))
         if self.order == "sorted" and self._group_offsets is None:
             torch.sort(s.row_count, descending=True, out=(self._sort_keys, s.order))
         elif self.order == "sorted":  # grouped: one subtraction more than the global sort
@@ -145,7 +145,7 @@ class PreparedSparseAttention:
         self._strides = (q_stride, k_stride, v_stride)
         self._out_stride = _shape_and_stride(q_shape, None)[1]
         self._launch = None
-        if _use_triton(self.device):
+        if use_triton(self.device):
             s = schedule
             fixed = (*q_stride[:2], *k_stride[:2], *v_stride[:2], *self._out_stride[:2],
                      s.order, s.row_start, s.row_count, s.row_full, s.key_blocks,

@@ -1,6 +1,8 @@
 """References and baselines for the block-sparse kernel.
 
 - masked_attention_reference: the definition, densely in fp32 (what tests compare against);
+- block_mass_reference: the block masses of causal attention, densely in fp32 (block_mass.py's
+  definition);
 - dense_attention: causal SDPA forced onto one backend (flash, cudnn, efficient, math), the dense
   baselines the benchmark reports;
 - flex_block_mask / flex_attention_call: FlexAttention on the same support, built with
@@ -44,6 +46,36 @@ def masked_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         s = s.masked_fill(~expand_layout(layout[h0:h1], block_size, n), float("-inf"))
         out[h0:h1] = torch.matmul(torch.softmax(s, dim=-1), vv)
     return out.to(out_dtype or q.dtype)
+
+
+def block_mass_reference(q: torch.Tensor, k: torch.Tensor, block_size: int, scale: float | None = None,
+                         head_chunk: int | None = None) -> torch.Tensor:
+    """Block masses r[h, q, b] of causal softmax(QKᵀ·scale), densely in fp32 (what block_mass is
+    tested against): the fp32 probabilities of a head chunk, padded to M·B, summed per block pair
+    and divided by each query block's real row count.
+
+    q [H, n, d], k [Hkv, n, d] (head h reads kv head h // (H // Hkv)) -> float32 [H, M, M].
+    head_chunk: heads per chunk of n×n probabilities (default: ~1 GiB of fp32 scores; H holds a
+    whole layer at once, as the runner's discovery recorder does).
+    """
+    hq, n, d = q.shape
+    group = hq // k.shape[0]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    m = -(-n // block_size)
+    pad = m * block_size - n
+    rows = torch.full((m,), float(block_size), device=q.device)
+    rows[-1] = n - (m - 1) * block_size
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    out = torch.empty(hq, m, m, dtype=torch.float32, device=q.device)
+    chunk = head_chunk or max(1, (1 << 28) // (n * n))
+    for h0 in range(0, hq, chunk):
+        h1 = min(hq, h0 + chunk)
+        kk = k[torch.arange(h0, h1, device=q.device) // group].float()
+        s = torch.matmul(q[h0:h1].float(), kk.transpose(-1, -2)) * scale
+        p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+        p = F.pad(p, (0, pad, 0, pad)).reshape(h1 - h0, m, block_size, m, block_size)
+        out[h0:h1] = p.sum(dim=(-3, -1)) / rows[:, None]
+    return out
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -69,11 +69,11 @@ class Schedule:
 # Pack for supports known to be dense (density >= DENSE_PACK_DENSITY), keyed (B, head_dim). On a
 # full support the union of packed rows equals each row, so packing 2-4 query blocks into a
 # 64/128-row wgmma tile costs nothing; on a sparse one it costs the union. Measured on an H200
-# (python -m kernels.tune --preset full-pack, n=4096, 55 heads, d=96, B=32; kernels/README.md):
+# (python -m benchmarks.tune --preset full-pack, n=4096, 55 heads, d=96, B=32; kernels/README.md):
 # full support 0.871 ms with pack 1, 0.705 ms pack 2, 0.693 ms pack 4 (0.647 ms with kb=2 in a
 # later sweep); at density 0.71 pack 1 still wins (0.640 vs 0.643 / 0.688 ms), hence the 0.8
 # threshold. d=64 already packs 2 by default.
-# Entries go together with sparse_attention._PACK_CONFIGS[(B, d, pack)].
+# Entries go together with sparse_attention.PACK_CONFIGS[(B, d, pack)].
 DENSE_PACK: dict[tuple[int, int], int] = {(32, 96): 4}
 DENSE_PACK_DENSITY = 0.8
 
@@ -81,7 +81,7 @@ DENSE_PACK_DENSITY = 0.8
 def _dense_pack_pays(device) -> bool:
     """The dense-support pack was measured on Hopper (wgmma tiles). On an sm_80 GPU the same
     128-row tiles compile to mma.sync with ~27 KB of register spills per thread
-    (python -m kernels.compile_check), so they are kept to sm_90+; a CPU (interpreter) or an
+    (python -m benchmarks.compile_check), so they are kept to sm_90+; a CPU (interpreter) or an
     unknown device keeps the table's choice."""
     if device is None or torch.device(device).type != "cuda":
         return True
@@ -90,7 +90,7 @@ def _dense_pack_pays(device) -> bool:
 
 def default_pack(block_size: int, head_dim: int | None = None, density: float | None = None,
                  device=None) -> int:
-    """Query blocks per kernel tile (must match the kernel config; see sparse_attention._CONFIGS).
+    """Query blocks per kernel tile (must match the kernel config; see sparse_attention.CONFIGS).
 
     Tiles of 64+ rows use Hopper's wgmma but pay for the union of the packed rows' key lists.
     Measured on an H200 (kernels/README.md): B=16 packs 2 blocks (32 rows); B=32 packs 2 for
@@ -135,7 +135,7 @@ def group_sort_offsets(heads: int, tiles_per_head: int, num_blocks: int, head_gr
 def sorted_order(row_count: torch.Tensor, heads: int, tiles_per_head: int, num_blocks: int,
                  head_group: int | None) -> torch.Tensor:
     """Longest-first launch order (one argsort), within groups of head_group heads if given
-    (head_group as _check_args returns it: None when one group would hold every head)."""
+    (head_group as check_schedule_args returns it: None when one group would hold every head)."""
     if head_group is None:
         return torch.argsort(row_count, descending=True)  # int64; no cast launch
     offsets = group_sort_offsets(heads, tiles_per_head, num_blocks, head_group, row_count.device)
@@ -143,7 +143,7 @@ def sorted_order(row_count: torch.Tensor, heads: int, tiles_per_head: int, num_b
 
 
 # Heads per launch group when the K/V of all heads do not fit in L2 (default_head_group). Measured
-# on an H200 (n=4096, Huginn 55 heads, d=96, B=32, rho 0.37, session-6 probe; kernels/README.md):
+# on an H200 (n=4096, Huginn 55 heads, d=96, B=32, rho 0.37; kernels/README.md):
 # one call 0.395 ms in one global longest-first order, 0.376 / 0.379 / 0.368 / 0.351 / 0.356 ms
 # with groups of 1 / 2 / 4 / 8 / 16 heads; with groups of 8: n=8192 1.367 -> 1.257 ms, B=16
 # 0.596 -> 0.553, B=64 0.324 -> 0.290, B=128 0.355 -> 0.327, pack-2 tiles 0.460 -> 0.412 ms;
@@ -193,12 +193,13 @@ def validate_layout(layout: torch.Tensor) -> None:
         raise ValueError(f"layout has an empty row: head {h}, query block {q} keeps no key block")
 
 
-def _capacity(pack: int, tiles_per_head: int) -> int:
+def causal_capacity(pack: int, tiles_per_head: int) -> int:
+    """CSR entries reserved per head: tile t holds at most pack * (t + 1) causal key blocks."""
     return pack * tiles_per_head * (tiles_per_head + 1) // 2
 
 
 @triton.jit
-def _build_schedule_kernel(
+def build_schedule_kernel(
     layout_ptr, stride_h, stride_q, stride_k,  # uint8 view of the bool layout
     row_start_ptr, row_count_ptr, row_full_ptr, key_blocks_ptr,
     num_blocks, tiles_per_head, per_head,
@@ -227,7 +228,7 @@ def _build_schedule_kernel(
     tl.store(row_full_ptr + tile, n_full)
 
 
-def _build_torch(layout: torch.Tensor, pack: int, tiles_per_head: int):
+def build_schedule_torch(layout: torch.Tensor, pack: int, tiles_per_head: int):
     """Same schedule with plain torch ops: the path for CPU tensors without the Triton
     interpreter, and the oracle the tests compare the Triton builder against."""
     heads, m, _ = layout.shape
@@ -246,7 +247,7 @@ def _build_torch(layout: torch.Tensor, pack: int, tiles_per_head: int):
     kb = torch.arange(m, device=dev, dtype=torch.int32).view(1, 1, -1)
     n_full = (active & (kb < q0)).sum(-1, dtype=torch.int32)
     t = torch.arange(tiles_per_head, device=dev, dtype=torch.int64)
-    per_head = _capacity(pack, tiles_per_head)
+    per_head = causal_capacity(pack, tiles_per_head)
     start = (torch.arange(heads, device=dev).view(-1, 1) * per_head + pack * t * (t + 1) // 2)
     pos = start.unsqueeze(-1) + active.to(torch.int64).cumsum(-1) - 1
     capacity = heads * per_head
@@ -257,12 +258,14 @@ def _build_torch(layout: torch.Tensor, pack: int, tiles_per_head: int):
     return (start.flatten().to(torch.int32), count.flatten(), n_full.flatten(), key_blocks[:capacity])
 
 
-def _use_triton(device: torch.device) -> bool:
+def use_triton(device: torch.device) -> bool:
+    """Whether builds on `device` run the Triton kernel (CUDA, or the CPU interpreter) rather than
+    build_schedule_torch."""
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _check_args(layout: torch.Tensor, block_size: int, pack: int | None, head_dim: int | None,
-                order: str, head_group: int | None = None) -> tuple[int, int | None]:
+def check_schedule_args(layout: torch.Tensor, block_size: int, pack: int | None, head_dim: int | None,
+                        order: str, head_group: int | None = None) -> tuple[int, int | None]:
     """(pack, head_group) after checking every argument; head_group comes back as None when one
     group would hold every head (the global order), so the builders test only for None."""
     if block_size not in (16, 32, 64, 128):
@@ -282,19 +285,20 @@ def _check_args(layout: torch.Tensor, block_size: int, pack: int | None, head_di
     return pack, head_group
 
 
-def _build_args(layout_stride: tuple, s: Schedule) -> tuple:
-    """Arguments of _build_schedule_kernel after the layout pointer, in signature order."""
-    per_head = _capacity(s.pack, s.tiles_per_head)
+def build_kernel_args(layout_stride: tuple, s: Schedule) -> tuple:
+    """Arguments of build_schedule_kernel after the layout pointer, in signature order."""
+    per_head = causal_capacity(s.pack, s.tiles_per_head)
     return (*layout_stride, s.row_start, s.row_count, s.row_full,
             s.key_blocks, s.num_blocks, s.tiles_per_head, per_head, s.pack,
             max(16, triton.next_power_of_2(s.num_blocks)))
 
 
-def _alloc(heads: int, m: int, block_size: int, pack: int, device, order: torch.Tensor) -> Schedule:
+def alloc_schedule(heads: int, m: int, block_size: int, pack: int, device, order: torch.Tensor) -> Schedule:
+    """An unfilled Schedule for [heads, m, m] layouts (what build_schedule_kernel writes into)."""
     tiles_per_head = math.ceil(m / pack)
     num_tiles = heads * tiles_per_head
     # one allocation, four views: the build is host-bound, every torch call counts
-    buf = torch.empty(3 * num_tiles + heads * _capacity(pack, tiles_per_head), dtype=torch.int32,
+    buf = torch.empty(3 * num_tiles + heads * causal_capacity(pack, tiles_per_head), dtype=torch.int32,
                       device=device)
     row_start, row_count, row_full = buf[:3 * num_tiles].view(3, num_tiles).unbind(0)
     return Schedule(block_size=block_size, pack=pack, heads=heads, num_blocks=m,
@@ -318,17 +322,17 @@ def build_schedule(layout: torch.Tensor, block_size: int, pack: int | None = Non
     For a build repeated on same-shaped layouts, prepare_schedule (kernels/prepared.py) reuses
     its buffers and launches with a few microseconds of host time.
     """
-    pack, head_group = _check_args(layout, block_size, pack, head_dim, order, head_group)
+    pack, head_group = check_schedule_args(layout, block_size, pack, head_dim, order, head_group)
     heads, m, _ = layout.shape
     dev = layout.device
     tiles_per_head = math.ceil(m / pack)
-    if _use_triton(dev):
-        s = _alloc(heads, m, block_size, pack, dev, order=None)
+    if use_triton(dev):
+        s = alloc_schedule(heads, m, block_size, pack, dev, order=None)
         lay8 = layout.view(torch.uint8)
-        _build_schedule_kernel[(s.num_tiles,)](lay8, *_build_args(lay8.stride(), s))
+        build_schedule_kernel[(s.num_tiles,)](lay8, *build_kernel_args(lay8.stride(), s))
         row_start, row_count, row_full, key_blocks = s.row_start, s.row_count, s.row_full, s.key_blocks
     else:
-        row_start, row_count, row_full, key_blocks = _build_torch(layout, pack, tiles_per_head)
+        row_start, row_count, row_full, key_blocks = build_schedule_torch(layout, pack, tiles_per_head)
     if order == "sorted":
         # longest rows first: the kernel's grid walks `order`, so the GPU ends on short tiles
         perm = sorted_order(row_count, heads, tiles_per_head, m, head_group)

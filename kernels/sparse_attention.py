@@ -16,8 +16,6 @@ How the work is cut (see schedule.py for the schedule itself):
   split crashed under Triton 3.6, so there it is padded to 128 by masked loads (pad_d);
 - softmax runs in base 2 on scores pre-multiplied by scale·log2(e) (one exp2 per score).
 GQA: query head h reads kv head h // (Hq // Hkv); the groups' K/V blocks are reused through L2.
-A config with key_major=True runs kernels/key_major.py instead (same schedule and arguments, tiles
-turned so the gathered keys are the long side; measured slower on the H200, kept for re-checking).
 """
 from __future__ import annotations
 
@@ -40,14 +38,13 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
-    key_major: bool = False  # run the key-major kernel (kernels/key_major.py; pack must be 1)
 
 
 # Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
 # shape inside the pipeline). Measured on one H200, bf16, n=4096, WISE-like supports at rho=0.37
-# (python -m kernels.tune; kernels/README.md). Tiles of 32 rows run on mma.sync (HMMA), tiles of
+# (python -m benchmarks.tune; kernels/README.md). Tiles of 32 rows run on mma.sync (HMMA), tiles of
 # 64+ rows on wgmma; head_dim 96 on wgmma tiles is padded to 128 (the 64+32 split crashed there).
-_CONFIGS = {
+CONFIGS = {
     (16, 64): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
     (16, 96): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
     (16, 128): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
@@ -69,29 +66,29 @@ _CONFIGS = {
 # of two sweeps on an H200 (n=4096, 55 heads): 128 query rows x 64 gathered keys per iteration,
 # 0.647 ms = 0.94x dense flash in the same run, vs 0.699 ms with kb=1 (kernels/README.md).
 # Without an entry the default config's kb / warps / stages are kept with the schedule's pack.
-_PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
+PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
     (32, 96, 4): KernelConfig(pack=4, kb=2, num_warps=4, num_stages=3, pad_d=True),
 }
 
 
 def parse_config(text: str) -> KernelConfig:
-    """'pack,kb,warps,stages[,pad_d[,key_major]]' (ints; the flags 0/1), as the command lines take it."""
+    """'pack,kb,warps,stages[,pad_d]' (ints; pad_d 0/1), as the benchmark command lines take it."""
     try:
         x = [int(v) for v in text.split(",")]
     except ValueError:
         x = []
-    if not 4 <= len(x) <= 6:
-        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d[,key_major]] integers; got {text!r}")
-    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), key_major=len(x) > 5 and bool(x[5]))
+    if not 4 <= len(x) <= 5:
+        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d] integers; got {text!r}")
+    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]))
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None) -> KernelConfig:
     """The fixed config for a shape (for a schedule packed with `pack`, default: the table's).
     fp32 (tests, interpreter) runs its dots on FMA units with 4-byte tiles: narrower key tiles and
     one stage keep it inside registers and shared memory."""
-    cfg = _CONFIGS[(block_size, head_dim)]
+    cfg = CONFIGS[(block_size, head_dim)]
     if pack is not None and pack != cfg.pack:
-        cfg = _PACK_CONFIGS.get((block_size, head_dim, pack)) or replace(cfg, pack=pack)
+        cfg = PACK_CONFIGS.get((block_size, head_dim, pack)) or replace(cfg, pack=pack)
     if dtype == torch.float32:
         return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1)
     return cfg
@@ -225,11 +222,8 @@ HEAD_DIMS = tuple(_SPLIT)  # the head sizes the kernel compiles for
 
 
 def kernel_for(config: KernelConfig):
-    """The @triton.jit kernel a config runs (both take one argument list)."""
-    if config.key_major:
-        from .key_major import _sparse_attn_fwd_key_major  # imports _load from here
-
-        return _sparse_attn_fwd_key_major
+    """The @triton.jit kernel a config runs (one today; the launchers and the offline compile
+    report ask through here so a variant needs no change there)."""
     return _sparse_attn_fwd
 
 
@@ -266,10 +260,8 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
 
 def kernel_constexprs(cfg: KernelConfig, head_dim: int, block_size: int, dtype: torch.dtype):
     """(config as launched, the kernel's constexpr arguments) for one shape: the part of a launch
-    plan that needs no tensors (also what kernels.compile_check compiles)."""
-    if cfg.key_major and cfg.pack != 1:
-        raise ValueError(f"a key-major config needs pack=1 (one query block per tile), got pack={cfg.pack}")
-    if head_dim == 96 and cfg.pack * block_size >= 64 and not cfg.pad_d and not cfg.key_major:
+    plan that needs no tensors (also what benchmarks.compile_check compiles)."""
+    if head_dim == 96 and cfg.pack * block_size >= 64 and not cfg.pad_d:
         # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
         cfg = replace(cfg, pad_d=True)
     d_a, d_b = (triton.next_power_of_2(head_dim), 0) if cfg.pad_d else _SPLIT[head_dim]

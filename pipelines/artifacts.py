@@ -1,7 +1,8 @@
 """Parquet artifacts: atomic writes (temporary name, then rename) and typed reads.
 
 An interrupted stage never leaves a half-written file that looks complete, and a stage that fails
-validation never touches what an earlier run wrote.
+validation never touches what an earlier run wrote. Temporaries are ``.<name>.tmp-<pid>``
+(``wise.atomic_files``); those of dead writers are removed at the next write of the same artifact.
 """
 from __future__ import annotations
 
@@ -13,20 +14,16 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+from wise.atomic_files import atomic_path, remove_stale_temporaries, temporary_name
 
 
 def write_parquet(rows: Sequence[dict[str, Any]] | pa.Table, path: str | Path,
                   schema: pa.Schema | None = None) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=schema)
-    tmp = _tmp(path)
-    # Fixed writer settings and no wall-clock metadata: the same rows give the same bytes.
-    pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        # Fixed writer settings and no wall-clock metadata: the same rows give the same bytes.
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
     return path
 
 
@@ -38,12 +35,14 @@ class ParquetStream:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.tmp = _tmp(self.path)
+        self.tmp = temporary_name(self.path)
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
 
     def __enter__(self) -> "ParquetStream":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.path)
+        self.tmp.unlink(missing_ok=True)
         return self
 
     def write(self, rows: Sequence[dict[str, Any]]) -> None:
@@ -90,10 +89,8 @@ def read_parquet(path: str | Path) -> pa.Table:
 
 def write_text(text: str, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
     return path
 
 

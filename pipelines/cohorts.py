@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from pipelines.params import Params
-from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data import build_cohort_variants, format_prompt, load_examples, public_benchmarks
 from wise.data.prompts import answer_continuation
 from wise.data.tokenizer import load_tokenizer
 from wise.models.checkpoint import load_config, resolve_model_source
@@ -27,8 +27,8 @@ class ModelText:
     max_positions: int
 
 
-def model_text(source: str) -> ModelText:
-    folder = resolve_model_source(source)
+def model_text(source: str, revision: str | None = None) -> ModelText:
+    folder = resolve_model_source(source, revision)
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"model.source {source!r} has no tokenizer.json beside the weights")
@@ -91,7 +91,7 @@ def question_start(prompt: str, question: str, offsets) -> int:
 
 def build_cohort(p: Params) -> list[dict]:
     c = p.cohorts
-    text = model_text(p.model.source)
+    text = model_text(p.model.source, p.model.revision)
     tok, bos, eos = text.tokenizer, text.bos_id, text.stop_ids[0]
     reserve = generation_reserve(p, text.max_positions)
 
@@ -104,7 +104,13 @@ def build_cohort(p: Params) -> list[dict]:
     rows = []
     for bench in c.benchmarks:
         options = dict(c.sources.get(bench, {}))  # e.g. {path: hotpot_dev_distractor_v1.json}
-        examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **options)
+        if bench in public_benchmarks.SPLIT_NAMES:  # real benchmarks: malformed rows dropped, listed
+            examples, bad = public_benchmarks.load_checked(bench, c.split, c.examples_per_benchmark, c.seed,
+                                                           max_bad_fraction=c.max_bad_rows_fraction, **options)
+            for row_id, reason in bad:
+                print(f"cohorts: {bench} row {row_id} dropped: {reason}")
+        else:
+            examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **options)
         for ex, cv in zip(examples, build_cohort_variants(examples, list(c.context_lengths), count_tokens,
                                                           c.seed, style=c.prompt_style,
                                                           reserve_tokens=reserve)):

@@ -28,12 +28,13 @@ def run_condition_stage(p: Params) -> None:
     layouts = {}
     for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
         layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
-    text = model_text(p.model.source)
+    text = model_text(p.model.source, p.model.revision)
     tok, stop = text.tokenizer, list(text.stop_ids)
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
+               "generation": p.conditions.generation,
                "stop_ids": stop}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("conditions", items, context, desc="conditions")

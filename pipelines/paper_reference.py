@@ -1,4 +1,4 @@
-"""The paper's published numbers (Huginn-0125 on an RTX A6000; DESIGN.md §7), shown beside ours
+"""The paper's published numbers (Huginn-0125 on an RTX A6000, the paper's tables), shown beside ours
 in the report where the setting matches, always labelled as the paper's Huginn numbers."""
 
 CONTEXT_SCALING = {  # context length -> (density, retained future mass, ΔF1 WISE − Full)

@@ -18,6 +18,9 @@ from wise.diagnostics import THRESHOLD_SETTINGS
 from wise.models.checkpoint import is_hub_id
 
 
+LOCAL_BENCHMARKS = "data/raw"  # local benchmark files; a dependency of the cohorts stage (dvc.yaml)
+
+
 class ParamsError(ValueError):
     """A params.yaml value is missing, unknown or out of range; the message names the key."""
 
@@ -27,6 +30,7 @@ class ModelParams:
     source: str = "data/models/wise-tiny-random"  # folder, hub id, or preset:<name>@<seed>
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda
+    revision: str | None = None  # hub ids: branch, tag or commit to download (None: default branch)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,9 @@ class CohortParams:
     # benchmark -> loader options, e.g. {hotpotqa: {path: hotpot_dev_distractor_v1.json}} or
     # {hotpotqa: {hub_id: hotpotqa/hotpot_qa, config: distractor}}; empty: the loader's default
     sources: dict = field(default_factory=dict)
+    # public benchmarks: malformed rows are dropped and listed; more than this fraction of a source
+    # fails the stage (wise.data.public_benchmarks.DEFAULT_MAX_BAD_FRACTION says why 0.01)
+    max_bad_rows_fraction: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,8 @@ class WiseParams:
 class ConditionParams:
     names: tuple[str, ...] = CONDITIONS
     max_new_tokens: int = 8
-    backend: str = "reference"  # late attention: reference | kernel | flex
+    backend: str = "reference"  # late attention: reference | gather | kernel | flex
+    generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class ComputeParams:
     num_workers: int = 0  # 0: one per GPU, else as many CPU actors as cores allow
     cpus_per_worker: int = 1
     gpus_per_worker: float = 1.0
+    max_retries: int = 2  # times an item is resubmitted to a new actor after the one running it died
 
 
 @dataclass(frozen=True)
@@ -208,8 +217,16 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
              "cohorts.sources", c.sources, "must map benchmark names to option mappings")
     stray = [b for b in c.sources if b not in c.benchmarks]
     _require(not stray, "cohorts.sources", c.sources, f"names benchmark(s) not in cohorts.benchmarks: {stray}")
+    for bench, options in c.sources.items():
+        for f in ([options["path"]] if isinstance(options.get("path"), str) else options.get("path") or []):
+            # dvc.yaml lists data/raw as a dependency of cohorts; a file elsewhere could change unseen.
+            inside = Path(f).resolve().is_relative_to(Path(LOCAL_BENCHMARKS).resolve())
+            _require(inside, f"cohorts.sources.{bench}.path", f,
+                     f"local benchmark files must be under {LOCAL_BENCHMARKS}/ (a DVC dependency of cohorts)")
     _require(c.split in ("train", "validation", "test"), "cohorts.split", c.split,
              "must be one of train, validation, test")
+    _require(0.0 <= c.max_bad_rows_fraction < 1.0, "cohorts.max_bad_rows_fraction", c.max_bad_rows_fraction,
+             "must be in [0, 1)")
     unknown = [n for n in p.conditions.names if n not in CONDITIONS]
     _require(not unknown, "conditions.names", list(p.conditions.names),
              f"unknown condition(s) {unknown}; known: {list(CONDITIONS)}")
@@ -218,8 +235,10 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(len(set(p.conditions.names)) == len(p.conditions.names), "conditions.names",
              list(p.conditions.names), "has duplicates")
     _require(p.conditions.max_new_tokens >= 1, "conditions.max_new_tokens", p.conditions.max_new_tokens, "must be >= 1")
-    _require(p.conditions.backend in ("reference", "kernel", "flex"), "conditions.backend",
-             p.conditions.backend, "must be reference, kernel or flex")
+    _require(p.conditions.backend in ("reference", "gather", "kernel", "flex"), "conditions.backend",
+             p.conditions.backend, "must be reference, gather, kernel or flex")
+    _require(p.conditions.generation in ("cached", "rerun"), "conditions.generation",
+             p.conditions.generation, "must be cached or rerun")
     _require(p.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", p.model.dtype,
              "must be float32, bfloat16 or float16")
     _require(p.model.device in ("auto", "cpu", "cuda"), "model.device", p.model.device, "must be auto, cpu or cuda")
@@ -264,6 +283,7 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(cp.executor in ("ray", "local"), "compute.executor", cp.executor, "must be ray or local")
     _require(cp.num_workers >= 0, "compute.num_workers", cp.num_workers, "must be >= 0 (0 = auto)")
     _require(cp.cpus_per_worker >= 1, "compute.cpus_per_worker", cp.cpus_per_worker, "must be >= 1")
+    _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
     return p
 
 

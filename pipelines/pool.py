@@ -2,7 +2,16 @@
 an existing cluster), or an in-process executor for debugging.
 
 Each worker loads the model once and runs named tasks (``pipelines.work.TASKS``) on work items;
-results come back to the driver, which alone writes stage outputs.
+results come back to the driver, which alone writes stage outputs, in item order as they arrive.
+
+Actor death (a killed or crashed worker process, a lost node): ``ray.util.ActorPool`` drops the
+dead actor, the pool starts a new one in its place and resubmits the item it was running, at
+most ``compute.max_retries`` times per item; past that, the error names the item's example id.
+The driver does the resubmitting rather than Ray's ``max_restarts`` / ``max_task_retries``: those
+do not cover an actor killed for good (``ray.kill``), and their final error does not say which
+item was lost. A result is kept once per item (an item that failed produced no result), so no
+row is duplicated. An exception raised by the task itself is not retried (it would recur); it
+carries the example id as a note.
 
 Ray and the network: every ``ray.init`` starts a dashboard process that, unless it finds
 ``~/ray_bootstrap_config.yaml``, probes cloud metadata addresses (169.254.169.254,
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,29 +45,61 @@ _RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
             "RAY_DISABLE_DOCKER_CPU_WARNING": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
+def _actor_hex(actor) -> str:
+    # A handle exposes its id only as the (private) _actor_id; Ray's errors report it as hex.
+    return actor._actor_id.hex()
+
+
+def item_id(item: Any, index: int) -> str:
+    """How errors name a work item: its example id, else its position."""
+    return str(item.get("example_id")) if isinstance(item, dict) and "example_id" in item else f"#{index}"
+
+
 class ModelWorker:
     """Hosts one model (and, on CUDA, the kernel) and runs tasks on work items."""
 
     def __init__(self, model: ModelParams, threads: int = 1):
         import torch
 
-        from wise.models import load_checkpoint
-
         torch.set_num_threads(max(1, threads))
         device = model.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[model.dtype]
-        self.model = load_checkpoint(model.source, dtype=dtype, device=device)
         self.device = device
+        self.model_loads = 0  # stats(): 1 for the whole life of the worker, whatever the item count
+        self.items = 0
+        self.model = self._load(model)
 
-    def run(self, task: str, item: Any, context: dict) -> Any:
+    def _load(self, model: ModelParams):
+        import torch
+
+        from wise.models import load_checkpoint
+
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[model.dtype]
+        self.model_loads += 1
+        return load_checkpoint(model.source, dtype=dtype, device=self.device, revision=model.revision)
+
+    def run(self, task: str, item: Any, context: dict, index: int = 0) -> Any:
         from pipelines.work import get_task
 
-        return get_task(task)(self.model, item, context)
+        try:
+            out = get_task(task)(self.model, item, context)
+        except Exception as exc:
+            exc.add_note(f"{task}: while running example {item_id(item, index)}")
+            raise
+        self.items += 1
+        return out
+
+    def run_indexed(self, task: str, index: int, item: Any, context: dict) -> tuple[int, Any]:
+        """``(index, result)``: ActorPool returns results without saying whose they are."""
+        return index, self.run(task, item, context, index)
 
     def ready(self) -> str:
         return self.device
+
+    def stats(self) -> dict:
+        """pid, device, models this worker loaded (1) and items it ran."""
+        return {"pid": os.getpid(), "device": self.device, "model_loads": self.model_loads, "items": self.items}
 
 
 def private_ray_home() -> Path:
@@ -113,6 +155,8 @@ class WorkerPool:
         self.model, self.compute, self.n_items = model, compute, n_items
         self.actors: list = []
         self.local: ModelWorker | None = None
+        self._remote = None  # the ray.remote ModelWorker class, to start replacement actors
+        self.replaced = 0  # actors started in place of dead ones
 
     def __enter__(self) -> "WorkerPool":
         if self.compute.executor == "local":
@@ -128,10 +172,22 @@ class WorkerPool:
         opts = {"num_cpus": self.compute.cpus_per_worker}
         if use_gpu:
             opts["num_gpus"] = self.compute.gpus_per_worker
-        remote = ray.remote(**opts)(ModelWorker)
-        self.actors = [remote.remote(self.model, self.compute.cpus_per_worker) for _ in range(n)]
+        # max_restarts=0: a dead actor stays dead and the pool replaces it (module docstring).
+        self._remote = ray.remote(max_restarts=0, max_task_retries=0, **opts)(ModelWorker)
+        self.actors = [self._new_actor() for _ in range(n)]
         ray.get([a.ready.remote() for a in self.actors])
         return self
+
+    def _new_actor(self):
+        return self._remote.remote(self.model, self.compute.cpus_per_worker)
+
+    def stats(self) -> list[dict]:
+        """``ModelWorker.stats()`` of every live worker."""
+        if self.local is not None:
+            return [self.local.stats()]
+        import ray
+
+        return ray.get([a.stats.remote() for a in self.actors])
 
     def __exit__(self, *exc) -> None:
         if self.actors:
@@ -153,8 +209,8 @@ class WorkerPool:
         bar = tqdm(total=len(items), desc=desc or task, unit="item", dynamic_ncols=True)
         try:
             if self.local is not None:
-                for item in items:
-                    yield self.local.run(task, item, context)
+                for i, item in enumerate(items):
+                    yield self.local.run(task, item, context, i)
                     bar.update()
             else:
                 yield from self._imap_ray(task, items, context, bar)
@@ -163,25 +219,58 @@ class WorkerPool:
 
     def _imap_ray(self, task: str, items: Sequence[Any], context: dict, bar):
         import ray
+        from ray.exceptions import ActorDiedError, RayActorError
+        from ray.util import ActorPool
 
         ctx_ref = ray.put(context)
+        pool = ActorPool(self.actors)
+        queue = deque(range(len(items)))  # submitted only to a free actor, so a retry can go first
+        running: dict[str, int] = {}  # actor id -> the item it runs (an actor runs one at a time)
+        failures = [0] * len(items)
         ready: dict[int, Any] = {}  # finished out of order, waiting for their turn
-        pending: dict = {}
-        queue = list(enumerate(items))
-        idle = list(self.actors)
         next_out = 0
-        while queue or pending:
-            while queue and idle:  # one item in flight per actor keeps load balanced
-                i, item = queue.pop(0)
-                actor = idle.pop()
-                pending[actor.run.remote(task, item, ctx_ref)] = (i, actor)
-            done, _ = ray.wait(list(pending), num_returns=1)
-            i, actor = pending.pop(done[0])
-            ready[i] = ray.get(done[0])
-            idle.append(actor)
+
+        def submit(actor, i):
+            running[_actor_hex(actor)] = i
+            return actor.run_indexed.remote(task, i, items[i], ctx_ref)
+
+        while queue or pool.has_next():
+            while queue and pool.has_free():  # one item in flight per actor keeps load balanced
+                pool.submit(submit, queue.popleft())
+            if not pool.has_next():
+                raise RuntimeError(f"{task}: no live actor left for {len(queue)} item(s)")
+            try:
+                i, out = pool.get_next_unordered()
+            except RayActorError as exc:
+                i = running.pop(exc.actor_id, None)
+                if i is None:
+                    lost = sorted(item_id(items[j], j) for j in running.values())
+                    raise RuntimeError(f"{task}: an actor died while running one of {lost}: {exc}") from exc
+                failures[i] += 1
+                if failures[i] > self.compute.max_retries:
+                    raise RuntimeError(
+                        f"{task}: example {item_id(items[i], i)} failed: its actor died {failures[i]} "
+                        f"time(s) (compute.max_retries = {self.compute.max_retries}): {exc}") from exc
+                if isinstance(exc, ActorDiedError):  # gone for good; ActorPool has dropped it
+                    self._replace(pool, exc.actor_id)
+                queue.appendleft(i)
+                continue
+            if i in ready or i < next_out:
+                raise RuntimeError(f"{task}: example {item_id(items[i], i)} came back twice")
+            ready[i] = out
             bar.update()
             while next_out in ready:
                 yield ready.pop(next_out)
                 next_out += 1
 
+    def _replace(self, pool, actor_id: str) -> None:
+        import ray
 
+        dead = [a for a in self.actors if _actor_hex(a) == actor_id]
+        for a in dead:
+            ray.kill(a)  # already dead; makes sure its resources (a GPU) are released
+            self.actors.remove(a)
+        fresh = self._new_actor()
+        self.actors.append(fresh)
+        pool.push(fresh)
+        self.replaced += 1

@@ -3,14 +3,32 @@
 Views (see README.md for columns): examples, trace_masses, trace_steps, support_layouts, supports,
 results, paired, timing, condition_summary. ``--list`` shows the views and their columns;
 ``--csv`` / ``--json`` change the output format.
+
+Read-only: only SELECT / EXPLAIN statements run, and the connection reads files under data/ only
+(no COPY, no read_csv of other files, no ATTACH; see ``pipelines.db``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
-from pipelines.db import connect
+from pipelines.db import connect, connect_views, project_root
+
+# Statement types the CLI runs: queries only. DuckDB lets even a read-only connection COPY into an
+# allowed folder, so writes are refused here by statement type.
+READ_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def check_read_only(con, sql: str) -> None:
+    """Raise ValueError unless every statement in `sql` is a query."""
+    kinds = [s.type.name for s in con.extract_statements(sql)]
+    bad = sorted({k for k in kinds if k not in READ_STATEMENTS})
+    if bad:
+        raise ValueError(f"only {' / '.join(READ_STATEMENTS)} statements are run here (the SQL CLI is "
+                         f"read-only); got {', '.join(bad)}")
 
 
 def _format_value(v, width: int | None = 60) -> str:
@@ -46,11 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.sql and not args.list:
         ap.error("give a SQL query or --list")
+    db = Path(args.db).resolve() if args.db else None
+    os.chdir(project_root())  # the views' relative paths resolve from the project root (pipelines.db)
     try:
-        con = connect(args.db, read_only=True)
+        con = connect(db, read_only=True)
     except FileNotFoundError as exc:
-        print(f"query: {exc}", file=sys.stderr)
-        return 2
+        if db is not None:
+            print(f"query: {exc}", file=sys.stderr)
+            return 2
+        # data/wise.duckdb is published by the statistics stage; until then (or after DVC restored
+        # that stage's outputs from its run cache) the same views are built in memory.
+        con = connect_views()
+        print("query: data/wise.duckdb not found; querying the Parquet outputs directly", file=sys.stderr)
     try:
         if args.list:
             sql = ("SELECT table_name AS view, string_agg(column_name, ', ' ORDER BY ordinal_position) "
@@ -58,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sql = args.sql
         try:
+            check_read_only(con, sql)
             cur = con.execute(sql)
         except Exception as exc:  # duckdb raises several error types; all mean "your SQL"
             print(f"query: {exc}", file=sys.stderr)

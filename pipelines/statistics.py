@@ -11,7 +11,7 @@ import numpy as np
 
 from pipelines import paths
 from pipelines.artifacts import write_json, write_parquet, write_text
-from pipelines.db import build_database, connect
+from pipelines.db import connect_views, publish_database
 from pipelines.params import Params
 from wise.stats import mcnemar, paired_bootstrap
 
@@ -121,8 +121,7 @@ def run_statistics(p: Params) -> None:
     from pipelines.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
 
-    build_database()  # views over every stage's output, so the SQL below sees them
-    con = connect(read_only=True)
+    con = connect_views()  # in memory: data/wise.duckdb is published once, at the end
     try:
         rows = query_rows(con, PAIRED_SQL)
         if not rows:
@@ -147,7 +146,6 @@ def run_statistics(p: Params) -> None:
     write_csv(jaccard_mean, ["step", "mean_jaccard"], out / "rolling_jaccard.csv")
     scaling = context_scaling(summary, timing)
     write_parquet(scaling, out / "context_scaling.parquet")
-    build_database()  # again, now with views over the summaries written above
     metrics = {"conditions": headline_metrics(summary)}
     for r in conv_summary:
         if r["benchmark"] == "all" and r["setting"] == p.diagnostics.default_setting:
@@ -159,6 +157,9 @@ def run_statistics(p: Params) -> None:
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
                      "sweeps": sweeps, "scaling": scaling, "calibration": calibration})
+    # Last, once and atomically: readers see the new views only when every summary exists, and a
+    # run that failed above leaves the previous database in place.
+    publish_database()
 
 
 def write_csv(rows: list[dict], columns: list[str], path) -> None:

@@ -34,12 +34,13 @@ def run_sweep_stage(p: Params, axis: str) -> None:
         raise ParamsError(f"unknown sweep axis {axis!r}; known: {list(AXES)}")
     values = list(getattr(p.sweeps, axis))
     cohort = sweep_cohort(p)
-    text = model_text(p.model.source)
+    text = model_text(p.model.source, p.model.revision)
     tok = text.tokenizer
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "axis": axis, "values": values, "max_new_tokens": p.conditions.max_new_tokens,
+               "generation": p.conditions.generation,
                "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")

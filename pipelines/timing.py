@@ -1,12 +1,13 @@
 """The timing stage: dense attention vs the block-sparse kernel, per context length and block size.
 
-It calls ``kernels.bench`` (the same code as ``python -m kernels.bench``) on
+It calls ``benchmarks.bench`` (the same code as ``python -m benchmarks.bench``) on
 (a) WISE-like random supports in the configured geometry (default Huginn: 55 heads, d=96, 4
 layers) at the configured densities, and (b) the real working sets of the supports stage in the
 current model's own geometry (its heads, kv heads and head_dim when its config can be read and the
-kernel supports that head_dim, else ``timing.head_dim``; random q/k/v). Without CUDA every
-planned measurement is written with status ``skipped: no CUDA``, so the table says what was not
-measured instead of being silently empty.
+kernel supports that head_dim, else ``timing.head_dim``; random q/k/v). The trajectory columns
+(reuse20_*, traj32_*) time ``wise.discovery_step`` dense steps and ``timing.late_calls`` late calls.
+Without CUDA every planned measurement is written with status ``skipped: no CUDA``, so the table
+says what was not measured instead of being silently empty.
 """
 from __future__ import annotations
 
@@ -49,34 +50,43 @@ def model_geometry(heads: int, facts: dict | None, fallback_head_dim: int) -> tu
     return heads, facts["kv_heads"], facts["head_dim"]
 
 
-def run_timing(p: Params) -> None:
-    from kernels import bench
+def timing_rows(p: Params) -> list[dict]:
+    """Every row of the stage's table: measured on the benchmark's device, planned without one."""
+    from benchmarks import bench, inputs, timers
 
     t = p.timing
-    cuda = torch.cuda.is_available()
+    # the trajectory the reuse20_* / traj32_* columns time: t_d dense steps, then the late calls
+    trajectory = dict(seed=t.seed, late_calls=t.late_calls, dense_steps=p.wise.discovery_step)
+    dev = timers.bench_device()
     rows: list[dict] = []
-    gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(t.seed)
+    gen = torch.Generator(device=dev or "cpu").manual_seed(t.seed)
     for n in t.context_lengths:
         for b in t.block_sizes:
             for rho in t.densities:
                 label = f"random_rho{rho:g}"
-                if not cuda:
+                if dev is None:
                     new = bench.planned_rows(n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label, t.layers)
                 else:
-                    lays = torch.stack([bench.random_wise_layout(t.heads, n, b, rho, gen, device="cuda")
+                    lays = torch.stack([inputs.random_wise_layout(t.heads, n, b, rho, gen, device=dev)
                                         for _ in range(t.layers)])
                     new = bench.benchmark(lays, n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label,
-                                          seed=t.seed)
+                                          **trajectory)
                 rows += [{**r, "source": "random", "rho": rho} for r in new]
     facts = model_facts(p.model.source)
     for label, n, lays in model_supports(p):
         heads, kv_heads, head_dim = model_geometry(lays.shape[1], facts, t.head_dim)
-        if not cuda:
+        if dev is None:
             new = bench.planned_rows(n, p.wise.block_size, heads, kv_heads, head_dim, "bf16", label,
                                      lays.shape[0])
         else:
-            new = bench.benchmark(lays.cuda(), n, p.wise.block_size, heads, kv_heads, head_dim, "bf16",
-                                  label, seed=t.seed)
+            new = bench.benchmark(lays.to(dev), n, p.wise.block_size, heads, kv_heads, head_dim, "bf16",
+                                  label, **trajectory)
         rows += [{**r, "source": "model_supports", "rho": None} for r in new]
+    return rows
+
+
+def run_timing(p: Params) -> None:
+    rows = timing_rows(p)
     write_parquet(rows, paths.TIMING)
-    print(f"timing: {len(rows)} rows ({'measured' if cuda else 'skipped: no CUDA'}) -> {paths.TIMING}")
+    measured = any(r["status"] != "skipped: no CUDA" for r in rows)
+    print(f"timing: {len(rows)} rows ({'measured' if measured else 'skipped: no CUDA'}) -> {paths.TIMING}")

@@ -1,8 +1,14 @@
-"""Parquet artifacts are written atomically: an interrupted write leaves the old file untouched."""
+"""Parquet artifacts are written atomically: an interrupted write leaves the old file untouched,
+and temporaries of dead writers are removed at the next write and ignored by git and DVC."""
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.artifacts import ParquetStream, iter_row_groups, write_parquet
+from pipelines.artifacts import ParquetStream, iter_row_groups, write_parquet, write_text
+from wise.atomic_files import temporary_name
 
 
 def test_stream_writes_one_row_group_per_write_and_renames_at_the_end(tmp_path):
@@ -24,3 +30,64 @@ def test_interrupted_stream_keeps_the_previous_output(tmp_path):
             raise RuntimeError("worker died")
     assert pq.read_table(path).to_pylist() == [{"v": 1}]
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporaries_of_dead_writers_are_removed_at_the_next_write(tmp_path):
+    path = tmp_path / "traces" / "masses.parquet"
+    path.parent.mkdir()
+    stale = temporary_name(path, pid=_dead_pid())  # what `kill -9` during a stage leaves behind
+    stale.write_bytes(b"half a parquet file")
+    stale_wal = stale.with_name(stale.name + ".wal")
+    stale_wal.write_bytes(b"x")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        busy = temporary_name(path, pid=live.pid)  # a writer still at work: not ours to delete
+        busy.write_bytes(b"in progress")
+        other = temporary_name(tmp_path / "traces" / "steps.parquet", pid=_dead_pid())
+        other.write_bytes(b"another artifact's")  # cleaned when *that* artifact is next written
+        with ParquetStream(path) as out:
+            out.write([{"v": 1}])
+        assert not stale.exists() and not stale_wal.exists()
+        assert busy.exists() and other.exists()
+        assert pq.read_table(path).to_pylist() == [{"v": 1}]
+    finally:
+        live.kill()
+        live.wait()
+    # Every writer cleans up the same way: whole-file Parquet, text, and the checkpoint writer.
+    from wise.models import RecurrentConfig
+    from wise.models.checkpoint import WEIGHTS_NAME, save_checkpoint
+    from wise.models.recurrent import RecurrentDepthModel, init_weights
+
+    model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name("tiny-random")), 0)
+    targets = {tmp_path / "a.parquet": lambda p: write_parquet([{"v": 2}], p),
+               tmp_path / "r.md": lambda p: write_text("x", p),
+               tmp_path / "ckpt" / WEIGHTS_NAME: lambda p: save_checkpoint(model, p.parent)}
+    for target, write in targets.items():
+        target.parent.mkdir(exist_ok=True)
+        dead = temporary_name(target, pid=_dead_pid())
+        dead.write_bytes(b"stale")
+        write(target)
+        assert target.is_file() and not dead.exists(), target
+        assert not [f for f in target.parent.iterdir() if ".tmp-" in f.name], target
+
+
+def test_temporaries_are_ignored_by_git_and_dvc_in_every_folder_under_data():
+    root = Path(__file__).resolve().parents[1]
+    names = ["data/.wise.duckdb.tmp-12", "data/.wise.duckdb.tmp-12.wal",
+             "data/traces/.masses.parquet.tmp-4242", "data/models/wise-small/.model.safetensors.tmp-7",
+             "data/report/figures/.x.png.tmp-9"]
+    git = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True)
+    assert sorted(git.stdout.split()) == sorted(names), git.stdout + git.stderr
+    dvc = subprocess.run([str(Path(sys.executable).parent / "dvc"), "check-ignore", *names], cwd=root,
+                         capture_output=True, text=True)
+    assert sorted(dvc.stdout.split()) == sorted(names), dvc.stdout + dvc.stderr
+    kept = subprocess.run(["git", "check-ignore", "--no-index", "data/traces/masses.tmp.parquet"], cwd=root,
+                          capture_output=True, text=True)
+    assert kept.returncode == 1  # a real artifact is not hidden by the pattern

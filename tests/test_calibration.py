@@ -15,7 +15,8 @@ from wise.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
 from wise.models.construct import build_chain_model
 from wise.routing import MaskedSupportAttention
-from wise.runner import WiseSettings, greedy_generate, run_condition, state_seed
+from wise.decoding import evaluate_example
+from wise.runner import WiseSettings, run_condition, state_seed
 from wise.support import causal_attention_probs, num_blocks
 
 TOK = build_tokenizer()
@@ -39,7 +40,7 @@ def prompts(n: int, budget: int, seed: int = 11):
 
 
 def answer(model, ex, ids, condition, settings):
-    res = run_condition(model, torch.tensor(ids), condition, settings, state_seed(ex.example_id, 0, len(ids)))
+    res = run_condition(model, torch.tensor(ids), condition, settings, state_seed(ex.example_id, 0))
     return TOK.id_to_token(int(res.logits[-1].argmax()))
 
 
@@ -114,8 +115,12 @@ def test_question_rows_put_their_mass_on_the_current_hop(model):
 
 def test_greedy_answer_is_followed_by_eos(model):
     ex, ids, lay = prompts(1, 256, seed=5)[0]
-    gen = greedy_generate(model, torch.tensor(ids), "full", WiseSettings(), ex.example_id, 0, 4, {1})
-    assert [TOK.id_to_token(i) for i in gen.token_ids] == [ex.answers[0]]
+    answer = [TOK.token_to_id(ex.answers[0]), 1]
+    for generation in ("cached", "rerun"):
+        runs = evaluate_example(model, ids, answer, ["full"], WiseSettings(), state_seed(ex.example_id, 0), 4, {1},
+                                generation)
+        assert [TOK.id_to_token(i) for i in runs["full"].tokens] == [ex.answers[0]]
+        assert runs["full"].gold_logprob > -1e-3  # the answer and its EOS are certain
 
 
 def test_a_question_row_without_a_visible_fact_keeps_its_pointer(model):
@@ -124,12 +129,12 @@ def test_a_question_row_without_a_visible_fact_keeps_its_pointer(model):
         M = num_blocks(len(ids), 32)
         only_bos = torch.zeros(1, 1, M, M, dtype=torch.bool)
         only_bos[..., 0] = True
-        seed = state_seed(ex.example_id, 0, len(ids))
+        seed = state_seed(ex.example_id, 0)
         e_ids = torch.tensor(ids)[None]
         rope = model.rotary(len(ids))
         with torch.no_grad():
             e = model.embed(e_ids, rope)
-            s = model.initial_state(e, torch.Generator().manual_seed(seed))
+            s = wise.runner.initial_state(model, e, seed)
             for t in range(1, 13):
                 s = model.core_step(s, e, t, rope)
             at_td = model.readout(s, rope)[0, -1].argmax()
@@ -178,7 +183,7 @@ def test_a_wrong_working_set_is_caught(model, monkeypatch):
 def test_question_row_convergence_steps_match_their_expectation(model):
     for ex, ids, lay in prompts(20, 256, seed=9):
         obs = TrajectoryObserver(32, rows=lay.question_span)
-        run_condition(model, torch.tensor(ids), "full", WiseSettings(), state_seed(ex.example_id, 0, len(ids)),
+        run_condition(model, torch.tensor(ids), "full", WiseSettings(), state_seed(ex.example_id, 0),
                       observer=obs)
         series = obs.step_series(32)
         measured = convergence_summary({q: series[q + "_q"] for q in "SAHO"})

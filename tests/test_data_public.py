@@ -97,3 +97,131 @@ def test_parquet_through_datasets(tmp_path):
 def test_missing_hub_id_is_explained():
     with pytest.raises(ValueError, match="path="):
         load_examples("2wikimultihopqa", "test", 3, 0)
+
+
+# -- malformed rows, bad bytes, missing splits -------------------------------------------------
+
+def _bad_hotpot_file(path, good=20):
+    rows = [hotpot_row(i) for i in range(good)]
+    no_facts = hotpot_row(100)
+    del no_facts["supporting_facts"]
+    absent = hotpot_row(101)
+    absent["supporting_facts"] = {"title": ["Gold A101", "Nowhere"], "sent_id": [0, 0]}
+    empty = hotpot_row(102)
+    empty["answer"] = "  "
+    rows[5:5] = [no_facts, absent, empty]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_malformed_rows_are_dropped_and_reported_with_their_ids(tmp_path):
+    from wise.data.public_benchmarks import load_checked
+
+    path = _bad_hotpot_file(tmp_path / "hotpot.jsonl")
+    examples, dropped = load_checked("hotpotqa", "test", 50, 0, max_bad_fraction=0.2, path=path)
+    assert sorted(e.example_id for e in examples) == sorted(f"hotpotqa-5a8b{i:04d}" for i in range(20))
+    assert dropped == [("hotpotqa-5a8b0100", "missing supporting_facts"),
+                       ("hotpotqa-5a8b0101", "supporting title(s) not in context: ['Nowhere']"),
+                       ("hotpotqa-5a8b0102", "empty gold answer")]
+    # Dropping rows does not move the others: selection hashes ids, so n=5 is the same five.
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("".join(json.dumps(hotpot_row(i)) + "\n" for i in range(20)))
+    assert ([e.example_id for e in load_checked("hotpotqa", "test", 5, 0, path=path, max_bad_fraction=0.2)[0]]
+            == [e.example_id for e in load_examples("hotpotqa", "test", 5, 0, path=clean)])
+
+
+def test_too_many_bad_rows_fail_naming_the_file(tmp_path):
+    from wise.data.public_benchmarks import BenchmarkFileError, load_checked
+
+    path = _bad_hotpot_file(tmp_path / "hotpot.jsonl")  # 3 bad of 23 = 13 %
+    with pytest.raises(BenchmarkFileError, match=r"hotpot\.jsonl: 3 of 23 hotpotqa rows are malformed "
+                                                 r"\(13\.0% > cohorts\.max_bad_rows_fraction = 0\.1\)"):
+        load_checked("hotpotqa", "test", 5, 0, max_bad_fraction=0.1, path=path)
+    # The registry's loader drops nothing: the first bad row is an error naming file, id and reason.
+    with pytest.raises(BenchmarkFileError, match=r"hotpot\.jsonl: .*hotpotqa-5a8b0100: missing supporting_facts"):
+        load_examples("hotpotqa", "test", 5, 0, path=path)
+
+
+def test_gsm8k_rows_without_a_final_answer_are_bad_rows(files, tmp_path):
+    from wise.data.public_benchmarks import load_checked
+
+    path = tmp_path / "gsm.jsonl"
+    lines = files["gsm8k"].read_text().splitlines()
+    lines[3] = json.dumps({"question": "How many?", "answer": "Some reasoning.\n####  "})
+    lines[4] = json.dumps({"question": "How many?", "answer": "No marker at all"})
+    path.write_text("\n".join(lines) + "\n")
+    examples, dropped = load_checked("gsm8k", "test", 15, 0, max_bad_fraction=0.2, path=path)
+    assert dropped == [("gsm8k-test-00003", "empty gold answer"),
+                       ("gsm8k-test-00004", "answer has no '####' final number")]
+    assert len(examples) == 13 and "gsm8k-test-00005" in {e.example_id for e in examples}
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "json"])
+def test_a_non_utf8_byte_names_the_file_and_line(tmp_path, layout):
+    from wise.data.public_benchmarks import BenchmarkFileError
+
+    if layout == "jsonl":
+        path = tmp_path / "hotpot.jsonl"
+        text = "".join(json.dumps(hotpot_row(i)) + "\n" for i in range(6))
+        bench = "hotpotqa"
+    else:
+        path = tmp_path / "dev.json"
+        text = json.dumps([twowiki_row(i) for i in range(6)], indent=1)
+        bench = "2wikimultihopqa"
+    lines = text.encode().split(b"\n")
+    lines[4] = lines[4][:3] + b"\xff" + lines[4][3:]  # one Latin-1 byte in line 5
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(BenchmarkFileError, match=rf"{path.name}:5: byte 0xff at column 4 is not UTF-8"):
+        load_examples(bench, "test", 3, 0, path=path)
+
+
+def test_broken_json_names_the_file_and_line(tmp_path):
+    from wise.data.public_benchmarks import BenchmarkFileError
+
+    path = tmp_path / "hotpot.jsonl"
+    path.write_text(json.dumps(hotpot_row(0)) + "\n" + '{"id": "x", "question": \n')
+    with pytest.raises(BenchmarkFileError, match=r"hotpot\.jsonl:2: not JSON"):
+        load_examples("hotpotqa", "test", 1, 0, path=path)
+
+
+def test_gsm8k_has_no_validation_split(files):
+    with pytest.raises(ValueError, match=r"gsm8k has no 'validation' split .*train, test"):
+        load_examples("gsm8k", "validation", 3, 0, path=files["gsm8k"])
+
+
+def test_cohorts_stage_lists_dropped_rows_and_local_files_must_be_a_dvc_dependency(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    import yaml
+
+    from pipelines.cohorts import build_cohort
+    from pipelines.params import LOCAL_BENCHMARKS, ParamsError, parse, validate
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / LOCAL_BENCHMARKS).mkdir(parents=True)
+    path = _bad_hotpot_file(tmp_path / LOCAL_BENCHMARKS / "hotpot.jsonl", good=37)  # 3 of 40 bad
+    raw = {"model": {"source": str(root / "data/models/wise-tiny-random")},
+           "cohorts": {"benchmarks": ["hotpotqa"], "examples_per_benchmark": 2, "context_lengths": [256],
+                       "sources": {"hotpotqa": {"path": f"{LOCAL_BENCHMARKS}/hotpot.jsonl"}},
+                       "max_bad_rows_fraction": 0.1},
+           "sweeps": {"context_length": 256}}
+    rows = build_cohort(validate(parse(raw)))
+    assert {r["base_id"] for r in rows} <= {f"hotpotqa-5a8b{i:04d}" for i in range(37)} and rows
+    out = capsys.readouterr().out
+    assert "cohorts: hotpotqa row hotpotqa-5a8b0101 dropped: supporting title(s) not in context" in out
+    raw["cohorts"]["max_bad_rows_fraction"] = 0.05
+    with pytest.raises(ValueError, match=str(path.name)):
+        build_cohort(validate(parse(raw)))
+    # A file outside data/raw would not be seen by DVC: refused, naming the key.
+    outside = tmp_path / "hotpot.jsonl"
+    outside.write_text(path.read_text())
+    raw["cohorts"]["sources"] = {"hotpotqa": {"path": str(outside)}}
+    with pytest.raises(ParamsError, match=r"cohorts\.sources\.hotpotqa\.path .* under data/raw/"):
+        validate(parse(raw))
+    raw["cohorts"]["sources"] = {}
+    raw["cohorts"]["max_bad_rows_fraction"] = 1.5
+    with pytest.raises(ParamsError, match=r"cohorts\.max_bad_rows_fraction = 1\.5"):
+        validate(parse(raw))
+    deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["cohorts"]["deps"]
+    assert LOCAL_BENCHMARKS in deps

@@ -2,7 +2,8 @@
 import pytest
 
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
-from wise.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, corpus_for_tokenizer, load_tokenizer,
+from wise.data.corpus import corpus_for_tokenizer
+from wise.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, load_tokenizer,
                                  save_tokenizer, train_tokenizer)
 
 

@@ -11,7 +11,8 @@ from wise.data.tokenizer import load_tokenizer
 from wise.evaluate import build_prompts
 from wise.metrics import exact_match
 from wise.models.checkpoint import load_checkpoint, load_config
-from wise.runner import WiseSettings, greedy_generate
+from wise.decoding import evaluate_example
+from wise.runner import WiseSettings, state_seed
 from wise.training import TrainConfig
 
 MODEL = Path("data/models/wise-small")
@@ -49,6 +50,20 @@ def test_params_train_section_is_the_recipe_of_the_shipped_checkpoint():
     assert "<!-- quality-table:begin -->" in card and "| synthhop | 512 |" in card
 
 
+def test_card_is_generated_from_the_folders_artifacts():
+    """The committed card is exactly what the generator writes from the files next to it: no
+    hand-written line, and every number traceable to an artifact (or the command shown)."""
+    from wise.training.card import render
+
+    card = (MODEL / "README.md").read_text()
+    assert card == render(MODEL), "regenerate: python -m wise.training.card data/models/wise-small"
+    quality = json.loads((MODEL / "quality.json").read_text())
+    cell = next(c for c in quality if (c["benchmark"], c["context"], c["steps"]) == ("synthhop", 512, 32))
+    assert f"| synthhop | 512 | {cell['n']} |" in card and f"{cell['em']:.3f}" in card
+    summary = json.loads((MODEL / "train_summary.json").read_text())
+    assert f"{summary['steps']} steps, {summary['tokens']:,} tokens" in card
+
+
 def test_golden_questions_are_answered(model):
     tok = load_tokenizer(MODEL / "tokenizer.json")
     prompts = {p.example_id: p for p in build_prompts(tok, "synthhop", 512, 101, 123,
@@ -56,7 +71,8 @@ def test_golden_questions_are_answered(model):
     settings = WiseSettings(steps=32)
     for example_id in GOLDEN:
         p = prompts[example_id]
-        gen = greedy_generate(model, torch.tensor(p.ids), "full", settings, example_id, 0, 8,
-                              {model.config.eos_token_id})
-        prediction = tok.decode(gen.token_ids, skip_special_tokens=True).strip()
+        answer = tok.encode(" " + p.answers[0], add_special_tokens=False).ids
+        runs = evaluate_example(model, p.ids, answer, ["full"], settings, state_seed(example_id, 0), 8,
+                                {model.config.eos_token_id})
+        prediction = tok.decode(runs["full"].tokens, skip_special_tokens=True).strip()
         assert exact_match(prediction, list(p.answers), "synthhop") == 1.0, (example_id, prediction, p.answers)

@@ -1,30 +1,26 @@
-"""The evaluation entry point: batched greedy = the runner's greedy, and the CLI's last line."""
+"""The evaluation entry point: prompts as the cohorts stage builds them, the CLI's last lines."""
 import re
 
 import pytest
-import torch
 
 from wise.data.tokenizer import load_tokenizer
-from wise.evaluate import CARD_BEGIN, batched_greedy, build_prompts, main, update_card
-from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.runner import WiseSettings, greedy_generate
+from wise.evaluate import CARD_BEGIN, build_prompts, main, update_card
 
 MODEL = "data/models/wise-tiny-random"
 
 
-def test_batched_greedy_gives_the_runners_full_answers():
-    cfg = RecurrentConfig.from_name("tiny-random")
-    model = init_weights(RecurrentDepthModel(cfg), seed=3).eval()
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 2048, (n,), generator=g).tolist() for n in (9, 23, 40)]
-    ids = [f"ex{i}@256" for i in range(3)]
-    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=8)
-    stop = {1, 5, 7}
-    got = batched_greedy(model, prompts, ids, 11, steps=6, max_new_tokens=4, stop_ids=stop,
-                         batch_tokens=60)
-    for p, i, out in zip(prompts, ids, got):
-        ref = greedy_generate(model, torch.tensor(p), "full", settings, i, 11, 4, stop)
-        assert out == ref.token_ids
+def test_cli_condition_on_the_calibration_model_prints_its_expectation(capsys, tmp_path):
+    """--condition on synthchain: the measured EM equals the construction's prediction."""
+    from wise.models.chain_card import write_chain_checkpoint
+
+    model = write_chain_checkpoint(tmp_path / "wise-chain")
+    for condition, steps in (("full", 12), ("wise", 32), ("truncate", 32)):
+        assert main(["--model", str(model), "--benchmark", "synthchain", "--context", "256", "--steps", str(steps),
+                     "--n", "12", "--seed", "7", "--condition", condition, "--by-depth"]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        measured = re.fullmatch(r"EM=(\d+\.\d+) F1=\d+\.\d+ n=12", lines[-1]).group(1)
+        assert lines[-2].startswith(f"expected EM={measured} "), (condition, lines[-2:])
+        assert any(line.startswith("EM by L+m: ") for line in lines)
 
 
 def test_prompts_match_the_cohort_layout():
@@ -72,6 +68,16 @@ def test_probe_questions_and_per_type_scores(capsys):
     assert re.fullmatch(r"EM=\d\.\d{4} F1=\d\.\d{4} n=\d+", lines[-1])
 
 
+def greedy(model, seqs, example_ids, steps, max_new_tokens):
+    """Full greedy continuations from the generation engine (what the CLI scores)."""
+    from wise.decoding import evaluate_example
+    from wise.evaluate import full_settings
+    from wise.runner import state_seed
+
+    return [evaluate_example(model, s, [0], ["full"], full_settings(steps), state_seed(i, 0), max_new_tokens,
+                             set())["full"].tokens for s, i in zip(seqs, example_ids)]
+
+
 def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
     """The lens row at T is the first greedy token at T: its top-1 share equals the share of
     prompts whose greedy first token is the gold answer's first token (shipped model, so the
@@ -83,8 +89,7 @@ def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
     rows = answer_lens(model, tok, prompts, [2, 1], batch_tokens=700)  # several chunks
     assert [r["steps"] for r in rows] == [1, 2] and all(r["n"] == len(prompts) for r in rows)
     for r in rows:
-        firsts = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts], 0,
-                                steps=r["steps"], max_new_tokens=1, stop_ids=set())
+        firsts = greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts], r["steps"], 1)
         gold = [tok.encode(" " + p.answers[0], add_special_tokens=False).ids[0] for p in prompts]
         assert r["top1"] == sum(f[0] == g for f, g in zip(firsts, gold)) / len(prompts)
         assert r["logp"] < 0
@@ -93,13 +98,11 @@ def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
     # the second greedy token when the first is that space
     arith = build_prompts(tok, "syntharith", 256, 6, seed=123, max_positions=4096, max_new_tokens=8)
     row, = answer_lens(model, tok, arith, [2])
-    two = batched_greedy(model, [p.ids for p in arith], [p.example_id for p in arith], 0, steps=2,
-                         max_new_tokens=2, stop_ids=set())
+    two = greedy(model, [p.ids for p in arith], [p.example_id for p in arith], 2, 2)
     space = tok.encode(" 7", add_special_tokens=False).ids[0]
     digits = [tok.encode(" " + p.answers[0], add_special_tokens=False).ids[1] for p in arith]
     forced = [p.ids + [space] for p in arith]
-    nxt = batched_greedy(model, forced, [p.example_id for p in arith], 0, steps=2, max_new_tokens=1,
-                         stop_ids=set())
+    nxt = greedy(model, forced, [p.example_id for p in arith], 2, 1)
     assert row["top1"] == sum(f[0] == d for f, d in zip(nxt, digits)) / len(arith)
     assert all(t[0] != space or t[1] == f[0] for t, f in zip(two, nxt))  # same as greedy's 2nd token
     with pytest.raises(ValueError, match="lens steps"):

@@ -15,6 +15,8 @@ Facts encoded below, and where they come from:
   buffer, two copies of the tied embedding in the files (model card).
 - retrofitted modeling: pre-norm block with norm_1/norm_2, transformers' rotate-half RoPE with
   llama3 scaling, GQA, no ln_f after the recurrence, untied head.
+Over 400 lines on purpose: the two reference forward passes (the first ~280 lines) must share no
+code with the model they check, so they live here and not in a helper of the project's.
 """
 import json
 import math
@@ -453,3 +455,58 @@ def test_llama_completion_prompt_is_fixed_plain_completion():
     assert prompt.endswith("Question: Which city hosts  the fair? \nAnswer:")
     no_context = format_prompt(EXAMPLE.with_passages(()), "llama_completion")
     assert no_context == "Answer the question.\n\nQuestion: Which city hosts  the fair? \nAnswer:"
+
+
+# -- retrofit config keys, Huginn's embedding scale, damaged weights, pinned hub revisions -----
+
+def test_retrofit_initial_state_mode_random_is_accepted_and_others_refused():
+    # The retrofitting code's config class writes initial_state_mode into every checkpoint.
+    llama3 = dict(vocab_size=128256, padded_vocab_size=128256)  # no tokenizer: published ids
+    mapped = config_from_raven(llama_config(initial_state_mode="random", **llama3))
+    assert mapped.init_state_std == HUGINN_STD and mapped.init_state_scale == 1.0
+    with pytest.raises(ConfigKeyError, match=r"initial_state_mode: 'zero' is not supported"):
+        config_from_raven(llama_config(initial_state_mode="zero", **llama3))
+
+
+def test_huginn_embed_scale_follows_n_embd_and_a_disagreeing_config_is_refused(tmp_path):
+    # Huginn's modeling code scales by sqrt(n_embd) and never reads init_values.embed_scale.
+    write_tokenizer(tmp_path, HUGINN_SPECIALS, "<|begin_text|>", "<|end_text|>", "<|pad|>")
+    hug = config_from_raven(huginn_config(), folder=tmp_path)
+    assert hug.embed_scale == hug.init_state_scale == math.sqrt(H)
+    init = {"std": HUGINN_STD, "out_proj": 0.0005, "embedding": HUGINN_STD, "embed_scale": 1.0}
+    with pytest.raises(ConfigKeyError, match=r"init_values\.embed_scale: 1\.0 but .*sqrt\(n_embd\) = 8"):
+        config_from_raven(huginn_config(init_values=init), folder=tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble_header"])
+def test_damaged_safetensors_names_the_file_and_model_source(tmp_path, damage):
+    import shutil
+
+    from wise.models.checkpoint import CorruptCheckpointError
+
+    folder = tmp_path / "wise-tiny-random"
+    shutil.copytree("data/models/wise-tiny-random", folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    # truncate: an interrupted copy (the header promises more bytes than the file holds)
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:8] + b"{x" + data[10:])
+    with pytest.raises(CorruptCheckpointError) as err:
+        load_checkpoint(str(folder))
+    msg = str(err.value)
+    assert str(weights) in msg and f"model.source = {str(folder)!r}" in msg
+
+
+def test_hub_download_is_pinned_to_model_revision(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from wise.models.checkpoint import resolve_model_source
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, **kw: calls.append((repo, kw)) or str(tmp_path))
+    assert resolve_model_source("owner/model", revision="0123abc") == tmp_path
+    assert calls[0][0] == "owner/model" and calls[0][1]["revision"] == "0123abc"
+    with pytest.raises(ValueError, match="model.revision .* local folder"):
+        resolve_model_source(str(tmp_path), revision="0123abc")
+    with pytest.raises(ValueError, match="model.revision = 123: must be a string"):
+        resolve_model_source("owner/model", revision=123)

@@ -30,7 +30,7 @@ def project():
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.split()
     for rel in files:
-        if rel.startswith("data/") and not rel.startswith("data/models/"):
+        if rel.startswith("data/") and not rel.startswith(("data/models/", "data/raw/")):
             continue  # outputs of an earlier run are not part of the project
         src = ROOT / rel
         if src.is_file():
@@ -176,3 +176,16 @@ def test_one_off_experiment_with_set_param(project):
     assert "Running stage 'supports'" in out and "Running stage 'traces'" not in out
     shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], tmp, env).stdout
     assert "eta085" in shown and "0.85" in shown
+
+
+def test_local_benchmark_files_are_a_dependency_of_cohorts(project):
+    # cohorts.sources paths must lie under data/raw (params), which dvc.yaml lists as a dependency.
+    tmp, env, _ = project
+    extra = tmp / "data/raw/hotpot_dev.jsonl"
+    extra.write_text("{}\n")
+    try:
+        status = run(["dvc", "status", "cohorts"], tmp, env).stdout
+        assert "cohorts:" in status and "data/raw" in status, status
+    finally:
+        extra.unlink()
+    assert "cohorts:" not in run(["dvc", "status", "cohorts"], tmp, env).stdout

@@ -7,10 +7,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 POOL_SCRIPT = textwrap.dedent("""
     import sys
@@ -74,3 +76,68 @@ def test_detector_sees_probes_of_an_unprotected_ray_start(tmp_path):
     clean_env = {k: "" for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)}
     proc, addrs = _traced(UNPROTECTED_SCRIPT, tmp_path, env_extra={"HOME": str(tmp_path), **clean_env})
     assert addrs - LOOPBACK, f"expected non-loopback probes, saw only {sorted(addrs)}"
+
+
+# Kill both actors mid-map (one running an item, one just freed): each is replaced, its item
+# resubmitted, and the map yields every item exactly once, in order; every live actor loaded its
+# model once. With no retries left, the error names the example. Run in a subprocess like the
+# scripts above, so no Ray state stays in the test process.
+KILL_SCRIPT = textwrap.dedent("""
+    import dataclasses
+    import ray
+    from pipelines.params import ComputeParams, ModelParams
+    from pipelines.pool import WorkerPool
+    items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 40 + i))} for i in range(6)]
+    ctx = {"settings": dict(steps=12, discovery_step=4, window=2, block_size=16, eta=0.9), "init_seed": 0}
+    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2, max_retries=1),
+                    len(items)) as pool:
+        first = pool.stats()
+        assert [s["model_loads"] for s in first] == [1, 1], first
+        out = []
+        for result in pool.imap("trace", items, ctx):
+            out.append(result)
+            if len(out) == 1:  # items are still pending: kill every actor
+                for actor in list(pool.actors):
+                    ray.kill(actor)
+        assert [o["example_id"] for o in out] == [it["example_id"] for it in items], out
+        assert all(o["masses"].shape[:2] == (12, 2) for o in out)
+        assert pool.replaced == 2, pool.replaced
+        now = pool.stats()
+        assert [s["model_loads"] for s in now] == [1, 1], now  # once per actor, not per item
+        assert not {s["pid"] for s in now} & {s["pid"] for s in first}, (first, now)
+        assert sum(s["items"] for s in now) >= len(items) - 2, now  # the new actors did the rest
+        print("RETRIED-OK")
+        pool.compute = dataclasses.replace(pool.compute, max_retries=0)
+        try:
+            for n, _ in enumerate(pool.imap("trace", items, ctx)):
+                if n == 0:
+                    for actor in list(pool.actors):
+                        ray.kill(actor)
+        except RuntimeError as exc:
+            print("FINAL-ERROR", str(exc).splitlines()[0])
+""")
+
+
+def test_killed_actors_are_replaced_and_every_item_comes_back_once(tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_SCRIPT)
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert "RETRIED-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert re.search(r"FINAL-ERROR trace: example ex\d failed: its actor died 1 time\(s\) "
+                     r"\(compute.max_retries = 0\)", proc.stdout), proc.stdout[-2000:]
+
+
+def test_a_failing_task_names_its_example():
+    from pipelines.params import ComputeParams, ModelParams
+    from pipelines.pool import WorkerPool
+
+    items = [{"example_id": "ok", "token_ids": list(range(3, 40))}, {"example_id": "broken"}]
+    ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
+    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(executor="local"), 2) as pool:
+        with pytest.raises(KeyError) as err:  # the task's own error type, not retried
+            pool.map("trace", items, ctx)
+        assert "trace: while running example broken" in err.value.__notes__
+        assert pool.stats()[0]["model_loads"] == 1 and pool.stats()[0]["items"] == 1

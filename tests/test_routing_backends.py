@@ -1,4 +1,4 @@
-"""The late-attention backends agree: the Triton kernel (interpreter on CPU) and FlexAttention give
+"""The late-attention backends agree: the Triton kernel (interpreter on CPU), FlexAttention and the gather path give
 the reference's answer on a model whose head_dim the kernel supports."""
 import os
 
@@ -25,7 +25,7 @@ def model():
     return init_weights(RecurrentDepthModel(cfg), seed=1).eval()
 
 
-@pytest.mark.parametrize("backend", [pytest.param("kernel", marks=needs_interpreter), "flex"])
+@pytest.mark.parametrize("backend", [pytest.param("kernel", marks=needs_interpreter), "flex", "gather"])
 def test_backend_matches_reference_on_the_model(model, backend):
     ids = torch.randint(3, 2048, (45,), generator=torch.Generator().manual_seed(0))
     base = dict(steps=6, discovery_step=3, window=2, block_size=16, eta=0.7)
@@ -43,7 +43,7 @@ def test_unknown_backend_is_rejected():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["kernel", "flex"])
+@pytest.mark.parametrize("backend", ["kernel", "flex", "gather"])
 @pytest.mark.parametrize("folder", ["wise-small", "wise-tiny-random"])  # the trained default, random weights
 def test_backends_agree_with_reference_in_bf16_on_the_embedded_model(backend, folder):
     from pathlib import Path

@@ -6,7 +6,8 @@ from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, supp
 from wise.models import RecurrentDepthModel, RecurrentConfig, init_weights
 from wise.mechanism import TrajectoryObserver
 from wise.routing import MaskedSupportAttention
-from wise.runner import WiseSettings, greedy_generate, gold_logprob, run_condition, state_seed
+from wise.decoding import evaluate_example
+from wise.runner import WiseSettings, run_condition, state_seed
 from wise.support import density
 
 SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
@@ -82,7 +83,8 @@ def test_supports_stage_reproduces_the_runner_support_from_a_full_trace(model):
     run_condition(model, ids, "full", SETTINGS, seed=9, observer=masses)
     trace = masses.stacked_masses(SETTINGS.steps)
     summaries = supports_from_trace(trace, 70, ["wise", "size_matched", "mass_matched", "static95"],
-                                    SETTINGS.eta, SETTINGS.discovery_step, SETTINGS.window)
+                                    SETTINGS.eta, SETTINGS.discovery_step, SETTINGS.window,
+                                    SETTINGS.block_size)
     for name, s in summaries.items():
         run = run_condition(model, ids, name, SETTINGS, seed=9)
         assert torch.equal(run.layouts, s.layout), name
@@ -106,13 +108,11 @@ def test_condition_support_rules_on_hand_made_masses():
 
 def test_generation_and_teacher_forcing_are_paired_and_deterministic(model):
     prompt = ids_of(40, seed=4)
-    a = greedy_generate(model, prompt, "wise", SETTINGS, "ex-1", 0, 3, {1})
-    b = greedy_generate(model, prompt, "wise", SETTINGS, "ex-1", 0, 3, {1})
-    f = greedy_generate(model, prompt, "full", SETTINGS, "ex-1", 0, 3, {1})
-    assert a.token_ids == b.token_ids and a.state_hash == b.state_hash == f.state_hash
-    assert state_seed("ex-1", 0, 40) != state_seed("ex-1", 0, 41) != state_seed("ex-2", 0, 41)
-    lp = gold_logprob(model, prompt, [5, 6, 1], "full", SETTINGS, "ex-1", 0)
-    assert lp < 0 and lp == gold_logprob(model, prompt, [5, 6, 1], "full", SETTINGS, "ex-1", 0)
+    seed = state_seed("ex-1", 0)
+    a = evaluate_example(model, prompt, [5, 6, 1], ["wise", "full"], SETTINGS, seed, 3, {1})
+    b = evaluate_example(model, prompt, [5, 6, 1], ["wise", "full"], SETTINGS, seed, 3, {1})
+    assert a["wise"].tokens == b["wise"].tokens and a["wise"].state_hash == b["wise"].state_hash == a["full"].state_hash
+    assert a["full"].gold_logprob < 0 and a["full"].gold_logprob == b["full"].gold_logprob
 
 
 def test_trajectory_observer_series():
@@ -127,6 +127,6 @@ def test_trajectory_observer_series():
 
 def test_settings_validate_relations():
     with pytest.raises(ValueError):
-        WiseSettings(steps=8, discovery_step=8, window=2)
+        WiseSettings(steps=8, discovery_step=9, window=2)
     with pytest.raises(ValueError):
         WiseSettings(steps=8, discovery_step=3, window=4)

@@ -1,4 +1,4 @@
-"""Support rules on hand-computed block masses (DESIGN.md §4, issue 4)."""
+"""Support rules on hand-computed block masses."""
 import math
 
 import numpy as np
@@ -202,13 +202,28 @@ def test_retained_mass_weights_partial_last_block():
     # n = 5, B = 2: rows weigh 2, 2, 1. Kept mass per block row: 1.0, 0.7, 0.3 + 0.3.
     layout = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
     expect = (2 * 1.0 + 2 * 0.7 + 1 * 0.6) / 5
-    assert S.retained_mass(MASS5, layout, 5) == pytest.approx(expect)
     assert S.retained_mass(MASS5, layout, 5, block_size=2) == pytest.approx(expect)
     # Token-level check: mass kept per token row, averaged over the 5 tokens.
     tok_keep = torch.tensor([1.0, 1.0, 0.6, 0.8, 0.3 + 0.3])
-    assert S.retained_mass(MASS5, layout, 5) == pytest.approx(float(tok_keep.mean()))
+    assert S.retained_mass(MASS5, layout, 5, 2) == pytest.approx(float(tok_keep.mean()))
     full = S.causal_block_mask(3)
-    assert S.retained_mass(MASS5, full, 5) == pytest.approx(1.0)
+    assert S.retained_mass(MASS5, full, 5, 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="block_size=4 gives 2"):
+        S.retained_mass(MASS5, layout, 5, block_size=4)
+
+
+def test_retained_mass_takes_the_block_size_it_is_given():
+    # n = 9, M = 3 fits B = 3 (rows 3, 3, 3) and B = 4 (rows 4, 4, 1): a size guessed from n and M
+    # (the power of two, 4) weighed a B = 3 layout's rows wrongly.
+    attn = _random_attn((2,), 9, seed=3)
+    r = S.block_mass(attn, 3)
+    layout = S.mass_support(r, 0.7)
+    tok = layout.repeat_interleave(3, -2).repeat_interleave(3, -1)
+    want = float((attn * tok).sum(-1).mean())
+    assert S.retained_mass(r, layout, 9, block_size=3) == pytest.approx(want, abs=1e-6)
+    assert S.retained_mass(r, layout, 9, block_size=4) != pytest.approx(want, abs=1e-6)
+    with pytest.raises(TypeError):
+        S.retained_mass(r, layout, 9)  # no default: every caller knows B
 
 
 def test_retained_mass_leading_dims_and_block_size_inference():
@@ -221,13 +236,7 @@ def test_retained_mass_leading_dims_and_block_size_inference():
     tok = layout.repeat_interleave(32, -2).repeat_interleave(32, -1)[..., :100, :100]
     ref = (attn * tok).sum(-1).mean(-1)
     torch.testing.assert_close(per, ref, atol=1e-5, rtol=0)
-    assert S.retained_mass(r, layout, 100) == pytest.approx(float(ref.mean()), abs=1e-5)
-    assert S.infer_block_size(100, 4) == 32
-    assert S.infer_block_size(7, 3) == 3
-    assert S.infer_block_size(96, 3) == 32
-    assert S.infer_block_size(40, 2) == 32
-    assert S.infer_block_size(15, 3) == 5
-    assert S.infer_block_size(64, 1) == 64
+    assert S.retained_mass(r, layout, 100, 32) == pytest.approx(float(ref.mean()), abs=1e-5)
 
 
 def test_pack_unpack_roundtrip():
@@ -271,14 +280,6 @@ def test_tie_order_on_wide_uniform_rows():
     wise[M - 1, M - 8 :] = True  # 8 + 1 WISE blocks in the last row
     sm = S.size_matched_support(mass, wise)
     assert sm[M - 1].nonzero().flatten().tolist() == list(range(9))
-
-
-def test_infer_block_size_exact_for_every_power_of_two():
-    for B in (2, 4, 16, 32, 64):
-        for n in range(1, 5 * B):
-            M = S.num_blocks(n, B)
-            if M > 1:
-                assert S.infer_block_size(n, M) == B, (n, B)
 
 
 def test_eta_one_keeps_tiny_positive_blocks():

@@ -14,3 +14,34 @@ def test_model_supports_are_timed_in_the_models_geometry():
     assert model_geometry(6, facts, 96) == (6, 6, 96)
     assert model_geometry(4, {**facts, "head_dim": 80}, 128) == (4, 4, 128)
     assert model_facts("preset:tiny-random@0")["head_dim"] > 0
+
+
+def test_timing_stage_times_its_params_trajectory(monkeypatch):
+    """Every benchmark call of the stage times wise.discovery_step dense steps and
+    timing.late_calls late calls (the paper's 12 and 20 are only the defaults), on the random and
+    on the model's own supports."""
+    import dataclasses
+
+    import torch
+
+    import pipelines.timing as timing
+    from benchmarks import bench, timers
+    from pipelines.params import Params
+
+    p = Params()
+    p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1, late_calls=7),
+                            wise=dataclasses.replace(p.wise, discovery_step=5))
+    calls = []
+
+    def fake_benchmark(lays, n, block_size, heads, kv_heads, head_dim, dtype, label, **kwargs):
+        calls.append((label, kwargs))
+        return bench.planned_rows(n, block_size, heads, kv_heads, head_dim, dtype, label, lays.shape[0], status="ok")
+
+    monkeypatch.setattr(timers, "bench_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(bench, "benchmark", fake_benchmark)
+    own = torch.ones(1, 4, 2, 2, dtype=torch.bool).tril()
+    monkeypatch.setattr(timing, "model_supports", lambda params: [("model_wise:x", 64, own)])
+    rows = timing.timing_rows(p)
+    assert [label for label, _ in calls] == ["random_rho0.37", "model_wise:x"]
+    assert all(kw == {"seed": 0, "late_calls": 7, "dense_steps": 5} for _, kw in calls)
+    assert [r["source"] for r in rows] == ["random", "model_supports"]

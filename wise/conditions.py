@@ -87,8 +87,7 @@ class SupportSummary:
 
 
 def supports_from_trace(masses: torch.Tensor, n_tokens: int, names: Sequence[str], eta: float,
-                        discovery_step: int, window: int,
-                        block_size: int | None = None) -> dict[str, SupportSummary]:
+                        discovery_step: int, window: int, block_size: int) -> dict[str, SupportSummary]:
     """Late supports of every support-type condition from a Full trace.
 
     masses: [T, L, H, M, M] block masses of the Full trajectory (step 1 first). Retained future

@@ -1,5 +1,5 @@
 """Mechanism diagnostics on the Full trajectory and stability of the deployed support
-(DESIGN.md §4 Diagnostics, issue 6, paper §B and appendix C.1-C.2).
+(the paper's §B and appendix C.1-C.2).
 
 Per-step quantities compare step t with step t-1 ("transitions"); a series has one entry per
 recurrent step, values[i] being the transition into step i+1, so values[0] is NaN (step 1 has no

@@ -9,13 +9,11 @@
 
 The last line printed is ``EM=<float> F1=<float> n=<int>`` (for the --benchmark/--context/--steps
 cell, also with --table). Examples are the first n of the test split for --seed, their context
-variants are built exactly as the cohorts stage builds them (BOS counted, same seed), and each
-generated token re-runs the whole recurrence from a fresh initial state seeded by
-``state_seed("<example id>@<context>", init_seed, length)``, so the answers are those of
-``wise.runner.greedy_generate`` with condition "full" (which this module batches: rows are
-right-padded, which causal attention makes invisible to the real positions). ``--condition``
-runs any other condition through ``greedy_generate`` itself (t_d, w, B, η from the flags). Examples
-whose evidence alone exceeds the budget are skipped and not counted in n.
+variants are built exactly as the cohorts stage builds them (BOS counted, same seed), and the
+answers come from the pipeline's own generation engine (``wise.decoding.evaluate_example``, cached
+decoding; initial state seeded by ``state_seed("<example id>@<context>", init_seed)``), under
+``--condition`` (default full; t_d, w, B, η from the flags). Examples whose evidence alone exceeds
+the budget are skipped and not counted in n.
 
 On synthchain the default model is the constructed calibration model data/models/wise-chain (built
 in a second if the folder is missing), and the line before the last gives the EM the construction
@@ -46,7 +44,8 @@ from wise.metrics import ANSWER_SOURCES, answer_source, exact_match, f1
 from wise.models.checkpoint import load_checkpoint
 from wise.models.recurrent import RecurrentDepthModel
 from wise.conditions import CONDITIONS
-from wise.runner import WiseSettings, greedy_generate, state_seed
+from wise.decoding import evaluate_example
+from wise.runner import WiseSettings, initial_state, state_seed
 
 DEFAULT_MODEL = "data/models/wise-small"
 CALIBRATION_MODEL = "data/models/wise-chain"  # the default for --benchmark synthchain
@@ -151,8 +150,8 @@ def _padded_batches(model: RecurrentDepthModel, seqs: Sequence[Sequence[int]], r
                     example_ids: Sequence[str], init_seed: int, batch_tokens: int):
     """The prompts `rows` of `seqs` in forward batches: similar lengths together (sorted), at most
     batch_tokens padded tokens each, right-padded (causal attention keeps pads invisible). Yields
-    (chunk, last positions, e, s0, rope); each row's initial state is seeded by (example id,
-    init_seed, its length), as ``greedy_generate`` seeds it."""
+    (chunk, last positions, e, s0, rope); each row's initial state is the example's own
+    (``wise.runner.initial_state``), as the generation engine draws it."""
     order = sorted(rows, key=lambda i: len(seqs[i]))
     pad = model.config.pad_token_id
     start = 0
@@ -170,55 +169,33 @@ def _padded_batches(model: RecurrentDepthModel, seqs: Sequence[Sequence[int]], r
         e = model.embed(ids, rope)
         s = torch.zeros_like(e)
         for row, (i, n) in enumerate(zip(chunk, lengths)):
-            g = torch.Generator().manual_seed(state_seed(example_ids[i], init_seed, n))
-            s[row, :n] = model.initial_state(e[row:row + 1, :n], g)[0]
+            s[row, :n] = initial_state(model, e[row:row + 1, :n], state_seed(example_ids[i], init_seed))[0]
         last = (torch.arange(len(chunk), device=e.device),
                 torch.tensor(lengths, device=e.device) - 1)
         yield chunk, last, e, s, rope
 
 
-@torch.no_grad()
-def batched_greedy(model: RecurrentDepthModel, prompts: Sequence[Sequence[int]],
-                   example_ids: Sequence[str], init_seed: int, steps: int, max_new_tokens: int,
-                   stop_ids: set[int], batch_tokens: int = 65536) -> list[list[int]]:
-    """Greedy continuation of every prompt under Full attention, as ``greedy_generate`` does it
-    one example at a time: each new token re-runs the recurrence over prompt + prefix from an
-    initial state seeded by (example id, init_seed, current length)."""
-    seqs = [list(p) for p in prompts]
-    new: list[list[int]] = [[] for _ in prompts]
-    active = list(range(len(prompts)))
-    for _ in range(max_new_tokens):
-        still = []
-        for chunk, last, e, s, rope in _padded_batches(model, seqs, active, example_ids, init_seed,
-                                                       batch_tokens):
-            for t in range(1, steps + 1):
-                s = model.core_step(s, e, t, rope)
-            tokens = model.readout(s, rope, at=last).argmax(-1).tolist()
-            for i, token in zip(chunk, tokens):
-                if token in stop_ids:
-                    continue
-                new[i].append(token)
-                seqs[i].append(token)
-                still.append(i)
-        active = still
-    return new
+def full_settings(steps: int) -> WiseSettings:
+    """Settings for a Full run of `steps` steps (Full never uses t_d)."""
+    return WiseSettings(steps=steps, discovery_step=steps, window=1)
 
 
 def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], context: int, steps: int,
-               init_seed: int = 0, max_new_tokens: int = 8, batch_tokens: int = 65536,
-               condition: str = "full", settings: WiseSettings | None = None) -> Score:
-    """Greedy answers of every prompt, scored. Full is batched; another condition runs
-    ``greedy_generate`` per prompt with `settings` (its steps must equal `steps`)."""
+               init_seed: int = 0, max_new_tokens: int = 8, condition: str = "full",
+               settings: WiseSettings | None = None) -> Score:
+    """Greedy answers of every prompt under `condition`, scored, through the generation engine
+    (`settings` for conditions other than full; its steps must equal `steps`)."""
     start = time.monotonic()
     stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
-    if condition == "full":
-        outs = batched_greedy(model, [p.ids for p in prompts], [p.example_id for p in prompts],
-                              init_seed, steps, max_new_tokens, stop, batch_tokens)
-    else:
-        if settings is None or settings.steps != steps:
-            raise ValueError(f"condition {condition!r} needs WiseSettings with steps={steps}")
-        outs = [greedy_generate(model, torch.tensor(p.ids), condition, settings, p.example_id, init_seed,
-                                max_new_tokens, stop).token_ids for p in prompts]
+    settings = full_settings(steps) if condition == "full" else settings
+    if settings is None or settings.steps != steps:
+        raise ValueError(f"condition {condition!r} needs WiseSettings with steps={steps}")
+    outs = []
+    for p in prompts:
+        gold = tok.encode(" " + p.answers[0], add_special_tokens=False).ids
+        runs = evaluate_example(model, p.ids, gold, [condition], settings, state_seed(p.example_id, init_seed),
+                                max_new_tokens, stop, "cached")
+        outs.append(runs[condition].tokens)
     ems, f1s = [], []
     kinds: dict[str, list[float]] = {}
     sources = dict.fromkeys(ANSWER_SOURCES, 0)
@@ -272,7 +249,7 @@ def answer_lens(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], step
     prompt position, scored against the first token of the gold answer (" <answer>"; after a
     bare leading space, the token that follows it, with the space appended): the share
     of prompts where it is the top-1 token, and its mean log-probability. Same initial states as
-    ``batched_greedy`` (so the row at T equals the first greedy token at T). A flat profile means
+    the generation engine (so the row at T equals the first greedy token at T). A flat profile means
     the answer is fixed before the recurrence does anything; depth matters when it rises with T."""
     steps = sorted(set(steps))
     if not steps or steps[0] < 1:
@@ -483,8 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              args.split, ask=args.ask, style=style)
 
     def cell(prompts, ctx, steps) -> Score:
-        return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens,
-                          args.batch_tokens)
+        return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens)
 
     scores: list[Score] = []
     target: Score | None = None
@@ -528,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if prompts is None:
             prompts = prompts_for(args.benchmark, args.context, args.n)
         target = score_cell(model, tok, prompts, args.context, args.steps, args.init_seed,
-                            args.max_new_tokens, args.batch_tokens, args.condition, settings)
+                            args.max_new_tokens, args.condition, settings)
         scores.append(target)
     if args.by_depth:
         if prompts is None:

@@ -1,4 +1,4 @@
-"""Answer-quality metrics with each benchmark's official normalisation (DESIGN.md §4, Metrics).
+"""Answer-quality metrics with each benchmark's official normalisation.
 
 Text benchmarks (HotpotQA, 2WikiMultihopQA, the synthetic multi-hop task and synthchain) use the
 SQuAD/HotpotQA rule: lowercase, strip punctuation, drop the articles a/an/the, collapse

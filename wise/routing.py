@@ -53,6 +53,56 @@ class MaskedSupportAttention:
         return out.to(q.dtype)
 
 
+class GatherSupportAttention:
+    """Late attention over the support's key blocks only, in PyTorch: per (head, query block) the
+    kept key blocks are gathered (padded to the row with the most) and attended with the causal
+    mask inside them. Equal to ``MaskedSupportAttention`` (same masked softmax, fp32) at a cost that
+    scales with the support's density, so sparse supports run fast on a CPU; dense ones are better
+    served by the reference or the kernel."""
+
+    def __init__(self, layouts: torch.Tensor, block_size: int):
+        self.layouts = layouts
+        self.block_size = block_size
+        self._index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def index(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key-block ids [H, M, K], valid [H, M, K]) of a layer's causal support, K = widest row."""
+        if layer not in self._index:
+            layout = self.layouts[layer]
+            M = layout.shape[-1]
+            kept = layout & torch.ones(M, M, dtype=torch.bool, device=layout.device).tril()
+            K = max(1, int(kept.sum(-1).max()))
+            # kept blocks first (in key order), then padding
+            order = torch.argsort((~kept).to(torch.int8), dim=-1, stable=True)[..., :K]
+            self._index[layer] = (order, torch.gather(kept, -1, order))
+        return self._index[layer]
+
+    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
+        if q.shape[0] != 1:
+            raise ValueError("the gather path runs one sequence at a time (batch 1)")
+        B = self.block_size
+        heads, n, d = q.shape[1:]
+        idx, valid = self.index(layer)  # [H, M, K]
+        M, K = idx.shape[1], idx.shape[2]
+        pad = M * B - n
+
+        def blocks(x):  # [1, H, n, d] -> [H, M, B, d] fp32
+            return F.pad(_repeat_kv(x, heads)[0].float(), (0, 0, 0, pad)).view(heads, M, B, d)
+
+        qb, kb, vb = blocks(q), blocks(k), blocks(v)
+        h = torch.arange(heads, device=q.device)[:, None, None]
+        keys = kb[h, idx].reshape(heads, M, K * B, d)  # [H, M, K*B, d]
+        values = vb[h, idx].reshape(heads, M, K * B, d)
+        qpos = torch.arange(M * B, device=q.device).view(M, B)  # [M, B]
+        kpos = (idx[..., None] * B + torch.arange(B, device=q.device)).reshape(heads, M, K * B)
+        ok = (valid[..., None].expand(-1, -1, -1, B).reshape(heads, M, K * B)[:, :, None, :]
+              & (kpos[:, :, None, :] <= qpos[None, :, :, None]))  # [H, M, B, K*B]
+        scores = torch.matmul(qb, keys.transpose(-1, -2)) / math.sqrt(d)
+        probs = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1)
+        out = torch.matmul(probs, values).reshape(heads, M * B, d)[:, :n]
+        return out[None].to(q.dtype)
+
+
 class KernelSupportAttention:
     """Late attention through the Triton block-sparse kernel. Per layer, on first use (after
     discovery): the schedule is built once (with the bigger dense-support tiles when the layer's
@@ -146,8 +196,8 @@ def masked_softmax_weights(q: torch.Tensor, k: torch.Tensor, layout: torch.Tenso
     return torch.softmax(scores, dim=-1)
 
 
-BACKENDS = {"reference": MaskedSupportAttention, "kernel": KernelSupportAttention,
-            "flex": FlexSupportAttention}
+BACKENDS = {"reference": MaskedSupportAttention, "gather": GatherSupportAttention,
+            "kernel": KernelSupportAttention, "flex": FlexSupportAttention}
 
 
 def make_support_policy(layouts: torch.Tensor, block_size: int, backend: str):

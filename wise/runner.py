@@ -1,13 +1,18 @@
-"""The recurrence runner: one forward pass under a condition, greedy generation, teacher forcing.
+"""The recurrence runner: steps 1..t_d once (the shared prefix), then each condition's late steps.
 
-Every forward pass is self-contained, as in the paper: full attention for steps 1..t_d while the
-block masses of step 1 and of the discovery window are recorded, then the condition's late rule
-for steps t_d+1..T. Generation re-runs the whole recurrence over prompt+prefix for each new token,
-so the support is rediscovered on the sequence being processed.
+A forward pass of a condition is ``run_prefix`` (full attention for steps 1..t_d, recording the
+block masses of step 1 and of the discovery window, and Freeze-A's step-t_d queries and keys)
+followed by ``run_late`` (the condition's rule for steps t_d+1..T). Every condition of an example
+starts from the same prefix, so they are identical through t_d by construction; ``state_hash``
+fingerprints the state at t_d so that stages can still check it.
 
-Pairing: the initial state is drawn from a generator seeded by (example id, base seed, sequence
-length), so every condition of an example starts from the same state and is identical through t_d;
-``state_hash`` fingerprints the state at t_d so callers can check it.
+Initial state: row i of an example's state is drawn from its own generator, seeded by (the
+example's seed, i), so a prompt's rows start from the same state in every pass over a longer
+sequence (cached decoding relies on it: ``wise.decoding``). ``state_seed(example_id, base_seed)``
+is the example's seed.
+
+With ``cache=True`` both functions keep the keys and values of every (step, core layer), which
+``wise.decoding`` extends token by token instead of re-running the recurrence over the prompt.
 """
 from __future__ import annotations
 
@@ -15,9 +20,9 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, discovery_steps
-from wise.models.recurrent import RecurrentDepthModel
 from wise.mechanism import Observers, TrajectoryObserver
 from wise.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
 
@@ -32,19 +37,138 @@ class WiseSettings:
     backend: str = "reference"  # late sparse attention: "reference" (masked dense), "kernel", "flex"
 
     def __post_init__(self) -> None:
-        if not 1 <= self.window <= self.discovery_step < self.steps:
-            raise ValueError(f"need 1 <= window <= discovery_step < steps, got {self}")
+        # t_d = T is allowed (no late steps: every condition is Full); the pipeline asks t_d < T
+        if not 1 <= self.window <= self.discovery_step <= self.steps:
+            raise ValueError(f"need 1 <= window <= discovery_step <= steps, got {self}")
 
 
-def state_seed(example_id: str, base_seed: int, position: int) -> int:
-    """63-bit seed for the initial state of one forward pass (stable across runs and machines)."""
-    digest = hashlib.sha256(f"{example_id}|{base_seed}|{position}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+def _hash63(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def state_seed(example_id: str, base_seed: int) -> int:
+    """63-bit seed of an example's initial state (stable across runs and machines)."""
+    return _hash63(f"{example_id}|{base_seed}")
 
 
 def state_hash(state: torch.Tensor) -> str:
     data = state.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
+
+
+def initial_state(model, e: torch.Tensor, seed: int, start: int = 0) -> torch.Tensor:
+    """Rows start..start+n-1 of the example's initial state, shaped like e [1, n, h]: row i is a
+    truncated normal (the model's init_state_std, cut at 3 std, times init_state_scale) from a
+    generator seeded by (seed, i), drawn on the CPU in fp32 so every device and dtype sees the same
+    numbers."""
+    c = model.config
+    std, n, h = c.init_state_std, e.shape[1], e.shape[2]
+    rows = torch.empty(n, h, dtype=torch.float32)
+    for i in range(n):
+        g = torch.Generator().manual_seed(_hash63(f"{seed}|{start + i}"))
+        nn.init.trunc_normal_(rows[i], mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
+    return (rows * c.init_state_scale).to(device=e.device, dtype=e.dtype)[None]
+
+
+class KVRecorder:
+    """Attention seam that attends causally (or through `inner`) and keeps each (step, layer)'s
+    keys and values: k/v [1, Hkv, n, d]."""
+
+    def __init__(self, inner=None):
+        self.inner = inner
+        self.kv: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
+        from wise.models.recurrent import causal_attention
+
+        self.kv[(step, layer)] = (k, v)
+        return causal_attention(q, k, v) if self.inner is None else self.inner(q, k, v, step=step, layer=layer)
+
+
+@dataclass
+class Prefix:
+    """Steps 1..t_d of one sequence: shared by every condition of an example."""
+
+    ids: torch.Tensor  # [1, n]
+    seed: int
+    rope: object
+    e: torch.Tensor  # prelude output [1, n, h]
+    state: torch.Tensor  # after step t_d
+    state_hash: str
+    masses: DiscoveryMasses | None  # step 1 and the window (None when not recorded)
+    qk: dict | None  # step t_d's (q, k) per core layer (Freeze-A)
+    kv: dict | None = None  # (step, layer) -> (k, v) for steps 1..t_d when cached
+
+
+def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, record: bool = True,
+               keep_qk: bool = True, cache: bool = False, observer=None) -> Prefix:
+    """Steps 1..t_d of `ids` [n] under full attention. `record`: the fp16 block masses of step 1
+    and the discovery window (the traces stage's observer computes the same, so the supports stage
+    reproduces these sets exactly from a Full trace); `keep_qk`: step t_d's queries and keys."""
+    s_ = settings
+    ids = ids.to(model.device).view(1, -1)
+    rope = model.rotary(ids.shape[1])
+    e = model.embed(ids, rope)
+    s = initial_state(model, e, seed)
+    if observer is not None:
+        observer.on_state(0, s)
+    window = discovery_steps(s_.discovery_step, s_.window)
+    recorder = None
+    if record or keep_qk:
+        recorder = TrajectoryObserver(s_.block_size, mass_dtype=torch.float16, diagnostics=False,
+                                      steps={1, *window} if record else set(),
+                                      keep_qk_step=s_.discovery_step if keep_qk else None)
+    obs = Observers(recorder, observer)
+    kv = KVRecorder() if cache else None
+    for t in range(1, s_.discovery_step + 1):
+        s = model.core_step(s, e, t, rope, kv, obs)
+    masses = None
+    if record:
+        masses = DiscoveryMasses(step1=recorder.step_masses(1).float(),
+                                 window=[recorder.step_masses(t).float() for t in window])
+    return Prefix(ids, seed, rope, e, s, state_hash(s), masses, recorder.qk if keep_qk else None,
+                  kv.kv if cache else None)
+
+
+@dataclass
+class Late:
+    """One condition's steps t_d+1..T from a prefix."""
+
+    condition: str
+    state: torch.Tensor  # after the last step [1, n, h] (the prefix's state for truncate)
+    layouts: torch.Tensor | None  # late support [L, H, M, M] (None: full / truncate)
+    kv: dict | None = None  # (step, layer) -> (k, v) for the late steps when cached
+    frozen: list | None = None  # Freeze-A's weights [L][H, n, n]
+
+
+def late_policy(prefix: Prefix, condition: str, settings: WiseSettings):
+    """(policy, layouts, frozen weights) of a condition's late steps."""
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown condition {condition!r}; known: {list(CONDITIONS)}")
+    if condition in ("full", "truncate"):
+        return None, None, None
+    if prefix.masses is None:
+        raise ValueError(f"condition {condition!r} needs the discovery masses: run_prefix(record=True)")
+    layouts = condition_support(condition, prefix.masses, settings.eta)
+    if condition == "freeze_a":
+        if prefix.qk is None:
+            raise ValueError("freeze_a needs step t_d's queries and keys: run_prefix(keep_qk=True)")
+        weights = [masked_softmax_weights(*prefix.qk[layer], layouts[layer], settings.block_size)
+                   for layer in range(layouts.shape[0])]
+        return FrozenWeightsAttention(weights), layouts, weights
+    return make_support_policy(layouts, settings.block_size, settings.backend), layouts, None
+
+
+def run_late(model, prefix: Prefix, condition: str, settings: WiseSettings, *, cache: bool = False,
+             observer=None) -> Late:
+    policy, layouts, frozen = late_policy(prefix, condition, settings)
+    if condition == "truncate":
+        return Late(condition, prefix.state, None, {} if cache else None)
+    kv = KVRecorder(policy) if cache else None
+    s = prefix.state
+    for t in range(settings.discovery_step + 1, settings.steps + 1):
+        s = model.core_step(s, prefix.e, t, prefix.rope, kv if cache else policy, observer)
+    return Late(condition, s, layouts, kv.kv if cache else None, frozen)
 
 
 @dataclass
@@ -57,91 +181,14 @@ class ForwardResult:
 
 
 @torch.no_grad()
-def run_condition(model: RecurrentDepthModel, ids: torch.Tensor, condition: str,
-                  settings: WiseSettings, seed: int, observer=None) -> ForwardResult:
-    """One forward pass of `ids` [n] under `condition`; `seed` seeds the initial state."""
+def run_condition(model, ids: torch.Tensor, condition: str, settings: WiseSettings, seed: int,
+                  observer=None) -> ForwardResult:
+    """One forward pass of `ids` [n] under `condition`; `seed` = ``state_seed`` of the example."""
     if condition not in CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}; known: {list(CONDITIONS)}")
-    s_ = settings
-    ids = ids.to(model.device).view(1, -1)
-    rope = model.rotary(ids.shape[1])
-    e = model.embed(ids, rope)
-    s = model.initial_state(e, torch.Generator().manual_seed(seed))
-    if observer is not None:
-        observer.on_state(0, s)
-
-    window = discovery_steps(s_.discovery_step, s_.window)
-    recorder = None
-    if condition not in ("full", "truncate"):
-        # fp16 masses from the traces stage's own observer, so the supports stage reproduces
-        # these sets exactly from a Full trace.
-        recorder = TrajectoryObserver(s_.block_size, mass_dtype=torch.float16, diagnostics=False,
-                                      steps={1, *window},
-                                      keep_qk_step=s_.discovery_step if condition == "freeze_a" else None)
-    early_obs = Observers(recorder, observer)
-    for t in range(1, s_.discovery_step + 1):
-        s = model.core_step(s, e, t, rope, None, early_obs)
-    fingerprint = state_hash(s)
-
-    result = ForwardResult(logits=None, state_hash=fingerprint)  # type: ignore[arg-type]
-    if condition == "truncate":
-        result.logits = model.readout(s, rope)[0]
-        return result
-
-    policy = None
-    if recorder is not None:
-        masses = DiscoveryMasses(step1=recorder.step_masses(1).float(),
-                                 window=[recorder.step_masses(t).float() for t in window])
-        layouts = condition_support(condition, masses, s_.eta)
-        result.layouts, result.discovery = layouts, masses
-        if condition == "freeze_a":
-            weights = [masked_softmax_weights(*recorder.qk[layer], layouts[layer], s_.block_size)
-                       for layer in range(layouts.shape[0])]
-            policy = FrozenWeightsAttention(weights)
-        else:
-            policy = make_support_policy(layouts, s_.block_size, s_.backend)
-    for t in range(s_.discovery_step + 1, s_.steps + 1):
-        s = model.core_step(s, e, t, rope, policy, observer)
-    result.logits = model.readout(s, rope)[0]
-    return result
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    state_hash: str  # t_d fingerprint of the first forward pass (the prompt)
-    layouts: torch.Tensor | None  # support discovered on the prompt
-
-
-@torch.no_grad()
-def greedy_generate(model: RecurrentDepthModel, prompt_ids: torch.Tensor, condition: str,
-                    settings: WiseSettings, example_id: str, base_seed: int,
-                    max_new_tokens: int, stop_ids: set[int]) -> Generation:
-    ids = prompt_ids.view(-1).tolist()
-    new: list[int] = []
-    first: ForwardResult | None = None
-    for _ in range(max_new_tokens):
-        seed = state_seed(example_id, base_seed, len(ids))
-        res = run_condition(model, torch.tensor(ids), condition, settings, seed)
-        first = first or res
-        token = int(res.logits[-1].argmax())
-        if token in stop_ids:
-            break
-        new.append(token)
-        ids.append(token)
-    assert first is not None, "max_new_tokens must be >= 1"
-    return Generation(new, first.state_hash, first.layouts)
-
-
-@torch.no_grad()
-def gold_logprob(model: RecurrentDepthModel, prompt_ids: torch.Tensor, answer_ids: list[int],
-                 condition: str, settings: WiseSettings, example_id: str, base_seed: int) -> float:
-    """Teacher-forced mean log-probability of the gold answer tokens given the prompt."""
-    prompt = prompt_ids.view(-1).tolist()
-    ids = torch.tensor(prompt + list(answer_ids))
-    seed = state_seed(example_id, base_seed, len(ids))
-    logits = run_condition(model, ids, condition, settings, seed).logits
-    logp = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)
-    target = torch.tensor(answer_ids, device=logp.device)
-    return float(logp.gather(-1, target[:, None]).mean())
-
+    needs = condition not in ("full", "truncate")
+    prefix = run_prefix(model, ids, settings, seed, record=needs, keep_qk=condition == "freeze_a",
+                        observer=observer)
+    late = run_late(model, prefix, condition, settings, observer=observer)
+    return ForwardResult(model.readout(late.state, prefix.rope)[0], prefix.state_hash, late.layouts,
+                         prefix.masses)

@@ -1,4 +1,4 @@
-"""Paired statistics over examples (DESIGN.md §4, Statistics).
+"""Paired statistics over examples.
 
 Every comparison pairs on example id: the caller passes per-example deltas (condition − full) or
 per-example correctness in the same example order.

@@ -1,4 +1,4 @@
-"""Block-level attention mass and the support rules built on it (DESIGN.md §4, paper eqs. 5-6).
+"""Block-level attention mass and the support rules built on it (the paper's eqs. 5-6).
 
 Every function takes torch tensors with arbitrary leading dims ``[..., M, M]`` (typically
 ``[layers, heads, M, M]`` or ``[heads, M, M]``), works on whatever device they live on, and is
@@ -136,6 +136,26 @@ def attention_block_mass(
     return torch.cat(out, dim=0)
 
 
+def fast_block_mass(q: torch.Tensor, k: torch.Tensor, block_size: int,
+                    dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """Block masses of one layer, as the discovery recorder stores them, without n×n probabilities
+    where the Triton kernel runs.
+
+    q: [H, n, d]; k: [Hkv, n, d] (GQA as in attention_block_mass). On CUDA tensors of a shape the
+    kernel takes (kernels.block_mass_supported: B in 16/32/64/128, d <= 128, fp16/bf16/fp32) the
+    masses come from kernels.block_mass (fp32 accumulation, exact up to fp32 rounding); otherwise
+    from the dense fp32 probabilities (attention_block_mass: the same numbers as
+    block_mass(causal_attention_probs)). Either way the float32 masses are rounded to `dtype` (the
+    recorder's fp16 by default). Returns [H, M, M] in `dtype`.
+    """
+    if q.is_cuda:  # kernels (and triton) are imported only where they can run
+        from kernels import block_mass as kernel_block_mass, block_mass_supported
+
+        if block_mass_supported(q.shape[-1], block_size, q.device, q.dtype):
+            return kernel_block_mass(q, k, block_size).to(dtype)
+    return attention_block_mass(q, k, block_size).to(dtype)
+
+
 def _ranked(mass: torch.Tensor):
     """Rank each row's causal key blocks by mass, descending, ties to the lower key index.
 
@@ -241,31 +261,11 @@ def density(layout: torch.Tensor) -> float:
     return block_count(layout, per_row=False) / (slices * M * (M + 1) // 2)
 
 
-def infer_block_size(n: int, M: int) -> int:
-    """Block size B with ceil(n / B) = M, for callers that only know n and M.
-
-    Several B usually fit (n=100, M=4 fits any B in 25..33), so this is a convention: the power
-    of two in the admissible range if there is one, else n / M when it divides (all blocks full),
-    else the smallest admissible B. For M >= 2 the range holds at most one power of two, so the
-    answer is exact whenever the true B is a power of two (the kernel's 16/32/64/128 always are).
-    It can be wrong for other B (B=3, n=9 gives 4); pass block_size wherever it is known.
-    """
-    if M == 1:
-        return n
-    lo, hi = -(-n // M), -(-n // (M - 1)) - 1  # admissible B: lo <= B <= hi
-    if lo > hi:
-        raise ValueError(f"no block size gives {M} blocks for n={n}")
-    p = 1 << (hi.bit_length() - 1)  # largest power of two <= hi
-    if p >= lo:
-        return p
-    return n // M if n % M == 0 else lo
-
-
 def retained_mass(
     mass: torch.Tensor,
     layout: torch.Tensor,
     n: int,
-    block_size: int | None = None,
+    block_size: int,
     reduce: bool = True,
 ) -> float | torch.Tensor:
     """Mean over the n query tokens of the attention mass inside the layout.
@@ -273,10 +273,11 @@ def retained_mass(
     Row q of ``mass`` is the mean over the real rows of query block q (block_mass), so each block
     row is weighted by its real token count (B, and n - (M-1)B for the last block). With leading
     dims (layers, heads, ...) the per-slice values are averaged (reduce=True, returns a float) or
-    returned as float32 [...] (reduce=False). block_size defaults to infer_block_size(n, M).
+    returned as float32 [...] (reduce=False). ``block_size`` is required: n and M alone do not
+    fix B (n=9, M=3 fits B=3 and B=4, which weigh the rows 3/3/3 and 4/4/1).
     """
     M = mass.shape[-1]
-    B = infer_block_size(n, M) if block_size is None else block_size
+    B = block_size
     if num_blocks(n, B) != M:
         raise ValueError(f"mass has {M} blocks but n={n}, block_size={B} gives {num_blocks(n, B)}")
     inside = (mass.float() * (layout & causal_block_mask(M, mass.device))).sum(-1)  # [..., M]

@@ -3,30 +3,27 @@
 Plain dicts in and out."""
 from __future__ import annotations
 
-import torch
-
-from wise.runner import WiseSettings, gold_logprob, greedy_generate
+from wise.decoding import evaluate_example
+from wise.runner import WiseSettings, state_seed
 from wise.support import pack_layout
 
 
 def run_conditions(model, item: dict, context: dict) -> dict:
-    """Every requested condition on one example: greedy prediction and gold log-prob."""
+    """Every requested condition on one example from one shared prefix: greedy prediction and
+    gold log-prob (``wise.decoding.evaluate_example``)."""
     settings = WiseSettings(**context["settings"])
-    prompt = torch.tensor(item["token_ids"], dtype=torch.long)
-    stop = set(context["stop_ids"])
+    runs = evaluate_example(model, item["token_ids"], item["answer_ids"], context["conditions"], settings,
+                            state_seed(item["example_id"], context["init_seed"]), context["max_new_tokens"],
+                            set(context["stop_ids"]), context.get("generation", "cached"))
     rows = []
     for name in context["conditions"]:
-        gen = greedy_generate(model, prompt, name, settings, item["example_id"], context["init_seed"],
-                              context["max_new_tokens"], stop)
-        logp = gold_logprob(model, prompt, item["answer_ids"], name, settings,
-                            item["example_id"], context["init_seed"])
+        run = runs[name]
         rows.append({
             "condition": name,
-            "prediction_ids": gen.token_ids,
-            "gold_logprob": logp,
-            "state_hash_td": gen.state_hash,
+            "prediction_ids": run.tokens,
+            "gold_logprob": run.gold_logprob,
+            "state_hash_td": run.state_hash,
             # Per-layer bits, the same encoding the supports stage writes, for the pairing check.
-            "layout_bits": None if gen.layouts is None else
-            [pack_layout(layer).tobytes() for layer in gen.layouts],
+            "layout_bits": None if run.layouts is None else [pack_layout(layer).tobytes() for layer in run.layouts],
         })
     return {"example_id": item["example_id"], "rows": rows}

@@ -14,7 +14,7 @@ def trace_example(model, item: dict, context: dict) -> dict:
     every position and over the question rows (item["question_start"] to the end)."""
     settings = WiseSettings(**context["settings"])
     ids = torch.tensor(item["token_ids"], dtype=torch.long)
-    seed = state_seed(item["example_id"], context["init_seed"], len(ids))
+    seed = state_seed(item["example_id"], context["init_seed"])
     rows = range(item["question_start"], len(ids)) if "question_start" in item else None
     obs = TrajectoryObserver(settings.block_size, k_max=context.get("topk", 16),
                              diagnostics=context.get("diagnostics", True), rows=rows)

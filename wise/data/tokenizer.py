@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -85,20 +85,3 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Load from a tokenizer.json file or a folder holding one."""
     path = Path(path)
     return Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
-
-
-def corpus_for_tokenizer(seed: int, n: int) -> Iterator[str]:
-    """Training text: n train-split prompts (with their answers) of each generated benchmark,
-    plus every passage of their worlds, so the long-context distractors are covered too."""
-    # Imported here so that loading a saved tokenizer does not import the generators.
-    from wise.data.prompts import answer_continuation, format_prompt
-    from wise.data.registry import distractor_pool, load_examples
-
-    for benchmark in ("synthhop", "syntharith"):
-        seen_worlds: set[int] = set()
-        for example in load_examples(benchmark, "train", n, seed):
-            yield format_prompt(example) + answer_continuation(example)
-            world = example.meta.get("world_seed")
-            if world not in seen_worlds:
-                seen_worlds.add(world)
-                yield "\n\n".join(f"{p.title}: {p.text}" for p in distractor_pool(example))

@@ -6,8 +6,10 @@ with errors that name the offending tensor. Writes are atomic (temporary name, t
 Reads the project's own checkpoints (``model_type: wise_recurrent``) and the published Raven ones
 (``huginn_raven``: Huginn-0125 and the retrofitted Recurrent-Llama checkpoints; config mapping in
 ``hf_configs.py``, tensor-name normalisation in ``state_dict_map.py``), single-file or sharded
-(``model.safetensors.index.json`` + shards), in any stored float dtype. A RecurTrace retrofit
-folder (``model_type: recurtrace_looped``) is handed to ``wise.looped.checkpoint``.
+(``model.safetensors.index.json`` + shards), in any stored float dtype. A weights file that is
+truncated or not safetensors is refused with its path and the ``model.source`` it came from; hub
+downloads take ``model.revision`` (a branch, tag or commit), so a run can be pinned. A RecurTrace
+retrofit folder (``model_type: recurtrace_looped``) is handed to ``wise.looped.checkpoint``.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from wise.atomic_files import atomic_path, write_bytes_atomic
 from wise.models.config import RecurrentConfig
 from wise.models.hf_configs import RAVEN_MODEL_TYPE, config_from_raven
 from wise.models.recurrent import RecurrentDepthModel, init_weights
@@ -32,12 +35,6 @@ INDEX_NAME = "model.safetensors.index.json"  # sharded layout: {"weight_map": {t
 TOKENIZER_NAME = "tokenizer.json"
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(model: RecurrentDepthModel, folder: str | os.PathLike,
                     metadata: dict[str, str] | None = None) -> Path:
     folder = Path(folder)
@@ -45,11 +42,10 @@ def save_checkpoint(model: RecurrentDepthModel, folder: str | os.PathLike,
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)  # stored once, as transformer.wte.weight
-    tmp = folder / (WEIGHTS_NAME + ".tmp")
-    save_file(state, str(tmp), metadata={"format": "pt", **(metadata or {})})
-    os.replace(tmp, folder / WEIGHTS_NAME)
-    _atomic_write_bytes(folder / CONFIG_NAME,
-                        (json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+    with atomic_path(folder / WEIGHTS_NAME) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt", **(metadata or {})})
+    write_bytes_atomic(folder / CONFIG_NAME,
+                       (json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n").encode())
     return folder
 
 
@@ -109,20 +105,33 @@ def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
     raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in checkpoint folder {folder}")
 
 
-def read_state(folder: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+class CorruptCheckpointError(ValueError):
+    """A weights file is truncated or not safetensors; names the file and the model source."""
+
+
+def read_state(folder: Path, dtype: torch.dtype | None = None,
+               source: str | None = None) -> dict[str, torch.Tensor]:
     """All tensors of a (sharded) checkpoint on the CPU; floating tensors cast to ``dtype`` one at
-    a time, so a bf16 model never holds an fp32 copy of the weights (and bf16 files upcast exactly)."""
+    a time, so a bf16 model never holds an fp32 copy of the weights (and bf16 files upcast exactly).
+    ``source`` is what the user named (``model.source``), quoted in errors."""
     files, weight_map = weight_files(folder)
     state: dict[str, torch.Tensor] = {}
     for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name in state:
-                    raise ValueError(f"{path}: tensor {name} is stored in more than one shard")
-                if weight_map is not None and weight_map.get(name) != path.name:
-                    raise ValueError(f"{path}: tensor {name} is not listed for this shard in {INDEX_NAME}")
-                t = f.get_tensor(name)
-                state[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if name in state:
+                        raise ValueError(f"{path}: tensor {name} is stored in more than one shard")
+                    if weight_map is not None and weight_map.get(name) != path.name:
+                        raise ValueError(f"{path}: tensor {name} is not listed for this shard in {INDEX_NAME}")
+                    t = f.get_tensor(name)
+                    state[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+        except SafetensorError as exc:
+            # safetensors checks the header against the file size, so a truncated copy (an
+            # interrupted download or copy) is caught here, before any tensor is used.
+            raise CorruptCheckpointError(
+                f"{path}: truncated or not a safetensors file ({exc}); it is part of the checkpoint "
+                f"named by model.source = {source or str(folder)!r}: re-download or re-copy it") from exc
     if weight_map is not None:
         lost = sorted(set(weight_map) - set(state))
         if lost:
@@ -135,34 +144,42 @@ def is_hub_id(source: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source)) and not Path(source).exists()
 
 
-def resolve_model_source(source: str) -> Path:
+def resolve_model_source(source: str, revision: str | None = None) -> Path:
     """A local folder, a preset (``preset:tiny-random``) is handled by the caller; hub ids are
-    downloaded with huggingface_hub only when the user names one."""
+    downloaded with huggingface_hub only when the user names one, at ``revision`` (branch, tag or
+    commit; None: the default branch). A revision for a local folder is refused: it would be
+    silently ignored."""
+    if revision is not None and not isinstance(revision, str):
+        raise ValueError(f"model.revision = {revision!r}: must be a string (quote a commit hash in YAML)")
     path = Path(source)
     if path.is_dir():
+        if revision is not None:
+            raise ValueError(f"model.revision = {revision!r} is set but model.source = {source!r} is a "
+                             "local folder (a revision applies to hub ids only)")
         return path
     if is_hub_id(source):
         from huggingface_hub import snapshot_download  # only when a hub id is asked for
 
-        return Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors", "*.model"]))
+        return Path(snapshot_download(source, revision=revision,
+                                      allow_patterns=["*.json", "*.safetensors", "*.model"]))
     raise FileNotFoundError(f"model checkpoint {source!r} is neither a folder nor a hub id")
 
 
 def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> RecurrentDepthModel:
-    """Load a checkpoint folder / hub id, or build ``preset:<name>`` with seeded random weights
-    (``preset:tiny-random@seed``). A retrofit folder gives a ``wise.looped.LoopedModel``."""
+                    device: str | torch.device = "cpu", revision: str | None = None) -> RecurrentDepthModel:
+    """Load a checkpoint folder / hub id (at ``revision``), or build ``preset:<name>`` with seeded
+    random weights (``preset:tiny-random@seed``). A retrofit folder gives a ``wise.looped.LoopedModel``."""
     if source.startswith("preset:"):
         name, _, seed = source[len("preset:"):].partition("@")
         model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), int(seed or 0))
         return model.to(device=device, dtype=dtype).eval()
-    folder = resolve_model_source(source)
+    folder = resolve_model_source(source, revision)
     config = load_config(folder)
     if getattr(config, "model_type", None) == LOOPED_MODEL_TYPE:
         from wise.looped.checkpoint import load_retrofit
 
         return load_retrofit(folder, dtype=dtype, device=device)
-    state = to_project_names(read_state(folder, dtype), config, str(folder))
+    state = to_project_names(read_state(folder, dtype, source=source), config, str(folder))
     # Built on the meta device and given the loaded tensors (assign), so the weights exist once
     # in memory, in the requested dtype.
     with torch.device("meta"):

@@ -4,8 +4,10 @@ Both families ship the Raven config format (``model_type: "huginn_raven"``, the 
 seal-rg/recurrent-pretraining ``recpre/raven_config_minimal.py``):
 
 * Huginn-0125 (``tomg-group-umd/huginn-0125``): sandwich blocks, RoPE on interleaved pairs from a
-  ``block_size``-long table with ``rope_base``, learned qk bias, embeddings scaled by
-  ``init_values.embed_scale`` = sqrt(n_embd), ``ln_f`` applied after the recurrence.
+  ``block_size``-long table with ``rope_base``, learned qk bias, embeddings scaled by sqrt(n_embd)
+  (its modeling file computes the scale from ``n_embd`` and never reads
+  ``init_values.embed_scale``, so a config whose ``embed_scale`` differs is refused rather than
+  loaded with a scale the published code would not use), ``ln_f`` applied after the recurrence.
 * Retrofitted Llama (``smcleish/Recurrent-Llama-3.2-*`` and siblings): the Huginn config with
   Llama fields written over it by the converter (mcleish7 retrofitting-recurrence,
   ``convert_pretrained_model/convert_llama.py``): ``num_key_value_heads`` (GQA), ``rope_theta``,
@@ -13,7 +15,10 @@ seal-rg/recurrent-pretraining ``recpre/raven_config_minimal.py``):
   untied head, no qk bias. Its modeling file keeps the class name ``SandwichBlock`` for a
   pre-norm Llama block (norm_1/norm_2 only), uses transformers' rotate-half RoPE and does not
   apply ``ln_f`` after the recurrence. The converter is the only writer of the ``rope_*`` /
-  ``max_position_embeddings`` keys, so their presence is what tells the families apart.
+  ``max_position_embeddings`` keys, so their presence is what tells the families apart. The
+  retrofitting code's config class also writes ``initial_state_mode`` (default ``"random"``, the
+  truncated-normal state both modeling files draw) into every checkpoint it trains; only that
+  value is implemented.
 
 The converter copied Huginn's ``bos/eos/pad_token_id`` (65504/65505/65509) into the retrofitted
 configs unchanged, so special ids are taken from the checkpoint's own tokenizer files
@@ -26,6 +31,7 @@ known and irrelevant to inference. Anything else is an error that names the key.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +64,7 @@ REQUIRED_VALUES: dict[str, Any] = {
     "state_init": "like-init",  # truncated normal with init_values.std
     "bias": False,
     "test_time_noise": 0,
+    "initial_state_mode": "random",  # written by the retrofitting code's config class
 }
 # Keys that carry the architecture; each is read below.
 USED_KEYS = frozenset({
@@ -148,6 +155,13 @@ def config_from_raven(raw: dict[str, Any], folder: str | Path | None = None,
     embed_scale = float(init["embed_scale"])
 
     if family == HUGINN:
+        # The Huginn modeling file scales embeddings (and the initial state) by sqrt(n_embd)
+        # whatever init_values.embed_scale says; follow it, and refuse a config where they differ.
+        if not math.isclose(embed_scale, math.sqrt(hidden), rel_tol=1e-6):
+            raise fail("init_values.embed_scale",
+                       f"{embed_scale} but Huginn's modeling code scales embeddings by sqrt(n_embd) = "
+                       f"{math.sqrt(hidden):.6g} and ignores this key; refusing a config whose two disagree")
+        embed_scale = math.sqrt(hidden)
         rope = dict(rope_style="interleaved", rope_base=float(alias("rope_base")), rope_scaling=None,
                     max_positions=int(alias("block_size")))  # length of the published freqs_cis table
         layout = dict(block_style="sandwich", ln_f_after_recurrence=True)

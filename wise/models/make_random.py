@@ -11,7 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from wise.data.tokenizer import corpus_for_tokenizer, save_tokenizer, train_tokenizer
+from wise.data.corpus import corpus_for_tokenizer
+from wise.data.tokenizer import save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.config import RecurrentConfig
 from wise.models.recurrent import RecurrentDepthModel, init_weights

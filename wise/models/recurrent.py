@@ -77,6 +77,12 @@ class Rotary:
         view.style, view.cos, view.sin = self.style, self.cos[:n], self.sin[:n]
         return view
 
+    def rows(self, start: int, stop: int) -> "Rotary":
+        """The tables of positions start..stop-1 (rows appended after a cached prefix)."""
+        view = object.__new__(Rotary)
+        view.style, view.cos, view.sin = self.style, self.cos[start:stop], self.sin[start:stop]
+        return view
+
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x: [b, n, H, d] -> same shape, rotated by position."""
         xf = x.float()

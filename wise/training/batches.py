@@ -16,7 +16,6 @@ work; the batch for an index is the same whichever process makes it.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import multiprocessing as mp
 import os
 import random
@@ -26,7 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
-from wise.data.registry import context_questions, question_intermediates
+from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
 from wise.training.config import TrainConfig
@@ -41,10 +40,6 @@ class Batch:
     ids: np.ndarray  # [B, L] int64, right-padded with PAD
     targets: np.ndarray  # [B, L] int64: ids shifted left; IGNORE where no loss
     is_answer: np.ndarray  # [B, L] bool: target is an answer token or the closing EOS
-    # [K, 4] int64 rows (row, position, hop j, token): with train.hop_loss_weight, the state at
-    # step j * hop_stride at that position (the one predicting an answer's first token) should
-    # name a token of the question's j-th intermediate entity. Empty without hop supervision.
-    hops: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 4), dtype=np.int64))
 
     @property
     def tokens(self) -> int:
@@ -87,11 +82,9 @@ def interleave_kinds(questions: list[tuple[str, str, str]], rng: random.Random) 
 
 
 def append_extra_questions(tok, row: list[int], answer_spans: list[tuple[int, int]],
-                           questions: list[tuple[str, str]], limit: int,
-                           asked: list[str] | None = None) -> None:
+                           questions: list[tuple[str, str]], limit: int) -> None:
     """Append "\n\nQuestion: q\nAnswer: a<eos>" blocks while the row stays within `limit`
-    tokens; each block's answer span (answer tokens + EOS) is added to `answer_spans` (and its
-    question to `asked`, when given)."""
+    tokens; each block's answer span (answer tokens + EOS) is added to `answer_spans`."""
     for question, answer in questions:
         prompt = tok.encode(f"\n\nQuestion: {question}\nAnswer:", add_special_tokens=False).ids
         reply = tok.encode(" " + answer, add_special_tokens=False).ids + [EOS_ID]
@@ -100,27 +93,6 @@ def append_extra_questions(tok, row: list[int], answer_spans: list[tuple[int, in
         row.extend(prompt)
         answer_spans.append((len(row), len(row) + len(reply)))
         row.extend(reply)
-        if asked is not None:
-            asked.append(question)
-
-
-def name_tokens(tok, name: str) -> list[int]:
-    """Distinct tokens of an entity name as an answer spells it (" " + name), without the ones
-    that say nothing about which entity it is (a bare space, the article of film titles)."""
-    ids = tok.encode(" " + name, add_special_tokens=False).ids
-    keep = [i for i in ids if tok.id_to_token(i).lstrip("Ġ") not in ("", "The")]
-    return list(dict.fromkeys(keep))
-
-
-def hop_targets(tok, example, spans: list[tuple[int, int]], asked: list[str]) -> list[tuple[int, int, int]]:
-    """(position, hop j, token) for every multi-hop question of a row: the position predicting
-    the answer's first token, each intermediate entity j = 1, 2, ... and each of its tokens."""
-    chains = question_intermediates(example)
-    out = []
-    for (start, _end), question in zip(spans, asked):
-        for j, name in enumerate(chains.get(question, ()), start=1):
-            out.extend((start - 1, j, token) for token in name_tokens(tok, name))
-    return out
 
 
 def make_batch(config: TrainConfig, tok, index: int) -> Batch:
@@ -162,30 +134,24 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
                 if len(ids) > budget:  # an unusually long answer: skip rather than truncate
                     continue
                 spans = [(prompt_len, len(ids))]
-                asked = [variant.question]
                 if config.extra_questions:
                     extras = interleave_kinds(context_questions(variant), extra_rng)
-                    append_extra_questions(tok, ids, spans, extras[:config.extra_questions], budget,
-                                           asked)
-                hops = hop_targets(tok, variant, spans, asked) if config.hop_loss_weight else []
-                rows.append((ids, spans, hops))
+                    append_extra_questions(tok, ids, spans, extras[:config.extra_questions], budget)
+                rows.append((ids, spans))
                 need -= 1
             attempt += 1
     rng.shuffle(rows)
-    length = max(len(r) for r, _, _ in rows)
+    length = max(len(r) for r, _ in rows)
     ids = np.full((len(rows), length), PAD_ID, dtype=np.int64)
     targets = np.full((len(rows), length), IGNORE, dtype=np.int64)
     is_answer = np.zeros((len(rows), length), dtype=bool)
-    hop_rows = []
-    for i, (row, spans, hops) in enumerate(rows):
+    for i, (row, spans) in enumerate(rows):
         n = len(row)
         ids[i, :n] = row
         targets[i, :n - 1] = row[1:]  # position j predicts token j + 1
         for start, end in spans:  # tokens [start, end) are an answer and its EOS
             is_answer[i, start - 1:end - 1] = True
-        hop_rows.extend((i, pos, j, token) for pos, j, token in hops)
-    hop_array = np.array(hop_rows, dtype=np.int64).reshape(-1, 4)
-    return Batch(index, budget, ids, targets, is_answer, hop_array)
+    return Batch(index, budget, ids, targets, is_answer)
 
 
 # -- worker processes ----------------------------------------------------------------------------

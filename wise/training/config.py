@@ -53,15 +53,6 @@ class TrainConfig:
     backprop_steps: int = 10  # truncated backprop: gradients through the last k steps only
     # -- loss and optimisation --------------------------------------------------------------------
     lm_loss_weight: float = 1.0  # next-token loss on the prompt text, besides the answer loss
-    # hop supervision (0: off): for each multi-hop question, the state after step j * hop_stride
-    # is read out at the answer position and should name the j-th intermediate entity (mean
-    # cross-entropy over its tokens), when that step is inside the backprop window
-    hop_loss_weight: float = 0.0
-    hop_stride: int = 3
-    hop_readout: str = "lm"  # "lm" (after step j*stride) | "probe" | "final": see loop.HopLoss
-    # "final" only: the hop weight falls linearly to 0 at this fraction of training (0: constant),
-    # so the last part of training sees the answer alone
-    hop_loss_until: float = 0.0
     max_steps: int = 100000
     time_limit_s: float = 720.0  # 0: none; else stop (and save) after this many seconds of training
     lr: float = 2e-3
@@ -125,11 +116,6 @@ class TrainConfig:
         need(self.recurrence_max >= self.recurrence_mean, "recurrence_max", "must be >= recurrence_mean")
         need(self.backprop_steps >= 1, "backprop_steps", "must be >= 1")
         need(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
-        need(self.hop_loss_weight >= 0, "hop_loss_weight", "must be >= 0")
-        need(self.hop_stride >= 1, "hop_stride", "must be >= 1")
-        need(self.hop_readout in ("lm", "probe", "final"), "hop_readout",
-             'must be "lm", "probe" or "final"')
-        need(0 <= self.hop_loss_until <= 1, "hop_loss_until", "must be in [0, 1]")
         need(self.prompt_style in PROMPT_STYLES, "prompt_style",
              f"must be one of {', '.join(sorted(PROMPT_STYLES))}")
         need(self.max_steps >= 1, "max_steps", "must be >= 1")

@@ -7,10 +7,13 @@ a seeded generator, r - k recurrence steps without gradients, then k steps with 
 the loss: cross-entropy on the answer tokens (+ EOS) plus ``lm_loss_weight`` times the next-token
 loss on the prompt text.
 
-    train(TrainConfig(...), out="data/models/wise-small", device="cuda")
+    summary = train(TrainConfig(...), out=folder, device="cuda")
 
-writes config.json, model.safetensors, tokenizer.json and loss_curve.csv into `out`; the model
-card is written by the caller (stages/train_backbone.py) which knows the measured quality.
+writes config.json, model.safetensors, tokenizer.json(+config), loss_curve.csv, eval_curve.csv
+and train_summary.json into `out`, a folder of its own, once training has succeeded. Any failure
+(an exception, a non-finite loss, KeyboardInterrupt) propagates and saves nothing; a stopped time
+limit or max_steps is success. wise.training.run.train_checkpoint builds a checkpoint folder this
+way in a staging folder and publishes it whole, so a failed run never replaces a shipped one.
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ import json
 import math
 import os
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,8 @@ from torch import nn
 from tqdm import tqdm
 
 from wise.data.splits import derive_seed
-from wise.data.tokenizer import corpus_for_tokenizer, save_tokenizer, train_tokenizer
+from wise.data.corpus import corpus_for_tokenizer
+from wise.data.tokenizer import save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.training.batches import IGNORE, Batch, BatchStream
@@ -95,11 +98,9 @@ def initial_state(model: RecurrentDepthModel, e: torch.Tensor, generator: torch.
 
 
 def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: int,
-                      backprop_steps: int, generator: torch.Generator, observer=None,
-                      tap=None) -> torch.Tensor:
+                      backprop_steps: int, generator: torch.Generator, observer=None) -> torch.Tensor:
     """ids [b, n] -> logits [b, n, vocab] after `num_steps` steps; only the last `backprop_steps`
-    build an autograd graph (the state entering them is detached). `tap(t, s, rope)` is called
-    with the state after each of those steps (for losses on intermediate states)."""
+    build an autograd graph (the state entering them is detached)."""
     rope = model.rotary(ids.shape[1], ids.device)
     e = model.embed(ids, rope)
     s = initial_state(model, e, generator)
@@ -110,91 +111,7 @@ def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: 
     s = s.detach()
     for t in range(free + 1, num_steps + 1):
         s = model.core_step(s, e, t, rope, observer=observer)
-        if tap is not None:
-            tap(t, s, rope)
     return model.readout(s, rope)
-
-
-class HopLoss:
-    """Hop supervision of one batch (``train.hop_loss_weight``). For each multi-hop question,
-    the state at its answer position (the one predicting the answer's first token) should name
-    the question's j-th intermediate entity, scored as the mean cross-entropy over the entity's
-    tokens. Two readouts (``train.hop_readout``):
-
-    - "lm": the model's own readout, after exactly step j * stride. Measured (session 7): the
-      model learns to name the entity at that one step only and answers at every other step,
-      a clock rather than a chain;
-    - "probe": training-only linear probes (one per hop, on the normalised state), after every
-      step >= j * stride: the entity must stay in the state from then on, where later steps can
-      use it, while the model's own readout keeps answering.
-    - "final": the model's own readout after the last step, the very logits that predict the
-      answer's first token (``on_final``). Both targets share one distribution there, so the
-      final state has to hold the intermediate entities next to the answer, where the steps
-      that compute the answer can use them (the clock of "lm" is impossible: the step count
-      is random). Its weight can fall to 0 over training (``hop_weight``), leaving the answer.
-
-    Only steps that build a graph count. Everything a step needs is selected on the host, so the
-    loss adds no host synchronisation."""
-
-    def __init__(self, model: RecurrentDepthModel, hops: np.ndarray, stride: int, device: torch.device,
-                 probes: nn.ModuleList | None = None):
-        self.model, self.stride, self.probes, self.terms = model, stride, probes, []
-        self.by_hop = {}
-        for j in np.unique(hops[:, 2]) if len(hops) else ():
-            rows = hops[hops[:, 2] == j]
-            self.by_hop[int(j)] = tuple(_to_device(np.ascontiguousarray(rows[:, c]), device)
-                                        for c in (0, 1, 3))
-
-    @property
-    def by_step(self) -> dict[int, tuple]:
-        """The first step at which each hop is read (the only one with the "lm" readout)."""
-        return {j * self.stride: rows for j, rows in self.by_hop.items()}
-
-    def __call__(self, t: int, s: torch.Tensor, rope) -> None:
-        for j, (rows, cols, tokens) in self.by_hop.items():
-            if self.probes is None:
-                if t != j * self.stride:
-                    continue
-                logits = self.model.readout(s, rope, at=(rows, cols))
-            else:
-                if t < j * self.stride or j > len(self.probes):
-                    continue
-                logits = self.probes[j - 1](self.model.transformer.ln_f(s[rows, cols])).float()
-            self._add(logits, tokens)
-
-    def on_final(self, logits: torch.Tensor) -> None:
-        """The "final" readout: `logits` [b, n, vocab] after the last step."""
-        for rows, cols, tokens in self.by_hop.values():
-            self._add(logits[rows, cols].float(), tokens)
-
-    def _add(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
-        """One supervised (hop, step): mean cross-entropy over the entity's tokens."""
-        self.terms.append(F.cross_entropy(logits, tokens, reduction="sum") / len(tokens))
-
-    def loss(self) -> torch.Tensor | None:
-        """Mean over the (hop, step) pairs that were supervised; None when none was."""
-        return torch.stack(self.terms).mean() if self.terms else None
-
-
-def hop_weight(config: TrainConfig, progress: float) -> float:
-    """The hop loss weight at this fraction of training (``hop_loss_until``: linear decay to 0)."""
-    if config.hop_readout != "final" or not config.hop_loss_until:
-        return config.hop_loss_weight
-    return config.hop_loss_weight * max(0.0, 1.0 - progress / config.hop_loss_until)
-
-
-def hop_probes(model: RecurrentDepthModel, config: TrainConfig) -> nn.ModuleList | None:
-    """The training-only probes of ``hop_readout: probe`` (hops 1 and 2: bridges have at most two
-    intermediate entities); seeded, never saved with the checkpoint."""
-    if not config.hop_loss_weight or config.hop_readout != "probe":
-        return None
-    c = model.config
-    gen = torch.Generator().manual_seed(derive_seed(config.seed, "hop_probes") % 2**31)
-    probes = nn.ModuleList(nn.Linear(c.hidden, c.vocab_size, bias=False) for _ in range(2))
-    with torch.no_grad():
-        for probe in probes:
-            probe.weight.copy_(torch.randn(probe.weight.shape, generator=gen) * config.init_std)
-    return probes.to(model.device)
 
 
 def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
@@ -246,35 +163,60 @@ def train_tokenizer_for(config: TrainConfig, out: Path):
 
 def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.device = "cpu",
           workers: int | None = None, progress: bool = True) -> dict:
-    """Train from scratch and write the checkpoint folder; returns a summary dict."""
+    """Train from scratch and write the checkpoint files into `out`; returns the summary (also
+    written as train_summary.json). Raises on any failure, before anything but the tokenizer
+    (which the batch workers read) is written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(device)
     _, tokenizer_path = train_tokenizer_for(config, out)
     # The worker pool is forked before CUDA is touched.
     stream = BatchStream(config, str(tokenizer_path), workers=workers)
-    torch.manual_seed(config.seed)  # nothing should draw from it; a belt for library internals
-    model = build_model(config).to(device).train()
-    probes = hop_probes(model, config)
-    trained = nn.ModuleList([model, probes]) if probes is not None else model
-    opt = make_optimizer(trained, config, device)
-    autocast = _autocast_for(model, device)
-    if config.compile:
-        _compile_blocks(model, autocast)
+    try:
+        torch.manual_seed(config.seed)  # nothing should draw from it; a belt for library internals
+        model = build_model(config).to(device).train()
+        opt = make_optimizer(model, config, device)
+        autocast, precision = _autocast_for(model, device)
+        compile_mode = _compile_blocks(model, autocast) if config.compile else "off"
+        check = (HeldOutCheck(config, tokenizer_path, model.config.max_positions)
+                 if config.eval_every else None)
+        run = _run_steps(config, model, opt, stream, autocast, device, check, progress)
+    finally:
+        stream.close()
+    model = model.float().cpu().eval()
+    meta = {"preset": config.preset, "train_steps": str(run["steps"]), "seed": str(config.seed)}
+    save_checkpoint(model, out, metadata=meta)
+    write_loss_curve(run["log"], out / LOSS_CURVE)
+    if run["eval_log"]:
+        write_loss_curve(run["eval_log"], out / EVAL_CURVE)
+    summary = {"steps": run["steps"], "stopped_by": run["stopped_by"], "train_seconds": run["seconds"],
+               "tokens": run["tokens"], "final": run["log"][-1] if run["log"] else None,
+               "heldout": run["eval_log"][-1] if run["eval_log"] else None,
+               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "precision": precision, "compile": compile_mode}
+    tmp = out / "train_summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(out / "train_summary.json")
+    return summary
+
+
+def _run_steps(config: TrainConfig, model: RecurrentDepthModel, opt, stream, autocast, device,
+               check, progress: bool) -> dict:
+    """The optimisation loop. Raises FloatingPointError when a loss or gradient norm was not
+    finite: checked on the host at every log step and at the end (a flag kept on the device, so
+    the steps in between queue without a host sync)."""
     state_gen = torch.Generator(device=device)
-    check = (HeldOutCheck(config, tokenizer_path, model.config.max_positions)
-             if config.eval_every else None)
-    eval_log: list[dict] = []
+    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     log: list[dict] = []
+    eval_log: list[dict] = []
     start = time.monotonic()
-    tokens_seen, stopped_by = 0, "max_steps"
-    step = 0
+    tokens_seen, stopped_by, steps_done = 0, "max_steps", config.max_steps
     bar = tqdm(total=config.max_steps, disable=not progress, mininterval=5.0, desc="train")
     try:
         for step in range(config.max_steps):
             elapsed = time.monotonic() - start
             if config.time_limit_s and elapsed >= config.time_limit_s:
-                stopped_by = "time_limit"
+                stopped_by, steps_done = "time_limit", step
                 break
             frac = step / config.max_steps
             if config.time_limit_s:
@@ -286,35 +228,25 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
             ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
             steps = sample_recurrence(config, step)
             state_gen.manual_seed(derive_seed(config.seed, "state", step))
-            hop_w = hop_weight(config, frac)
-            hop = (HopLoss(model, batch.hops, config.hop_stride, device, probes)
-                   if hop_w else None)
-            final_hop = hop is not None and config.hop_readout == "final"
             with autocast:
-                logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen,
-                                           tap=None if final_hop else hop)
+                logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen)
             loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
-            if final_hop:
-                hop.on_final(logits)
-            hop_loss = hop.loss() if hop is not None else None
-            if hop_loss is not None:
-                loss = loss + hop_w * hop_loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(trained.parameters(), config.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            nonfinite |= ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
             opt.step()
             tokens_seen += batch.tokens
             bar.update(1)
             if step % config.log_every == 0 or step == config.max_steps - 1:
+                if nonfinite.item():
+                    raise FloatingPointError(f"non-finite loss or gradient norm by step {step} "
+                                             f"(loss {loss.item()}, grad norm {grad_norm.item()})")
                 row = {"step": step, "tokens": tokens_seen, "loss": loss.item(),
                        "answer_loss": answer_loss.item(), "lm_loss": lm_loss.item(),
-                       **({"hop_loss": hop_loss.item() if hop_loss is not None else float("nan")}
-                          if config.hop_loss_weight else {}),
                        "grad_norm": grad_norm.item(), "lr": lr, "recurrence": steps,
                        "budget": batch.budget, "rows": int(batch.ids.shape[0]),
                        "elapsed_s": round(time.monotonic() - start, 2)}
-                if not math.isfinite(row["loss"]):
-                    raise FloatingPointError(f"loss is {row['loss']} at step {step}")
                 log.append(row)
                 bar.set_postfix(ans=f"{row['answer_loss']:.3f}", lm=f"{row['lm_loss']:.3f}",
                                 r=steps, ctx=batch.budget)
@@ -323,26 +255,12 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
                 eval_log.append({"step": step, "elapsed_s": round(time.monotonic() - start, 2),
                                  "answer_loss": log[-1]["answer_loss"] if log else float("nan"), **scores})
                 bar.write(f"step {step}: held-out EM {scores}")
-    except (Exception, KeyboardInterrupt) as err:  # keep what was learned; the caller sees stopped_by
-        stopped_by = f"error: {type(err).__name__}: {err}"
-        traceback.print_exc()
     finally:
         bar.close()
-        stream.close()
-    steps_done = config.max_steps if stopped_by == "max_steps" else step
-    train_seconds = time.monotonic() - start
-    model = model.float().cpu().eval()
-    meta = {"preset": config.preset, "train_steps": str(steps_done), "seed": str(config.seed)}
-    save_checkpoint(model, out, metadata=meta)
-    write_loss_curve(log, out / LOSS_CURVE)
-    if eval_log:
-        write_loss_curve(eval_log, out / EVAL_CURVE)
-    summary = {"steps": steps_done, "stopped_by": stopped_by, "train_seconds": round(train_seconds, 1),
-               "tokens": tokens_seen, "final": log[-1] if log else None,
-               "heldout": eval_log[-1] if eval_log else None,
-               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    if nonfinite.item():
+        raise FloatingPointError("non-finite loss or gradient norm after the last log step")
+    return {"steps": steps_done, "stopped_by": stopped_by, "seconds": round(time.monotonic() - start, 1),
+            "tokens": tokens_seen, "log": log, "eval_log": eval_log}
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -355,10 +273,11 @@ def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def _autocast_for(model: RecurrentDepthModel, device: torch.device):
-    """bf16 autocast on CUDA, after a small forward/backward proves it runs on this stack;
-    otherwise fp32 (with TF32 products on CUDA)."""
+    """(autocast context, the precision it gives, as train_summary.json records it): bf16
+    autocast on CUDA, after a small forward/backward proves it runs on this stack; otherwise fp32
+    (with TF32 products on CUDA), the reason named."""
     if device.type != "cuda":
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(), "fp32"
     torch.backends.cuda.matmul.allow_tf32 = True
     ids = torch.randint(3, model.config.vocab_size, (2, 64), device=device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -367,16 +286,17 @@ def _autocast_for(model: RecurrentDepthModel, device: torch.device):
             logits = recurrent_forward(model, ids, 3, 2, gen)
         logits.float().mean().backward()
         model.zero_grad(set_to_none=True)
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16), "bf16 autocast"
     except RuntimeError as err:  # pragma: no cover - depends on the CUDA stack
         model.zero_grad(set_to_none=True)
         print(f"bf16 autocast failed ({err}); training in fp32 with TF32", flush=True)
-        return contextlib.nullcontext()
+        return contextlib.nullcontext(), f"fp32 with TF32 (bf16 autocast failed: {_first_line(err)})"
 
 
-def _compile_blocks(model: RecurrentDepthModel, autocast) -> None:
+def _compile_blocks(model: RecurrentDepthModel, autocast) -> str:
     """Compile every block in place (the elementwise work of norms, RoPE and the gated MLP
-    fuses); one small forward/backward proves it, else the blocks stay eager."""
+    fuses); one small forward/backward proves it, else the blocks stay eager. Returns the mode
+    used, as train_summary.json records it."""
     blocks = [*model.transformer.prelude, *model.transformer.core_block, *model.transformer.coda]
     for block in blocks:
         block.compile(dynamic=True)
@@ -386,12 +306,19 @@ def _compile_blocks(model: RecurrentDepthModel, autocast) -> None:
         with autocast:
             logits = recurrent_forward(model, ids, 3, 2, gen)
         logits.float().mean().backward()
-    except Exception as err:  # pragma: no cover - depends on the compiler stack
+        return "compiled blocks"
+    except RuntimeError as err:  # pragma: no cover - depends on the compiler stack
+        # dynamo / inductor failures are RuntimeErrors (BackendCompilerFailed, InductorError)
         print(f"torch.compile failed ({type(err).__name__}: {err}); training eager", flush=True)
         for block in blocks:
             block._compiled_call_impl = None  # nn.Module.compile's hook: back to eager forward
+        return f"eager (torch.compile failed: {_first_line(err)})"
     finally:
         model.zero_grad(set_to_none=True)
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
 
 
 def write_loss_curve(log: list[dict], path: Path) -> None:

@@ -6,7 +6,7 @@ frees, so a call is a list schedule of tile costs onto S slots. Its finish time 
 split (total cost / S) is the price of the tail. Costs are the tiles' active key blocks plus a fixed
 amount per tile (loading Q, writing O).
 
-    python -m kernels.tail --n 512 4096 --slots 528 --fixed 1 4
+    python -m benchmarks.tail --n 512 4096 --slots 528 --fixed 1 4
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .bench import random_wise_layout
-from .schedule import sorted_order
+from kernels.schedule import sorted_order
+
+from .inputs import random_wise_layout
 
 
 def list_schedule_makespan(costs: Iterable[float], slots: int) -> float:
@@ -52,7 +53,7 @@ def tail_overhead(counts: torch.Tensor, slots: int, fixed: float = 1.0, head_gro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels.tail", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tail", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--heads", type=int, default=55)

@@ -1,9 +1,9 @@
-"""Prepared-path and host-overhead measurements for kernels.bench (split out to keep bench.py short).
+"""Prepared-path and host-overhead measurements of the kernel (kernels/prepared.py).
 
 - PreparedLayers: one prepare_schedule builder + one prepare_attention per layer, for the
   longest-first ("sorted") and the static capacity order; bench.benchmark times its call, build
-  and build + 20 calls next to the unprepared ones (prep_* columns).
-- host_overhead: host microseconds per launch of each launcher (python -m kernels.bench
+  and build + late calls next to the unprepared ones (prep_* columns).
+- host_overhead: host microseconds per launch of each launcher (python -m benchmarks.bench
   --host-overhead): what decides whether short sequences are host-bound.
 """
 from __future__ import annotations
@@ -12,10 +12,13 @@ import time
 
 import torch
 
-from .prepared import prepare_attention, prepare_schedule
-from .reference import dense_sdpa_call, sdpa_backend
-from .schedule import build_schedule
-from .sparse_attention import sparse_attention
+from kernels.prepared import prepare_attention, prepare_schedule
+from kernels.reference import dense_sdpa_call, sdpa_backend
+from kernels.schedule import build_schedule
+from kernels.sparse_attention import sparse_attention
+
+from . import timers
+from .inputs import DTYPES, dense_inputs, random_wise_layout
 
 
 class PreparedLayers:
@@ -41,34 +44,33 @@ class PreparedLayers:
         for (q, k, v), a, o in zip(self.qkv, self.attns[order], self.outs):
             a(q, k, v, out=o)
 
-    def reuse20(self, order="sorted"):
+    def reuse(self, late_calls: int, order="sorted"):
         self.build(order)
-        for _ in range(20):
+        for _ in range(late_calls):
             self.call(order)
 
-    def time(self, row, rep, per):
-        from .bench import _ms
-
+    def time(self, row: dict, rep: int, per: float, late_calls: int) -> None:
+        """The prep_* times of a bench row (ms per layer: `per` = 1 / layers)."""
         self.build("sorted")
         self.build("capacity")
-        row["prep_ms"] = _ms(self.call, rep) * per
-        row["kernel_cap_ms"] = _ms(lambda: self.call("capacity"), rep) * per
-        row["prep_build_ms"] = _ms(self.build, rep) * per
-        row["prep_build_cap_ms"] = _ms(lambda: self.build("capacity"), rep) * per
-        row["prep_reuse20_ms"] = _ms(self.reuse20, rep) * per
-        row["prep_reuse20_cap_ms"] = _ms(lambda: self.reuse20("capacity"), rep) * per
+        row["prep_ms"] = timers.ms(self.call, rep) * per
+        row["kernel_cap_ms"] = timers.ms(lambda: self.call("capacity"), rep) * per
+        row["prep_build_ms"] = timers.ms(self.build, rep) * per
+        row["prep_build_cap_ms"] = timers.ms(lambda: self.build("capacity"), rep) * per
+        row["prep_reuse20_ms"] = timers.ms(lambda: self.reuse(late_calls), rep) * per
+        row["prep_reuse20_cap_ms"] = timers.ms(lambda: self.reuse(late_calls, "capacity"), rep) * per
         row["prep_fast_calls"] = float(sum(a.fast_calls for a in self.attns["sorted"]))
 
 
-def _enqueue_us(fn, reps, dev, sync) -> dict:
+def _enqueue_us(fn, reps, dev) -> dict:
     for _ in range(10):  # warm up (compiles, captures the fast launch)
         fn()
-    sync(dev)
+    timers.sync(dev)
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
     t1 = time.perf_counter()
-    sync(dev)
+    timers.sync(dev)
     t2 = time.perf_counter()
     return dict(host_us=(t1 - t0) / reps * 1e6, total_us=(t2 - t0) / reps * 1e6)
 
@@ -79,9 +81,7 @@ def host_overhead(n: int, block_size: int, heads: int, kv_heads: int, head_dim: 
     (host_us), and the same including the final synchronize (total_us; close to host_us means
     host-bound). reps stays small enough that the launch queue never fills (that would make the
     host wait for the GPU). One row per launcher. Without CUDA returns []."""
-    from .bench import DTYPES, _bench_device, _dense_inputs, _sync, random_wise_layout
-
-    dev = _bench_device()
+    dev = timers.bench_device()
     if dev is None:
         return []
     from torch.nn.attention import sdpa_kernel
@@ -104,14 +104,14 @@ def host_overhead(n: int, block_size: int, heads: int, kv_heads: int, head_dim: 
         "prepared build": lambda: builders["sorted"](lay),
         "prepared build capacity": lambda: builders["capacity"](lay),
     }
-    rows = [dict(what=name, **_enqueue_us(fn, reps, dev, _sync)) for name, fn in cases.items()]
+    rows = [dict(what=name, **_enqueue_us(fn, reps, dev)) for name, fn in cases.items()]
     for backend in ("flash", "cudnn"):
         try:
             with sdpa_kernel(sdpa_backend(backend)):
-                (dq, dk, dv), = _dense_inputs([(q, k, v)])
+                (dq, dk, dv), = dense_inputs([(q, k, v)])
                 rows.append(dict(what=f"sdpa {backend}",
-                                 **_enqueue_us(lambda: dense_sdpa_call(dq, dk, dv), reps, dev, _sync)))
-        except RuntimeError as e:  # backend not available for this shape / build
+                                 **_enqueue_us(lambda: dense_sdpa_call(dq, dk, dv), reps, dev)))
+        except RuntimeError as e:  # SDPA: "No available kernel" for this shape / build
             rows.append(dict(what=f"sdpa {backend}", host_us=float("nan"), total_us=float("nan"),
                              status=str(e).splitlines()[0][:80]))
     for r in rows:

@@ -1,10 +1,11 @@
 """Config sweep: the measurements behind sparse_attention's fixed config table.
 
-    python -m kernels.tune --n 4096 --heads 55 --head-dim 96 --block-size 32 --rho 0.37
+    python -m benchmarks.tune --n 4096 --heads 55 --head-dim 96 --block-size 32 --rho 0.37
 
 For each candidate KernelConfig: checks the output against the fp32 reference, then times one
-prepared call on the WISE-like support and on the full causal support, beside dense SDPA flash and
-cuDNN in the same run. Prints a table (TFLOP/s of useful work) and optionally writes it as CSV.
+call on the WISE-like support and on the full causal support, beside dense SDPA flash and cuDNN in
+the same run. Prints a table (TFLOP/s of useful work) and optionally writes it as CSV. A config
+that does not compile (shared memory, registers) is a data point: its row carries the error.
 """
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ import argparse
 import time
 
 import torch
+from triton.errors import TritonError
 
+from kernels.reference import dense_sdpa_call, masked_attention_reference, relative_error, sdpa_backend
+from kernels.schedule import build_schedule
+from kernels.sparse_attention import KernelConfig, parse_config, sparse_attention
+
+from . import timers
 from .bench_host import format_host_table, host_overhead
-from .bench import REL_ERR_BOUND, _dense_inputs, _ms, active_pairs, density, full_layout, random_wise_layout
-from .reference import dense_sdpa_call, masked_attention_reference, relative_error, sdpa_backend
-from .schedule import build_schedule
-from .sparse_attention import KernelConfig, parse_config, sparse_attention
+from .inputs import REL_ERR_BOUND, active_pairs, dense_inputs, density, full_layout, random_wise_layout
+from .output import write_rows
+
+# What a config that does not build raises: Triton's compile / resource errors (TritonError:
+# OutOfResources, CompilationError, PTXASError) and CUDA launch failures (RuntimeError,
+# torch.AcceleratorError). Anything else is a bug in the sweep and propagates.
+CONFIG_ERRORS = (TritonError, RuntimeError)
 
 
 def candidate_configs(block_size: int, head_dim: int) -> list[KernelConfig]:
@@ -41,11 +51,11 @@ def candidate_configs(block_size: int, head_dim: int) -> list[KernelConfig]:
 
 
 # Short candidate lists for the open questions of kernels/README.md, small enough for a few minutes
-# of GPU time (each config compiles once, ~2-5 s). The first entry is today's default.
+# of GPU time (each config compiles once, ~2-5 s). The first entry is the default of its time.
 PRESETS = {
     # full support at B=32, d=96 (0.71x flash with pack 1): do 64/128-row wgmma tiles (pack 2/4, d
     # padded to 128) win when the support is dense? Timed on rho 0.37, a denser support and the
-    # full one. (4, 2, 4, 3, pad) won: 0.94x flash, now _PACK_CONFIGS[(32, 96, 4)].
+    # full one. (4, 2, 4, 3, pad) won: 0.94x flash, now PACK_CONFIGS[(32, 96, 4)].
     "full-pack": dict(block_size=32, head_dim=96, configs=[
         KernelConfig(1, 2, 2, 2), KernelConfig(1, 2, 4, 2), KernelConfig(2, 1, 4, 3, True),
         KernelConfig(2, 2, 4, 2, True), KernelConfig(2, 2, 8, 2, True), KernelConfig(4, 1, 8, 2, True),
@@ -56,16 +66,6 @@ PRESETS = {
         KernelConfig(2, 2, 4, 3), KernelConfig(2, 2, 4, 2), KernelConfig(2, 2, 4, 4), KernelConfig(2, 1, 4, 3),
         KernelConfig(2, 4, 4, 2), KernelConfig(2, 2, 8, 3), KernelConfig(4, 1, 4, 3), KernelConfig(4, 1, 8, 2),
         KernelConfig(4, 2, 8, 2), KernelConfig(1, 2, 2, 2), KernelConfig(1, 4, 4, 2)]),
-    # key-major tiles (kernels/key_major.py) at B=32, d=96: 64/128-key rows for wgmma without the
-    # union of packed query blocks. First entry: today's row-major default.
-    "key-major": dict(block_size=32, head_dim=96, configs=[
-        KernelConfig(1, 2, 2, 2), KernelConfig(1, 2, 4, 2, key_major=True), KernelConfig(1, 2, 4, 3, key_major=True),
-        KernelConfig(1, 4, 4, 2, key_major=True), KernelConfig(1, 4, 8, 2, key_major=True),
-        KernelConfig(1, 2, 4, 2, True, True), KernelConfig(1, 4, 4, 2, True, True),
-        KernelConfig(1, 2, 8, 2, key_major=True)]),
-    "key-major-gqa": dict(block_size=32, head_dim=64, configs=[
-        KernelConfig(2, 2, 4, 3), KernelConfig(1, 2, 4, 2, key_major=True), KernelConfig(1, 2, 4, 3, key_major=True),
-        KernelConfig(1, 4, 4, 2, key_major=True), KernelConfig(1, 4, 8, 2, key_major=True)]),
 }
 
 
@@ -90,10 +90,10 @@ def sweep(n, heads, kv_heads, head_dim, block_size, rho, dtype=torch.bfloat16, s
     for name in ("flash", "cudnn"):
         try:
             with sdpa_kernel(sdpa_backend(name)):
-                (dq, dk, dv), = _dense_inputs([(q, k, v)])
+                (dq, dk, dv), = dense_inputs([(q, k, v)])
                 dense_sdpa_call(dq, dk, dv)
-                base[name] = _ms(lambda: dense_sdpa_call(dq, dk, dv))
-        except RuntimeError:
+                base[name] = timers.ms(lambda: dense_sdpa_call(dq, dk, dv))
+        except RuntimeError:  # SDPA: "No available kernel" for this shape / build
             base[name] = float("nan")
     refs = {}
     rows = []
@@ -105,7 +105,7 @@ def sweep(n, heads, kv_heads, head_dim, block_size, rho, dtype=torch.bfloat16, s
         for label, lay in supports:
             row = dict(n=n, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
                        support=label, density=density(lay), pack=cfg.pack, kb=cfg.kb, warps=cfg.num_warps,
-                       stages=cfg.num_stages, pad_d=cfg.pad_d, key_major=cfg.key_major,
+                       stages=cfg.num_stages, pad_d=cfg.pad_d,
                        flash_ms=base["flash"], cudnn_ms=base["cudnn"])
             rows.append(row)
             if failed:  # a config that does not compile fails on every support
@@ -119,12 +119,12 @@ def sweep(n, heads, kv_heads, head_dim, block_size, rho, dtype=torch.bfloat16, s
                 sparse_attention(q, k, v, s, out=out, config=cfg)
                 row["rel_err"] = relative_error(out, refs[label])
                 row["ok"] = row["rel_err"] <= REL_ERR_BOUND[dtype]
-                row["ms"] = _ms(lambda: sparse_attention(q, k, v, s, out=out, config=cfg))
+                row["ms"] = timers.ms(lambda: sparse_attention(q, k, v, s, out=out, config=cfg))
                 useful = dense if label == "full" else 4 * head_dim * active_pairs(lay, block_size, n)
                 row["tflops"] = useful / row["ms"] / 1e9
                 row["x_flash"] = base["flash"] / row["ms"]
                 row["x_cudnn"] = base["cudnn"] / row["ms"]
-            except Exception as e:  # a config that does not compile (shared memory) is a data point
+            except CONFIG_ERRORS as e:  # a config that does not compile (shared memory) is a data point
                 failed = row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
             print(_fmt(row), flush=True)
     return rows
@@ -140,16 +140,15 @@ def best_rows(rows) -> list[dict]:
 
 def _fmt(r):
     head = (f"n={r['n']} B={r['block_size']} d={r['head_dim']} H={r['heads']}/{r['kv_heads']} {r['support']} "
-            f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])} "
-            f"km={int(r.get('key_major', False))}")
+            f"pack={r['pack']} kb={r['kb']} w={r['warps']} s={r['stages']} pad={int(r['pad_d'])}")
     if "error" in r:
         return f"{head}: {r['error']}"
     return (f"{head} dens={r['density']:.3f} err={r['rel_err']:.1e} ms={r['ms']:.4f} TF={r['tflops']:.0f} "
             f"xF={r['x_flash']:.2f} xC={r['x_cudnn']:.2f}")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="sweep kernel configs")
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tune", description="sweep kernel configs")
     p.add_argument("--n", type=int, nargs="+", default=[4096])
     p.add_argument("--heads", type=int, default=55)
     p.add_argument("--kv-heads", type=int, default=None)
@@ -157,7 +156,7 @@ def main(argv=None):
     p.add_argument("--block-size", type=int, nargs="+", default=[32])
     p.add_argument("--rho", type=float, default=0.37)
     p.add_argument("--extra-rho", type=float, nargs="*", default=[], help="more supports, e.g. 0.7")
-    p.add_argument("--configs", default=None, help="pack,kb,warps,stages[,pad[,key_major]];... (default: all)")
+    p.add_argument("--configs", default=None, help="pack,kb,warps,stages[,pad];... (default: all)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="short config list (sets --block-size / --head-dim)")
     p.add_argument("--no-full", action="store_true")
@@ -176,14 +175,13 @@ def main(argv=None):
             rows += sweep(n, a.heads, a.kv_heads or a.heads, a.head_dim, b, a.rho, configs=configs,
                           full=not a.no_full, rhos=a.extra_rho)
     if a.out:
-        import pandas as pd
-
-        pd.DataFrame(rows).to_csv(a.out, index=False)
+        write_rows(rows, a.out)
     if not a.no_host:
         print(format_host_table(host_overhead(512, a.block_size[0], a.heads, a.kv_heads or a.heads, a.head_dim)))
     for r in best_rows(rows):
         print("best", _fmt(r))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

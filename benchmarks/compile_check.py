@@ -1,7 +1,7 @@
 """Offline compile check: build the attention kernel for sm_80 / sm_90 on a machine with no GPU.
 
-    python -m kernels.compile_check                     # every fixed config, sm_80 and sm_90
-    python -m kernels.compile_check --arch 90 --config 1,4,4,2,0,1 --block-size 32 --head-dim 96
+    python -m benchmarks.compile_check                  # every fixed config, sm_80 and sm_90
+    python -m benchmarks.compile_check --arch 90 --config 4,2,4,3,1 --block-size 32 --head-dim 96
 
 Triton's CUDA backend compiles without a device (its wheel carries ptxas), so every config of
 sparse_attention's tables can be checked to compile for an A100 (sm_80) and an H100/H200 (sm_90)
@@ -24,8 +24,10 @@ import sys
 import tempfile
 
 import torch
+from triton.errors import TritonError
 
-from .sparse_attention import _CONFIGS, _PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for, parse_config
+from kernels.sparse_attention import (CONFIGS, PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for,
+                                     parse_config)
 
 _CONSTEXPRS = ("B", "PACK", "KB", "HEAD_D", "D_A", "D_B", "PRECISION")
 
@@ -65,7 +67,8 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
     from triton.compiler import ASTSource
 
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("kernels.compile_check needs TRITON_INTERPRET unset (the interpreter replaces the kernels)")
+        raise RuntimeError("benchmarks.compile_check needs TRITON_INTERPRET unset (the interpreter "
+                           "replaces the kernels)")
     config, values = kernel_constexprs(config, head_dim, block_size,
                                        torch.bfloat16 if dtype == "bf16" else torch.float16)
     fn = kernel_for(config)
@@ -91,15 +94,15 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
 
 def table_configs() -> list[tuple[int, int, KernelConfig]]:
     """Every (B, d, config) the kernel uses by default: the per-shape table and the dense packs."""
-    rows = [(b, d, cfg) for (b, d), cfg in _CONFIGS.items()]
-    rows += [(b, d, cfg) for (b, d, _pack), cfg in _PACK_CONFIGS.items()]
+    rows = [(b, d, cfg) for (b, d), cfg in CONFIGS.items()]
+    rows += [(b, d, cfg) for (b, d, _pack), cfg in PACK_CONFIGS.items()]
     return rows
 
 
 def _fmt(r: dict) -> str:
     c = r["config"]
     head = (f"sm_{r['arch']} B={r['block_size']:<3} d={r['head_dim']:<3} pack={c.pack} kb={c.kb} w={c.num_warps} "
-            f"s={c.num_stages} pad={int(c.pad_d)} km={int(c.key_major)}")
+            f"s={c.num_stages} pad={int(c.pad_d)}")
     if "error" in r:
         return f"{head}: FAILED {r['error']}"
     return (f"{head}: wgmma {r['wgmma']:>3}  mma.sync {r['mma_sync']:>3}  smem {r['shared_bytes']:>6} B  "
@@ -107,9 +110,9 @@ def _fmt(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="compute capabilities, e.g. 80 90")
-    p.add_argument("--config", default=None, help="one config pack,kb,warps,stages[,pad[,key_major]] "
+    p.add_argument("--config", default=None, help="one config pack,kb,warps,stages[,pad] "
                                                   "(with --block-size and --head-dim); default: every table entry")
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=96)
@@ -124,7 +127,8 @@ def main(argv=None) -> int:
         for b, d, cfg in todo:
             try:
                 r = compile_config(b, d, cfg, arch, a.dtype)
-            except Exception as e:  # a config that does not compile is the finding, not a crash
+            except (TritonError, RuntimeError) as e:  # a config that does not compile is the finding
+                # (Triton's compile / ptxas errors; MLIR pass failures arrive as RuntimeError)
                 r = dict(arch=arch, block_size=b, head_dim=d, config=cfg,
                          error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
                 failed += 1

@@ -1,0 +1,66 @@
+"""Benchmark rows out: Parquet or CSV files (atomic, through pyarrow) and the short tables the
+command lines print last."""
+from __future__ import annotations
+
+import math
+import os
+
+# (header, row key, format) of the main table (benchmarks.bench)
+MAIN_COLS = [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("dens", "density", "{:.3f}"),
+             ("flash ms", "flash_ms", "{:.3f}"), ("cudnn ms", "cudnn_ms", "{:.3f}"),
+             ("kern ms", "kernel_ms", "{:.3f}"), ("kern TF/s", "kernel_tflops", "{:.0f}"),
+             ("x flash", "call_vs_flash", "{:.2f}"), ("x cudnn", "call_vs_cudnn", "{:.2f}"),
+             ("grp", "head_group", "{:d}"), ("grp gain", "group_vs_global", "{:.2f}"),
+             ("build ms", "build_ms", "{:.4f}"), ("b+20 xF", "reuse20_vs_flash", "{:.2f}"),
+             ("b+20 xC", "reuse20_vs_cudnn", "{:.2f}"), ("T32 xF", "traj32_vs_flash", "{:.2f}"),
+             ("T32 xC", "traj32_vs_cudnn", "{:.2f}"), ("full xF", "full_vs_flash", "{:.2f}"),
+             ("full/wise", "full_vs_wise_same_backend", "{:.2f}"), ("flex ms", "flex_ms", "{:.3f}"),
+             ("flex xF", "flex_vs_flash", "{:.2f}"), ("spread", "timing_spread", "{:.2f}"),
+             ("err", "rel_err_kernel", "{:.1e}")]
+
+# the prepared path's columns (prepare_schedule + prepare_attention)
+PREPARED_COLS = [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("H", "heads", "{:d}"),
+                 ("Hkv", "kv_heads", "{:d}"), ("d", "head_dim", "{:d}"), ("kern ms", "kernel_ms", "{:.4f}"),
+                 ("prep ms", "prep_ms", "{:.4f}"), ("cap/sort", "cap_vs_sorted_kernel", "{:.3f}"),
+                 ("p xF", "prep_call_vs_flash", "{:.2f}"), ("p xC", "prep_call_vs_cudnn", "{:.2f}"),
+                 ("build ms", "build_ms", "{:.4f}"), ("p build", "prep_build_ms", "{:.4f}"),
+                 ("p build cap", "prep_build_cap_ms", "{:.4f}"), ("b+20 xF", "reuse20_vs_flash", "{:.2f}"),
+                 ("p b+20 xF", "prep_reuse20_vs_flash", "{:.2f}"), ("p b+20 xC", "prep_reuse20_vs_cudnn", "{:.2f}"),
+                 ("pcap b+20 xF", "prep_reuse20_cap_vs_flash", "{:.2f}"),
+                 ("pcap b+20 xC", "prep_reuse20_cap_vs_cudnn", "{:.2f}"),
+                 ("p T32 xF", "prep_traj32_vs_flash", "{:.2f}"), ("p T32 xC", "prep_traj32_vs_cudnn", "{:.2f}"),
+                 ("fast", "prep_fast_calls", "{:.0f}"), ("p err", "rel_err_prepared", "{:.1e}")]
+
+
+def write_rows(rows: list[dict], path: str) -> str:
+    """Write rows to Parquet (CSV when the path ends in .csv), atomically: a temporary name, then a
+    rename, so an interrupted run never leaves a file that looks complete. Returns the path."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    if path.endswith(".csv"):
+        pa_csv.write_csv(table, tmp)
+    else:
+        pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def format_table(rows: list[dict], cols: list | None = None) -> str:
+    """One line per row, cells joined by " | "; cols = [(header, key, format)], default MAIN_COLS.
+    NaN and missing cells print as "-"."""
+    cols = cols or MAIN_COLS
+    lines = [" | ".join(h for h, _, _ in cols)]
+    for r in rows:
+        cells = []
+        for _, k, fmt in cols:
+            v = r.get(k)
+            try:
+                cells.append(fmt.format(v) if not (isinstance(v, float) and math.isnan(v)) else "-")
+            except (ValueError, TypeError):
+                cells.append(str(v) if v is not None else "-")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)

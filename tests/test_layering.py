@@ -1,0 +1,152 @@
+"""The repository's layering, read from the source (ast; no module is imported or executed):
+
+- no import circle among the repo's own modules, counting imports inside functions too (a lazy
+  import still ties two modules together);
+- kernels/ imports only torch, triton and the standard library (it is the product: anyone can
+  take it without the pipeline's dependencies);
+- benchmarks/ adds only pyarrow (for its tables) and the kernel;
+- no module imports another module's private (underscore) names;
+- wise/ and kernels/ never import ray, dvc or duckdb (the library runs on a bare GPU machine).
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("wise", "kernels", "benchmarks", "pipelines", "stages")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def repo_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imported_names(path: Path, modules=()) -> set[str]:
+    """Absolute dotted names a module imports, relative imports resolved. `from a import b` names
+    "a.b" when that is a module in `modules` (a submodule import), else "a" (a name defined in a)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                names.add(sub if sub in modules else base)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the repo modules it imports (each import resolved to the module it names)."""
+    modules = repo_modules()
+    return {name: {n for n in imported_names(path, modules) if n in modules and n != name}
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def third_party(package: str) -> dict[str, set[str]]:
+    """module of `package` -> top-level names it imports that are neither stdlib nor the repo's."""
+    out = {}
+    for name, path in repo_modules().items():
+        if name == package or name.startswith(package + "."):
+            tops = {n.split(".")[0] for n in imported_names(path)}
+            out[name] = tops - set(sys.stdlib_module_names) - set(PACKAGES) - {"__future__"}
+    return out
+
+
+def test_cycle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_are_resolved_from_the_source():
+    graph = import_graph()
+    assert "kernels.schedule" in graph["kernels.prepared"]  # from .schedule import ...
+    assert "benchmarks.timers" in graph["benchmarks.bench"]  # from . import timers
+    assert "wise.training.loop" in graph["wise.training"]  # from wise.training.loop import ...
+
+
+def test_no_import_circle_in_the_repo():
+    found = cycles(import_graph())
+    assert not found, f"import circles: {found}"
+
+
+def test_kernels_import_only_torch_triton_and_the_stdlib():
+    bad = {m: sorted(n) for m, n in third_party("kernels").items() if n - {"torch", "triton"}}
+    assert not bad, bad
+    graph = import_graph()
+    outside = {m: sorted(d) for m, d in graph.items() if m.startswith("kernels")
+               for d in [{x for x in d if not x.startswith("kernels")}] if d}
+    assert not outside, f"kernels/ imports other repo packages: {outside}"
+
+
+def test_benchmarks_add_only_pyarrow_and_the_kernel():
+    bad = {m: sorted(n) for m, n in third_party("benchmarks").items() if n - {"torch", "triton", "pyarrow"}}
+    assert not bad, bad
+    graph = import_graph()
+    outside = {m: sorted(d) for m, d in graph.items() if m.startswith("benchmarks")
+               for d in [{x for x in d if not x.startswith(("kernels", "benchmarks"))}] if d}
+    assert not outside, outside
+
+
+def test_library_never_imports_the_pipeline_stack():
+    for package in ("wise", "kernels"):
+        bad = {m: sorted(n & {"ray", "dvc", "duckdb"}) for m, n in third_party(package).items()
+               if n & {"ray", "dvc", "duckdb"}}
+        assert not bad, bad
+        assert not any(d.startswith(("pipelines", "stages", "benchmarks"))
+                       for m, deps in import_graph().items() if m.startswith(package) for d in deps)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name with a leading underscore is its module's own; sharing it means making it public."""
+    bad = []
+    for name, path in repo_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in PACKAGES):
+                bad += [f"{name}: from {'.' * node.level}{node.module or ''} import {a.name}"
+                        for a in node.names if a.name.startswith("_")]
+    assert not bad, bad

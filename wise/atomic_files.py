@@ -1,0 +1,83 @@
+"""Atomic file writes: write to ``.<name>.tmp-<pid>`` beside the target, then rename over it.
+
+A reader (or a later stage) never sees a half-written file under the real name: the rename is
+atomic on one filesystem, and an interrupted writer leaves only a hidden temporary. The pid in the
+temporary's name says whose it is, so the next write of the same artifact removes the temporaries
+of writers that are no longer alive (``kill -9`` during a stage leaves one behind) and leaves those
+of live writers alone. The ignore files (.gitignore, .dvcignore) match ``.*.tmp-*`` everywhere
+under ``data/``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+_TMP = re.compile(r"\.tmp-(\d+)(?:\..*)?$")  # ".tmp-<pid>" and DuckDB's ".tmp-<pid>.wal"
+
+
+def temporary_name(path: str | os.PathLike, pid: int | None = None) -> Path:
+    """``dir/.<name>.tmp-<pid>`` for ``dir/<name>``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid() if pid is None else pid}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (signal 0 probes without sending)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of ``path`` (and their side files, e.g. ``.wal``) left by writers
+    whose pid is not alive; returns what was removed. The current process's own are kept."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    prefix = f".{path.name}.tmp-"
+    removed = []
+    for cand in path.parent.iterdir():
+        if not cand.name.startswith(prefix):
+            continue
+        m = _TMP.search(cand.name[len(path.name) + 1:])
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or pid_alive(pid):
+            continue
+        if cand.is_dir():
+            continue  # never ours: writers here create files only
+        cand.unlink(missing_ok=True)
+        removed.append(cand)
+    return removed
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """``with atomic_path(p) as tmp: write(tmp)``: on success ``tmp`` replaces ``p``; on an error
+    it is removed and ``p`` is left as it was. Stale temporaries of ``p`` are cleaned up first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    tmp = temporary_name(path)
+    tmp.unlink(missing_ok=True)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
