@@ -46,6 +46,10 @@ def test_one_loop_reproduces_the_base_exactly(family):
         e = model.embed(ids, rope)
         s = model.core_step(model.initial_state(e), e, 1, rope)
         assert torch.equal(model.readout(s, rope), reference)
+        # and through the runner's own initial state and prefix (t_d = T = 1)
+        from wise.runner import initial_state
+
+        assert torch.equal(model.readout(model.core_step(initial_state(model, e, 3), e, 1, rope), rope), reference)
     # with trained (non-zero) gates too: a single loop never reaches the added modules
     with torch.no_grad():
         model.alpha.fill_(0.7)
@@ -131,10 +135,14 @@ def test_state_carries_each_block_layers_last_outputs():
     e = model.embed(ids, rope)
     s = model.initial_state(e)
     k, W, h = 2, 3, 64
-    assert s.shape == (1, 11, (1 + k * W) * h)
+    assert s.shape == e.shape and not s.any()  # s0 = 0, as the runner draws it for this config
+    from wise.runner import initial_state
+
+    assert torch.equal(initial_state(model, e, seed=7), s)
     history = []
     for t in range(1, 6):
         s = model.core_step(s, e, t, rope)
+        assert s.shape == (1, 11, (1 + k * W) * h)
         slots = s.view(1, 11, 1 + k * W, h)
         history.append(slots.clone())
         # the last block layer's newest output is h itself
@@ -147,7 +155,7 @@ def test_state_carries_each_block_layers_last_outputs():
                 else:
                     assert not slot.any()
     plain = build_looped(base, **dict(LMA, use_lma=False))
-    assert plain.initial_state(e).shape == e.shape  # no memory without LMA
+    assert plain.core_step(plain.initial_state(e), e, 1, rope).shape == e.shape  # no memory without LMA
 
 
 class RecordingPolicy:
@@ -171,7 +179,7 @@ class RecordingObserver:
         self.attn.append((step, layer, tuple(out.shape)))
 
     def on_state(self, step, state):
-        self.states.append(step)
+        self.states.append((step, tuple(state.shape)))
 
 
 @torch.no_grad()
@@ -185,7 +193,8 @@ def test_block_attention_goes_through_the_policy_seam(family):
     assert [(s, l) for s, l, _, _ in policy.calls] == [(t, l) for t in (1, 2, 3) for l in (0, 1)]
     assert all(q == (1, 4, 30, 16) and k == (1, 2, 30, 16) for _, _, q, k in policy.calls)
     assert [(s, l) for s, l, _ in observer.attn] == [(t, l) for t in (1, 2, 3) for l in (0, 1)]
-    assert observer.states == [1, 2, 3]
+    assert [s for s, _ in observer.states] == [1, 2, 3]
+    assert all(shape == (1, 30, 64) for _, shape in observer.states)  # observers see h
     assert torch.allclose(routed, model(ids, 3), atol=1e-5)
     # a policy that drops the block's attention changes the output: the seam is really used
     zero = lambda q, k, v, step, layer: torch.zeros_like(q)  # noqa: E731
@@ -199,7 +208,7 @@ def test_every_runner_condition_runs_on_the_looped_model(fam):
     model = build_looped(tiny_base(fam), **LMA)
     settings = WiseSettings(steps=8, discovery_step=3, window=2, block_size=16, eta=0.95, backend="reference")
     ids = ids_of(50)[0]
-    seed = state_seed("ex", 0, 50)
+    seed = state_seed("ex", 0)
     results = {c: run_condition(model, ids, c, settings, seed) for c in CONDITIONS}
     assert len({r.state_hash for r in results.values()}) == 1  # identical through t_d
     full = results["full"].logits
@@ -261,3 +270,27 @@ def test_kernel_backend_matches_the_reference_on_the_looped_model():
     assert out["kernel"].state_hash == out["reference"].state_hash
     assert torch.equal(out["kernel"].layouts, out["reference"].layouts)
     assert torch.allclose(out["kernel"].logits, out["reference"].logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("fam", ["qwen3", "llama"])
+def test_cached_decoding_equals_rerun_on_the_looped_model(fam):
+    """wise.decoding's KV-cached generation (new rows run their loops against the prompt's cached
+    keys and values, their loop memory in their own state rows) matches re-running everything."""
+    from wise.decoding import evaluate_example
+
+    model = build_looped(tiny_base(fam), **LMA)
+    with torch.no_grad():  # open gates, so the memory and the re-injection matter
+        model.alpha.fill_(0.5)
+        for lma in model.lma:
+            lma.gamma.fill_(0.5)
+    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16)
+    prompt = ids_of(40)[0].tolist()
+    answer = [5, 6, 7]
+    runs = {g: evaluate_example(model, prompt, answer, CONDITIONS, settings, state_seed("ex", 0), max_new_tokens=3,
+                                stop_ids={1}, generation=g) for g in ("cached", "rerun")}
+    for c in CONDITIONS:
+        cached, rerun = runs["cached"][c], runs["rerun"][c]
+        assert cached.state_hash == rerun.state_hash
+        assert cached.gold_logprob == pytest.approx(rerun.gold_logprob, abs=1e-4)
+        if c in ("full", "truncate"):  # support-free: the same tokens (other conditions may
+            assert cached.tokens == rerun.tokens  # rediscover a different support on rerun)

@@ -52,6 +52,10 @@ class Positions:
     def n(self) -> int:
         return int(self.ids.shape[1])
 
+    def rows(self, start: int, stop: int) -> "Positions":
+        """Positions start..stop-1 (rows appended after a cached prefix: wise.decoding)."""
+        return Positions(self.ids[:, start:stop], self.cos[:, start:stop], self.sin[:, start:stop])
+
 
 def check_family(config) -> None:
     """Raise unless the base is a supported family with full causal attention in every layer."""

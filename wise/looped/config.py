@@ -66,6 +66,17 @@ class LoopedConfig:
     def model_type(self) -> str:
         return MODEL_TYPE
 
+    # The runner draws every forward pass's initial state s0 (wise.runner.initial_state: a seeded
+    # truncated normal times init_state_scale). A retrofit's loop starts at the block input,
+    # h = e + s0 with s0 = 0, which is what keeps one loop equal to the base.
+    @property
+    def init_state_std(self) -> float:
+        return 1.0
+
+    @property
+    def init_state_scale(self) -> float:
+        return 0.0
+
     @property
     def memory_slots(self) -> int:
         """Memory tensors carried in the state: W per block layer with LMA, none without."""

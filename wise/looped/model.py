@@ -15,12 +15,14 @@ protocol (``wise.runner``): ``rotary``, ``embed``, ``initial_state``, ``core_ste
 ``dtype``; a routing policy and an observer plug into the block layers' attention, with the
 layer index inside the block.
 
-The recurrent state is one tensor [b, n, (1 + k*W) * hidden]: h, then each block layer's outputs
-of its last W loops (the most recent first; zeros before they exist). Keeping the loop memory in
-the state, per position, means whatever the runner does with states (hash them at t_d for the
-pairing check, fork them, slice or extend positions) carries the memory along, and the H
-diagnostic measures the change of the whole recurrent state (h and memory). Without LMA the state
-is h alone.
+The recurrent state after a loop is one tensor [b, n, (1 + k*W) * hidden]: h, then each block
+layer's outputs of its last W loops (the most recent first; zeros before they exist). Keeping the
+loop memory in the state, per position, means whatever the runner does with states (hash them at
+t_d for the pairing check, fork one prefix into every condition, append the rows of cached
+decoding along n) carries the memory along. Loop 1 takes the runner's initial state s0
+[b, n, hidden] (zeros: the config's init_state_scale is 0) and starts from h = e + s0. Observers
+see h (``on_state``), so the H diagnostic is the change of the hidden state, as for the recurrent
+models. Without LMA the state is h alone.
 """
 from __future__ import annotations
 
@@ -101,12 +103,8 @@ class LoopedModel(nn.Module):
         return h
 
     def initial_state(self, e: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The state before loop 1: h = e and an empty memory. Deterministic: the loop starts from
-        the block input, so the generator the runner passes is not used."""
-        if not self.config.memory_slots:
-            return e
-        empty = e.new_zeros(*e.shape[:-1], self.config.memory_slots * e.shape[-1])
-        return torch.cat([e, empty], dim=-1)
+        """s0 [b, n, hidden] = 0, what wise.runner.initial_state draws for this config (scale 0)."""
+        return torch.zeros_like(e)
 
     def core_step(self, s: torch.Tensor, e: torch.Tensor, step: int, rope: Positions,
                   policy=None, observer=None) -> torch.Tensor:
@@ -114,7 +112,12 @@ class LoopedModel(nn.Module):
         c = self.config
         b, n, hidden = e.shape
         W = c.window
-        slots = s.view(b, n, 1 + c.memory_slots, hidden)
+        if step == 1:  # s is the initial state s0 [b, n, hidden]: h = e + s0, an empty memory
+            if s.shape[1:] != e.shape[1:]:
+                raise ValueError(f"loop 1 takes an initial state shaped like e {tuple(e.shape)}, got {tuple(s.shape)}")
+            slots = torch.cat([e + s, e.new_zeros(b, n, c.memory_slots * hidden)], -1).view(b, n, -1, hidden)
+        else:
+            slots = s.view(b, n, 1 + c.memory_slots, hidden)
         h = slots[:, :, 0]
         if step >= 2:
             h = h + self.alpha * self.inject_norm(e)
@@ -132,7 +135,7 @@ class LoopedModel(nn.Module):
                     memory.append(torch.cat([h[:, :, None], mem[:, :, :W - 1]], dim=2))
         out = torch.cat([h[:, :, None], *memory], dim=2).view(b, n, -1) if memory else h
         if observer is not None:
-            observer.on_state(step, out)
+            observer.on_state(step, h)
         return out
 
     def hidden_state(self, s: torch.Tensor) -> torch.Tensor:
