@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,11 +115,23 @@ def base_facts(config) -> dict:
     }
 
 
-def resolve_base(source: str) -> Path:
-    """A local folder as is; a hub id through huggingface_hub (only when the user names one)."""
-    from wise.models.checkpoint import resolve_model_source
+def is_hub_id(source: str) -> bool:
+    """``owner/name`` that is not an existing local path (the rule of wise.models.checkpoint, which
+    dispatches retrofit folders here and so cannot be imported from here)."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source)) and not Path(source).exists()
 
-    return resolve_model_source(source)
+
+def resolve_base(source: str) -> Path:
+    """A local folder as is; a hub id through huggingface_hub, only when the user names one (the
+    config, the safetensors weights and the tokenizer files)."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if is_hub_id(source):
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors"]))
+    raise FileNotFoundError(f"base {source!r} is neither a folder nor a hub id")
 
 
 def fingerprint(folder: str | os.PathLike) -> str:

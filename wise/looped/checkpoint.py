@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from wise.looped.base import fingerprint, load_base, resolve_base
+from wise.looped.base import fingerprint, is_hub_id, load_base, resolve_base
 from wise.looped.config import LoopedConfig
 from wise.looped.model import LoopedModel
 
@@ -28,8 +28,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def base_pointer(base_source: str, folder: str | os.PathLike) -> str:
     """How a retrofit in `folder` names its base: a local folder relative to `folder`, else the
     hub id as given."""
-    from wise.models.checkpoint import is_hub_id
-
     path = Path(base_source)
     if path.is_dir():
         return os.path.relpath(path.resolve(), Path(folder).resolve())
@@ -40,8 +38,6 @@ def base_pointer(base_source: str, folder: str | os.PathLike) -> str:
 
 def base_folder(config: LoopedConfig, folder: str | os.PathLike) -> Path:
     """The base's folder on this machine (a hub id is downloaded on first use)."""
-    from wise.models.checkpoint import is_hub_id
-
     local = Path(folder) / config.base
     if local.is_dir():
         return local
