@@ -29,7 +29,7 @@ from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.models.state_dict_map import to_project_names
 
 CONFIG_NAME = "config.json"
-LOOPED_MODEL_TYPE = "recurtrace_looped"  # wise.looped.config.MODEL_TYPE (imported lazily there)
+LOOPED_MODEL_TYPE = "recurtrace_looped"  # = wise.looped.config.MODEL_TYPE; wise.looped is imported only for one
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"  # sharded layout: {"weight_map": {tensor: shard file}}
 TOKENIZER_NAME = "tokenizer.json"
