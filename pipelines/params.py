@@ -291,8 +291,9 @@ def parse(raw: dict[str, Any]) -> Params:
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
     sections = {f.name: f for f in dataclasses.fields(Params)}
-    # `train:` belongs to stages/train_backbone.py, which validates it with wise.training.TrainConfig.
-    unknown = sorted(set(raw) - set(sections) - {"train"})
+    # `train:` belongs to stages/train_backbone.py, which validates it with wise.training.TrainConfig;
+    # `retrofit:` to the RecurTrace stages, which validate it with wise.looped.recipe.RetrofitParams.
+    unknown = sorted(set(raw) - set(sections) - {"train", "retrofit"})
     if unknown:
         raise ParamsError(f"params.yaml: unknown section(s) {unknown}; known: {sorted(sections)}")
     parts = {}

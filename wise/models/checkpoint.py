@@ -8,7 +8,8 @@ Reads the project's own checkpoints (``model_type: wise_recurrent``) and the pub
 ``hf_configs.py``, tensor-name normalisation in ``state_dict_map.py``), single-file or sharded
 (``model.safetensors.index.json`` + shards), in any stored float dtype. A weights file that is
 truncated or not safetensors is refused with its path and the ``model.source`` it came from; hub
-downloads take ``model.revision`` (a branch, tag or commit), so a run can be pinned.
+downloads take ``model.revision`` (a branch, tag or commit), so a run can be pinned. A RecurTrace
+retrofit folder (``model_type: recurtrace_looped``) is handed to ``wise.looped.checkpoint``.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.models.state_dict_map import to_project_names
 
 CONFIG_NAME = "config.json"
+LOOPED_MODEL_TYPE = "recurtrace_looped"  # = wise.looped.config.MODEL_TYPE; wise.looped is imported only for one
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"  # sharded layout: {"weight_map": {tensor: shard file}}
 TOKENIZER_NAME = "tokenizer.json"
@@ -57,8 +59,12 @@ def load_config(folder: str | os.PathLike) -> RecurrentConfig:
         return RecurrentConfig.from_dict(raw)
     if model_type == RAVEN_MODEL_TYPE:  # Huginn-0125, Recurrent-Llama-3.2 and siblings
         return config_from_raven(raw, folder=Path(folder), source=str(path))
+    if model_type == LOOPED_MODEL_TYPE:  # a RecurTrace retrofit (wise.looped)
+        from wise.looped.checkpoint import read_config
+
+        return read_config(folder)
     raise ValueError(f"{path}: model_type {model_type!r} is not supported; known: "
-                     f"'wise_recurrent', {RAVEN_MODEL_TYPE!r}")
+                     f"'wise_recurrent', {RAVEN_MODEL_TYPE!r}, {LOOPED_MODEL_TYPE!r}")
 
 
 def load_state_strict(model: RecurrentDepthModel, state: dict[str, torch.Tensor], source: str,
@@ -162,13 +168,17 @@ def resolve_model_source(source: str, revision: str | None = None) -> Path:
 def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", revision: str | None = None) -> RecurrentDepthModel:
     """Load a checkpoint folder / hub id (at ``revision``), or build ``preset:<name>`` with seeded
-    random weights (``preset:tiny-random@seed``)."""
+    random weights (``preset:tiny-random@seed``). A retrofit folder gives a ``wise.looped.LoopedModel``."""
     if source.startswith("preset:"):
         name, _, seed = source[len("preset:"):].partition("@")
         model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), int(seed or 0))
         return model.to(device=device, dtype=dtype).eval()
     folder = resolve_model_source(source, revision)
     config = load_config(folder)
+    if getattr(config, "model_type", None) == LOOPED_MODEL_TYPE:
+        from wise.looped.checkpoint import load_retrofit
+
+        return load_retrofit(folder, dtype=dtype, device=device)
     state = to_project_names(read_state(folder, dtype, source=source), config, str(folder))
     # Built on the meta device and given the loaded tensors (assign), so the weights exist once
     # in memory, in the requested dtype.

@@ -1,0 +1,55 @@
+"""Stage `train_recurtrace_base` / `train_retrofit@{lma,plain}`: the RecurTrace checkpoints.
+
+    python -m stages.train_retrofit base     # the embedded base decoder -> data/models/recurtrace-base
+    python -m stages.train_retrofit lma      # retrofit.base + LMA       -> data/models/<retrofit.name>-lma
+    python -m stages.train_retrofit plain    # retrofit.base, plain loop -> data/models/<retrofit.name>-plain
+
+Reads only the `retrofit` section of params.yaml. A folder that already holds a checkpoint of
+exactly this recipe (its train_recipe.json; for a retrofit also the local base's fingerprint) is
+kept, unless --retrain. Without a GPU the stage refuses to train (unless --device cpu): the
+committed embedded checkpoints match the committed params.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from wise.looped.recipe import EMBEDDED_BASE, VARIANTS, load_retrofit_params
+from wise.looped.runs import ensure_base, ensure_retrofit, is_current
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["base", *VARIANTS])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--out", default=None, help="output folder (default: from params)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--retrain", action="store_true", help="train even if --out holds this recipe")
+    args = ap.parse_args(argv)
+    try:
+        params = load_retrofit_params(args.params)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"train_retrofit: {err}", file=sys.stderr)
+        return 2
+    out = args.out or (EMBEDDED_BASE if args.what == "base" else params.out(args.what))
+    if not args.retrain and is_current(params, args.what, out):
+        print(f"train_retrofit {args.what}: {out} was trained with exactly these `retrofit:` params "
+              "(train_recipe.json); keeping it. Pass --retrain to train again.", flush=True)
+        return 0
+    if args.device == "auto" and not torch.cuda.is_available():
+        raise SystemExit(f"error: train_retrofit {args.what} needs a CUDA GPU (minutes there, far longer on "
+                         f"a CPU) and {out} does not hold this recipe. Revert your `retrofit:` edits, run "
+                         "this stage on a GPU machine, or pass --device cpu to force it.")
+    device = "cuda" if args.device == "auto" else args.device
+    if args.what == "base":
+        summary = ensure_base(params, out, device=device, retrain=True)
+    else:
+        summary = ensure_retrofit(params, args.what, out, device=device, retrain=True)
+    print(f"train_retrofit {args.what}: {out}: {summary}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

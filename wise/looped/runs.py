@@ -1,0 +1,116 @@
+"""The three RecurTrace products, each kept when its folder already holds exactly this recipe
+(``dvc repro -f`` or a code change must not silently replace committed checkpoints and tables):
+
+    ensure_base(params, out)                      # the embedded base decoder
+    ensure_retrofit(params, "lma" | "plain", out) # a retrofit checkpoint
+    ensure_table(params, {variant: folder}, out)  # the fixed-depth table
+
+The DVC stages (``stages/train_retrofit.py``, ``stages/retrofit_eval.py``) and the one-shot GPU
+run (``wise.looped.gpu_run``) call these, so both write the same files with the same recipes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from wise.looped.recipe import RetrofitParams
+from wise.looped.tables import write_json, write_parquet, write_text
+
+RECIPE = "train_recipe.json"
+TABLE_FILES = {"examples": "fixed_depth_examples.parquet", "summary": "fixed_depth.parquet",
+               "json": "fixed_depth.json", "markdown": "fixed_depth.md"}
+
+
+def _same(path: Path, recipe: dict) -> bool:
+    return path.is_file() and json.loads(path.read_text()) == json.loads(json.dumps(recipe))
+
+
+def base_recipe(params: RetrofitParams) -> dict:
+    return params.base_train.to_dict()
+
+
+def retrofit_recipe(params: RetrofitParams, variant: str, base_folder: str | Path | None = None) -> dict:
+    """The params of a variant plus, for a local base, the base's fingerprint (a retrained base
+    changes the recipe)."""
+    from wise.looped.base import fingerprint
+
+    recipe = params.recipe(variant)
+    folder = Path(base_folder) if base_folder is not None else Path(params.base)
+    if folder.is_dir():
+        recipe["base_sha256"] = fingerprint(folder)
+    return recipe
+
+
+def is_current(params: RetrofitParams, what: str, out: str | Path, base_folder: str | Path | None = None) -> bool:
+    """Does `out` hold the product `what` ("base" | "lma" | "plain") of exactly these params?"""
+    recipe = base_recipe(params) if what == "base" else retrofit_recipe(params, what, base_folder)
+    return _same(Path(out) / RECIPE, recipe)
+
+
+def ensure_base(params: RetrofitParams, out: str | Path, device: str = "cpu", retrain: bool = False,
+                workers: int | None = None, progress: bool = True) -> dict | None:
+    """Train the embedded base into `out` unless it holds this recipe; None when kept."""
+    from wise.looped.train import train_base
+
+    out, recipe = Path(out), base_recipe(params)
+    if not retrain and is_current(params, "base", out):
+        return None
+    summary = train_base(params.base_train, out, device=device, workers=workers, progress=progress)
+    _fail_on_error(summary, out)
+    write_json(recipe, out / RECIPE)
+    return summary
+
+
+def ensure_retrofit(params: RetrofitParams, variant: str, out: str | Path, device: str = "cpu",
+                    base_folder: str | Path | None = None, retrain: bool = False,
+                    workers: int | None = None, progress: bool = True) -> dict | None:
+    from wise.looped.train import train_retrofit
+
+    out, recipe = Path(out), retrofit_recipe(params, variant, base_folder)
+    if not retrain and is_current(params, variant, out, base_folder):
+        return None
+    summary = train_retrofit(params, variant, out, device=device, base_folder=base_folder, workers=workers,
+                             progress=progress)
+    _fail_on_error(summary, out)
+    write_json(recipe, out / RECIPE)
+    return summary
+
+
+def table_recipe(params: RetrofitParams, folders: dict) -> dict:
+    from wise.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from wise.looped.evaluate import checkpoint_fingerprint
+
+    for variant, folder in sorted(folders.items()):
+        absent = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (Path(folder) / n).is_file()]
+        if absent:
+            raise FileNotFoundError(f"retrofit {variant}: {folder} has no {', '.join(absent)}; train it first "
+                                    f"(stage train_retrofit@{variant}, or python -m wise.looped.gpu_run)")
+
+    return {"eval": dataclasses.asdict(params.eval), "dtype": params.dtype,
+            "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}
+
+
+def ensure_table(params: RetrofitParams, folders: dict, out: str | Path, device: str = "cpu",
+                 base_folder: str | Path | None = None, recompute: bool = False) -> dict | None:
+    """Evaluate into `out` (the four TABLE_FILES) unless it holds the table of this recipe."""
+    from wise.looped.evaluate import evaluate_checkpoints, markdown_table
+
+    out, recipe = Path(out), table_recipe(params, folders)
+    path = out / TABLE_FILES["json"]
+    if not recompute and path.is_file() and json.loads(path.read_text()).get("recipe") == json.loads(json.dumps(recipe)):
+        return None
+    result = evaluate_checkpoints(params, folders, device=device, base_folder=base_folder)
+    write_parquet(result["examples"], out / TABLE_FILES["examples"])
+    write_parquet(result["summary"], out / TABLE_FILES["summary"])
+    table = markdown_table(result["summary"])
+    write_text(table + "\n", out / TABLE_FILES["markdown"])
+    write_json({"recipe": recipe, "summary": result["summary"], "floor": result["floor"], "info": result["info"]},
+               path)
+    return {**result, "table": table}
+
+
+def _fail_on_error(summary: dict, out: Path) -> None:
+    if summary["stopped_by"].startswith("error"):
+        raise RuntimeError(f"training into {out} failed after {summary['steps']} steps "
+                           f"({summary['stopped_by']}); no recipe written, so the next run retrains")
