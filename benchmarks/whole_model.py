@@ -26,7 +26,7 @@ layer_ms, kernel_attn_ms (the same call on the layer's support through the backe
 built), attn_speedup = attn_ms / kernel_attn_ms, wise_layer_ms, layer_speedup = layer_ms /
 wise_layer_ms. rel_err_kernel: every core layer's late attention at the first late step against
 the fp32 masked reference, checked before timing (above ``REL_ERR_BOUND`` the status says so).
-peak_gib: the row's peak allocated GPU memory. A length that runs out of GPU memory keeps its row,
+peak_gib: the row's peak allocated GPU memory (weights included). A length that runs out of GPU memory keeps its row,
 with status ``failed: CUDA out of memory (...)``; the next length still runs. A model shape is
 timed at any length: the RoPE table is extended past the config's max_positions when asked.
 """
