@@ -32,6 +32,26 @@ PREPARED_COLS = [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("H", "heads",
                  ("fast", "prep_fast_calls", "{:.0f}"), ("p err", "rel_err_prepared", "{:.1e}")]
 
 
+# the whole-model rows (benchmarks.whole_model)
+WHOLE_COLS = [("model", "model", "{}"), ("support", "label", "{}"), ("n", "n", "{:d}"), ("B", "block_size", "{:d}"),
+              ("dens", "density", "{:.3f}"), ("full ms", "full_ms", "{:.1f}"), ("wise ms", "wise_ms", "{:.1f}"),
+              ("x whole", "ratio", "{:.3f}"), ("layer ms", "layer_ms", "{:.3f}"), ("attn ms", "attn_ms", "{:.3f}"),
+              ("attn share", "attn_share", "{:.3f}"), ("kern attn ms", "kernel_attn_ms", "{:.3f}"),
+              ("x attn", "attn_speedup", "{:.2f}"), ("x layer", "layer_speedup", "{:.3f}"),
+              ("spread", "timing_spread", "{:.2f}"), ("GiB", "peak_gib", "{:.1f}"), ("err", "rel_err_kernel", "{:.1e}")]
+
+
+def whole_model_sentence(r: dict) -> str:
+    """What a measured whole-model row means, in one sentence of its own numbers."""
+    late = r["steps"] - r["dense_steps"]
+    return (f"At n={r['n']}, attention is {r['attn_share']:.1%} of a {r['model']} core layer "
+            f"({r['attn_ms']:.3f} of {r['layer_ms']:.3f} ms), so the kernel's {r['attn_speedup']:.2f}× attention "
+            f"speedup (support density {r['density']:.2f}) is {r['layer_speedup']:.3f}× for the layer and "
+            f"{r['ratio']:.3f}× for the whole T={r['steps']} forward ({r['dense_steps']} dense + {late} WISE steps; "
+            f"every layer, MLPs, norms, prelude and coda included: {r['full_ms']:.1f} ms Full, "
+            f"{r['wise_ms']:.1f} ms WISE).")
+
+
 def write_rows(rows: list[dict], path: str) -> str:
     """Write rows to Parquet (CSV when the path ends in .csv), atomically: a temporary name, then a
     rename, so an interrupted run never leaves a file that looks complete. Returns the path."""

@@ -1,5 +1,6 @@
 """GPU timers shared by the benchmarks: medians of triton.testing.do_bench, candidates timed in
-turns, and CUDA-graph replay.
+turns (short calls through do_bench, whole forwards between two synchronisations), and CUDA-graph
+replay.
 
 Every benchmark reaches these through this module's attributes (``timers.ms``, not a copied name),
 so the tests can stand in one timer for all of them and run the timing code on the CPU
@@ -8,6 +9,7 @@ interpreter.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -60,3 +62,38 @@ def graph_ms(fn) -> tuple[float, str | None]:
         return float(do_bench_cudagraph(fn, rep=50, return_mode="median")), None
     except RuntimeError as err:
         return float("nan"), f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+
+
+def turns_ms(candidates, rounds: int = 5, warmup: int = 1) -> tuple[dict, float]:
+    """Medians of long calls (a whole model forward: tens of ms to seconds), timed in turns like
+    interleaved_ms: `warmup` untimed calls each, then `rounds` rounds, each calling every candidate
+    once in an order rotated by one per round. Each call is timed on the host between two device
+    synchronisations: at these lengths the sync costs microseconds, while do_bench would spend five
+    estimate runs per timing and flush an L2 that one call overwrites many times anyway.
+    candidates: [(name, fn, context factory or None)]. Returns ({name: median ms}, spread)."""
+    if rounds < 1:
+        raise ValueError(f"need rounds >= 1, got {rounds}")
+    times: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+
+    def timed(fn, ctx) -> float:
+        with (ctx() if ctx is not None else contextlib.nullcontext()):
+            _sync_all()
+            start = time.perf_counter()
+            fn()
+            _sync_all()
+            return (time.perf_counter() - start) * 1e3
+
+    for name, fn, ctx in candidates:
+        for _ in range(warmup):
+            timed(fn, ctx)
+    for r in range(rounds):
+        for name, fn, ctx in candidates[r % len(candidates):] + candidates[:r % len(candidates)]:
+            times[name].append(timed(fn, ctx))
+    medians = {name: float(sorted(t)[len(t) // 2]) for name, t in times.items()}
+    spread = max(max(t) / min(t) for t in times.values()) if times else float("nan")
+    return medians, spread
+
+
+def _sync_all() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()

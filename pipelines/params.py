@@ -82,6 +82,8 @@ class TimingParams:
     densities: tuple[float, ...] = (0.37,)  # WISE-like random generator keep-probability rho
     late_calls: int = 20
     seed: int = 0
+    whole_model: bool = True  # also time whole T-step forwards of a model shape, WISE late steps vs Full
+    model_preset: str | None = None  # that shape: a wise.models preset; None: the configured model's, else huginn-0125
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,12 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(t.heads % t.kv_heads == 0, "timing.kv_heads", t.kv_heads, f"must divide timing.heads ({t.heads})")
     _require(t.head_dim in (64, 96, 128), "timing.head_dim", t.head_dim, "must be 64, 96 or 128")
     _require(all(0 < d <= 1 for d in t.densities), "timing.densities", list(t.densities), "each must be in (0, 1]")
+    from wise.models.config import PRESETS
+
+    _require(isinstance(t.whole_model, bool), "timing.whole_model", t.whole_model, "must be true or false")
+    _require(t.model_preset is None or (isinstance(t.model_preset, str) and t.model_preset in PRESETS),
+             "timing.model_preset", t.model_preset,
+             f"must be null (the configured model's shape) or one of {sorted(PRESETS)}")
     dg = p.diagnostics
     _require(dg.topk >= 1, "diagnostics.topk", dg.topk, "must be >= 1")
     _require(dg.run >= 1, "diagnostics.run", dg.run, "must be >= 1")

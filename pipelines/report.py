@@ -175,7 +175,8 @@ def build_markdown(p: Params, d: dict) -> str:
     L += [f"![ΔF1 by condition]({d['figures']['delta_f1']})", ""]
 
     L += ["## Table 2 — attention timing", ""]
-    ok = [r for r in d["timing"] if r["status"] == "ok"]
+    attention = [r for r in d["timing"] if r.get("source") != "whole_model"]
+    ok = [r for r in attention if r["status"] == "ok"]
     if ok:
         L += table(["support", "n", "B", "density", "flash ms", "cuDNN ms", "kernel ms", "call ×flash",
                     "call ×cuDNN", "build+20 ×flash", "T=32 ×flash", "Flex ms", "kernel TFLOP/s", "paper build+20"],
@@ -184,10 +185,13 @@ def build_markdown(p: Params, d: dict) -> str:
                      f(r["reuse20_vs_flash"], 2), f(r["traj32_vs_flash"], 2), f(r["flex_ms"]),
                      f(r["kernel_tflops"], 0), f(paper.LATE_REUSE_SPEEDUP.get(r["n"]), 2)] for r in ok])
     else:
-        statuses = sorted({r["status"] for r in d["timing"]})
-        L += [f"Not measured on this machine ({', '.join(statuses)}); {len(d['timing'])} planned rows are in "
+        statuses = sorted({r["status"] for r in attention})
+        L += [f"Not measured on this machine ({', '.join(statuses)}); {len(attention)} planned rows are in "
               "the `timing` view. Run `dvc repro timing` on a CUDA machine.", ""]
     L += [f"![speedup]({d['figures']['speedup']})", ""]
+    from pipelines.timing_report import whole_model_markdown
+
+    L += whole_model_markdown([r for r in d["timing"] if r.get("source") == "whole_model"], f, table)
 
     L += ["## Tables 3–4 — convergence and threshold sensitivity", "",
           "Mean convergence step per quantity (censored examples count as T+1); gap = min(τ_H, τ_O) − "

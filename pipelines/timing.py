@@ -6,10 +6,17 @@ layers) at the configured densities, and (b) the real working sets of the suppor
 current model's own geometry (its heads, kv heads and head_dim when its config can be read and the
 kernel supports that head_dim, else ``timing.head_dim``; random q/k/v). The trajectory columns
 (reuse20_*, traj32_*) time ``wise.discovery_step`` dense steps and ``timing.late_calls`` late calls.
+With ``timing.whole_model`` it also times (c) one whole T-step forward of a model shape, WISE late
+steps through the kernel vs Full, with the attention share of a core layer (``benchmarks.whole_model``;
+rows with ``source = 'whole_model'``): the configured model's shape (``whole_model_config``) on
+random supports at each ``timing.densities`` and on its real working sets, at ``wise.block_size``,
+``recurrence.steps`` and ``wise.discovery_step``.
 Without CUDA every planned measurement is written with status ``skipped: no CUDA``, so the table
 says what was not measured instead of being silently empty.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -82,11 +89,53 @@ def timing_rows(p: Params) -> list[dict]:
             new = bench.benchmark(lays.to(dev), n, p.wise.block_size, heads, kv_heads, head_dim, "bf16",
                                   label, **trajectory)
         rows += [{**r, "source": "model_supports", "rho": None} for r in new]
-    return rows
+    return rows + whole_model_rows(p, dev)
+
+
+def whole_model_config(p: Params):
+    """(RecurrentConfig, whether it is the configured model's own) of the whole-model rows:
+    ``timing.model_preset`` when set; else the configured model's (a preset, or a local
+    config.json); else huginn-0125 (a hub id not downloaded yet)."""
+    from wise.models.checkpoint import load_config
+    from wise.models.config import RecurrentConfig
+
+    source = p.model.source
+    if p.timing.model_preset is not None:
+        return RecurrentConfig.from_name(p.timing.model_preset), False
+    if source.startswith("preset:"):
+        return RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0]), True
+    if (Path(source) / "config.json").is_file():
+        return load_config(source), True
+    return RecurrentConfig.from_name("huginn-0125"), False
+
+
+def whole_model_rows(p: Params, dev) -> list[dict]:
+    """The whole-model rows (none when ``timing.whole_model`` is false): per context length and
+    density on random supports, then the model's real working sets when the shape is the model's."""
+    if not p.timing.whole_model:
+        return []
+    from benchmarks import whole_model
+
+    t = p.timing
+    config, own = whole_model_config(p)
+    plan = [(f"random_rho{rho:g}", n, rho, None) for n in t.context_lengths for rho in t.densities]
+    if own:
+        plan += [(label, n, None, lays) for label, n, lays in model_supports(p)
+                 if tuple(lays.shape[:2]) == (config.n_core, config.heads)]
+    rows = whole_model.whole_model_rows(config, plan, block_size=p.wise.block_size, steps=p.recurrence.steps,
+                                        dense_steps=p.wise.discovery_step, seed=t.seed, device=dev)
+    return [{**r, "source": "whole_model"} for r in rows]
+
+
+def same_columns(rows: list[dict]) -> list[dict]:
+    """Every row with every column, in first-seen order (None where a row has none): pyarrow takes
+    a table's columns from its first row, and the whole-model rows bring columns of their own."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k) for k in columns} for r in rows]
 
 
 def run_timing(p: Params) -> None:
-    rows = timing_rows(p)
+    rows = same_columns(timing_rows(p))
     write_parquet(rows, paths.TIMING)
     measured = any(r["status"] != "skipped: no CUDA" for r in rows)
     print(f"timing: {len(rows)} rows ({'measured' if measured else 'skipped: no CUDA'}) -> {paths.TIMING}")

@@ -29,7 +29,8 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
     from pipelines.params import Params
 
     p = Params()
-    p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1, late_calls=7),
+    p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1, late_calls=7,
+                                                          whole_model=False),
                             wise=dataclasses.replace(p.wise, discovery_step=5))
     calls = []
 
