@@ -22,6 +22,11 @@ steps from there. Two ways to continue a sequence (``conditions.generation``):
 
 Because a row's initial state depends only on (example, position), the prompt's states are the same
 in every pass, so cached Full equals rerun Full up to floating-point summation order.
+
+In cached mode the conditions of an example run as one batch (``run_late_batch``, ``extend_batch``):
+their late steps, the gold answer's rows and every generated token go through each layer's dense
+work once for all conditions, each row attending through its own condition; the group is split
+when its caches would not fit in half the free GPU memory.
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from wise.conditions import DiscoveryMasses, condition_support, discovery_steps
-from wise.runner import Late, Prefix, WiseSettings, initial_state, run_late, run_prefix
+from wise.runner import (Late, PerCondition, Prefix, WiseSettings, initial_state, run_late, run_late_batch,
+                         run_prefix)
 
 GENERATION_MODES = ("cached", "rerun")
 SUPPORT_FREE = ("full", "truncate")
@@ -128,26 +134,99 @@ def _cached(model, prompt, answer, conds, settings, seed, max_new, stop, profile
     if profile is not None:
         profile["prefix"] = _clock(model.device) - start
     out = {}
-    for c in conds:
+    for group in _groups(model, prefix, conds, settings):
         start = _clock(model.device) if profile is not None else 0.0
-        late = run_late(model, prefix, c, settings, cache=True)
-        ctx = DecodeContext(model, prefix, late, settings)
-        last = model.readout(late.state, prefix.rope, at=_last(len(prompt), late.state.device))[0]
-        # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (a fresh tail)
-        logits = [last[None]]
+        if group == ["truncate"]:
+            lates = [run_late(model, prefix, "truncate", settings, cache=True)]
+        else:
+            lates = run_late_batch(model, prefix, group, settings, cache=True)
+        ctxs = [DecodeContext(model, prefix, late, settings) for late in lates]
+        n = len(prompt)
+        last = torch.cat([model.readout(late.state, prefix.rope, at=_last(n, late.state.device)) for late in lates])
+        # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails)
+        gold = [[last[i:i + 1]] for i in range(len(group))]
         if len(answer) > 1:
-            logits.append(ctx.extend(answer[:-1], Tail()))
-        gold = _mean_logprob(torch.cat(logits), answer)
-        tokens, tail, token = [], Tail(), int(last.argmax())
-        while token not in stop:
-            tokens.append(token)
-            if len(tokens) == max_new:
+            rows = extend_batch(ctxs, [Tail() for _ in group], [answer[:-1]] * len(group))
+            for i in range(len(group)):
+                gold[i].append(rows[i])
+        tokens = {c: [] for c in group}
+        tails = {c: Tail() for c in group}
+        token = {c: int(last[i].argmax()) for i, c in enumerate(group)}
+        active = list(range(len(group)))
+        while active:  # every condition of the group one token further per pass
+            active = [i for i in active if token[group[i]] not in stop]
+            for i in active:
+                tokens[group[i]].append(token[group[i]])
+            active = [i for i in active if len(tokens[group[i]]) < max_new]
+            if not active:
                 break
-            token = int(ctx.extend([token], tail)[-1].argmax())
-        out[c] = ConditionRun(c, tokens, gold, prefix.state_hash, late.layouts)
+            logits = extend_batch([ctxs[i] for i in active], [tails[group[i]] for i in active],
+                                  [[token[group[i]]] for i in active])
+            for j, i in enumerate(active):
+                token[group[i]] = int(logits[j, -1].argmax())
+        for i, (c, late) in enumerate(zip(group, lates)):
+            out[c] = ConditionRun(c, tokens[c], _mean_logprob(torch.cat(gold[i]), answer), prefix.state_hash,
+                                  late.layouts)
         if profile is not None:
-            profile[c] = _clock(model.device) - start
-    return out
+            secs = (_clock(model.device) - start) / len(group)
+            for c in group:
+                profile[c] = secs
+    return {c: out[c] for c in conds}
+
+
+def _groups(model, prefix: Prefix, conds, settings: WiseSettings) -> list[list[str]]:
+    """Conditions decoded together: truncate alone (it has no late steps); the others in groups
+    whose late caches (keys and values of T - t_d steps, Freeze-A's n x n weights) fit in half the
+    free GPU memory (all at once on the CPU)."""
+    rest = [c for c in conds if c != "truncate"]
+    groups = [["truncate"]] if "truncate" in conds else []
+    if not rest:
+        return groups
+    size = len(rest)
+    if model.device.type == "cuda":
+        cfg, n = model.config, prefix.ids.shape[1]
+        item = prefix.state.element_size()
+        kv = (settings.steps - settings.discovery_step) * cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
+        frozen = cfg.n_core * cfg.heads * n * n * 4 if "freeze_a" in rest else 0
+        free = torch.cuda.mem_get_info(model.device)[0]
+        size = max(1, min(len(rest), int(0.5 * free - frozen) // max(1, kv + 2 * n * cfg.hidden * item)))
+    return groups + [rest[i:i + size] for i in range(0, len(rest), size)]
+
+
+def extend_batch(ctxs: list["DecodeContext"], tails: list["Tail"], new_ids: list[list[int]]) -> torch.Tensor:
+    """Run each condition's `new_ids` (equal lengths) as rows after its prompt and tail, as one
+    batch; returns logits [C, r, vocab] and appends the rows to the tails."""
+    ctx0 = ctxs[0]
+    model, s_ = ctx0.model, ctx0.s
+    r = len(new_ids[0])
+    if any(len(t.ids) != len(tails[0].ids) for t in tails) or any(len(x) != r for x in new_ids):
+        raise ValueError("a batched extension needs tails and new rows of equal lengths")
+    start = ctx0.n + len(tails[0].ids)
+    prompt = ctx0.prefix.ids[0].tolist()
+    ids = torch.tensor([[*prompt, *t.ids, *x] for t, x in zip(tails, new_ids)], device=model.device)
+    rope = model.rotary(ids.shape[1])
+    e = model.embed(ids, rope)[:, start:]
+    rope_new = rope.rows(start, ids.shape[1])
+    x = initial_state(model, e[:1], ctx0.prefix.seed, start=start).expand(len(ctxs), -1, -1)
+    attends = [_RowAttention(ctx, tail, start, r) for ctx, tail in zip(ctxs, tails)]
+    last = s_.discovery_step if ctx0.late.condition == "truncate" else s_.steps
+    seam = PerCondition(attends)
+    for t in range(1, last + 1):
+        x = model.core_step(x, e, t, rope_new, seam)
+    states = [x[i:i + 1] if t.states is None else torch.cat([t.states, x[i:i + 1]], dim=1)
+              for i, t in enumerate(tails)]
+    every = torch.cat([torch.cat([ctx.late.state, st], dim=1) for ctx, st in zip(ctxs, states)])
+    C = len(ctxs)
+    rows = torch.arange(start, ids.shape[1], device=x.device).repeat(C)
+    batch = torch.arange(C, device=x.device).repeat_interleave(r)
+    logits = model.readout(every, rope, at=(batch, rows)).view(C, r, -1)
+    for tail, st, attend, extra in zip(tails, states, attends, new_ids):
+        tail.ids += list(extra)
+        tail.states = st
+        for key, (k, v) in attend.new_kv.items():
+            old = tail.kv.get(key)
+            tail.kv[key] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
+    return logits
 
 
 @dataclass
@@ -168,32 +247,6 @@ class DecodeContext:
         self.model, self.prefix, self.late, self.s = model, prefix, late, settings
         self.n = prefix.ids.shape[1]
 
-    def extend(self, new_ids: list[int], tail: Tail) -> torch.Tensor:
-        """Run `new_ids` as rows after the prompt and `tail`; returns their logits [r, vocab] and
-        appends them to `tail`."""
-        model, s_ = self.model, self.s
-        start = self.n + len(tail.ids)
-        ids = torch.tensor([*self.prefix.ids[0].tolist(), *tail.ids, *new_ids], device=model.device)[None]
-        rope = model.rotary(ids.shape[1])
-        e = model.embed(ids, rope)[:, start:]
-        rope_new = rope.rows(start, ids.shape[1])
-        x = initial_state(model, e, self.prefix.seed, start=start)
-        attend = _RowAttention(self, tail, start, len(new_ids))
-        last = s_.discovery_step if self.late.condition == "truncate" else s_.steps
-        for t in range(1, last + 1):
-            x = model.core_step(x, e, t, rope_new, attend)
-        prompt_states = self.late.state
-        states = x if tail.states is None else torch.cat([tail.states, x], dim=1)
-        every = torch.cat([prompt_states, states], dim=1)
-        rows = torch.arange(start, ids.shape[1], device=x.device)
-        logits = model.readout(every, rope, at=(torch.zeros_like(rows), rows))
-        tail.ids += list(new_ids)
-        tail.states = states
-        for key, (k, v) in attend.new_kv.items():
-            old = tail.kv.get(key)
-            tail.kv[key] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
-        return logits
-
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
@@ -209,6 +262,10 @@ class _RowAttention:
         self.qk_td: dict[int, torch.Tensor] = {}  # layer -> step-t_d probs [H, r, N]
         self.support: dict[int, torch.Tensor] = {}  # layer -> bool [H, r, N] token mask of late steps
         self.frozen: dict[int, torch.Tensor] = {}  # layer -> Freeze-A weights [H, r, N]
+        self._causal_mask: torch.Tensor | None = None
+        s_ = ctx.s  # steps whose masses the rows' own supports need
+        self.record_steps = (set() if ctx.late.condition in SUPPORT_FREE else
+                             {1, *discovery_steps(s_.discovery_step, s_.window)})
 
     def _keys(self, step, layer, k, v):
         cache = self.ctx.prefix.kv if step <= self.ctx.s.discovery_step else self.ctx.late.kv
@@ -221,30 +278,38 @@ class _RowAttention:
         self.new_kv[(step, layer)] = (k, v)
         return torch.cat([*parts_k, k], 2), torch.cat([*parts_v, v], 2)
 
+    def _causal(self, N: int, device) -> torch.Tensor:
+        """bool [r, N]: new row i (position start + i) sees keys up to its own position."""
+        if self._causal_mask is None or self._causal_mask.shape[-1] != N:
+            pos = torch.arange(self.start, self.start + self.r, device=device)
+            self._causal_mask = torch.arange(N, device=device)[None, :] <= pos[:, None]
+        return self._causal_mask
+
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
         s_ = self.ctx.s
         K, V = self._keys(step, layer, k, v)
         heads, N = q.shape[1], K.shape[2]
-        pos = torch.arange(self.start, self.start + self.r, device=q.device)
-        causal = torch.arange(N, device=q.device)[None, :] <= pos[:, None]  # [r, N]
         cond = self.ctx.late.condition
         late = step > s_.discovery_step
         if late and cond == "freeze_a":
             w = self._frozen(layer)
             return torch.matmul(w[None], _repeat_kv(V, heads).float()).to(q.dtype)
-        mask = causal[None].expand(heads, -1, -1)
-        if late and cond != "full":
-            mask = self._support(layer) & causal[None]
         Kr, Vr = _repeat_kv(K, heads), _repeat_kv(V, heads)
-        window = discovery_steps(s_.discovery_step, s_.window)
-        if not late and cond not in SUPPORT_FREE and (step == 1 or step in window):
+        if not late and step in self.record_steps:
+            causal = self._causal(N, q.device)
             scores = torch.matmul(q[0].float(), Kr[0].float().transpose(-1, -2)) * q.shape[-1] ** -0.5
             probs = torch.softmax(scores.masked_fill(~causal[None], float("-inf")), dim=-1)  # [H, r, N]
             self.masses.setdefault(step, {})[layer] = self._row_masses(probs)
             if step == s_.discovery_step and cond == "freeze_a":
                 self.qk_td[layer] = probs
-        out = F.scaled_dot_product_attention(q.float(), Kr.float(), Vr.float(), attn_mask=mask[None])
-        return out.to(q.dtype)
+        if late and cond != "full":
+            mask = self._support(layer) & self._causal(N, q.device)[None]
+        elif self.r == 1:
+            mask = None  # one new row sees every key
+        else:
+            mask = self._causal(N, q.device)[None].expand(heads, -1, -1)
+        # In the model's dtype, as its own attention runs (the prompt's rows attend in it too).
+        return F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=None if mask is None else mask[None])
 
     def _row_masses(self, probs: torch.Tensor) -> torch.Tensor:
         """Each row's own block masses [H, r, M] (one query row: |I_q| = 1), rounded to fp16 as

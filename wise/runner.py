@@ -190,6 +190,40 @@ def run_late(model, prefix: Prefix, condition: str, settings: WiseSettings, *, c
     return Late(condition, s, layouts, kv.kv if cache else None, frozen)
 
 
+class PerCondition:
+    """Attention seam of a batch whose rows are the conditions of one example: row i goes through
+    policies[i] (each sees a batch of one, as when run alone)."""
+
+    def __init__(self, policies):
+        self.policies = policies
+
+    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
+        return torch.cat([p(q[i:i + 1], k[i:i + 1], v[i:i + 1], step=step, layer=layer)
+                          for i, p in enumerate(self.policies)])
+
+
+def run_late_batch(model, prefix: Prefix, conditions, settings: WiseSettings, *, cache: bool = False) -> list[Late]:
+    """run_late for several conditions at once: their late steps as one batch (the dense work of
+    every layer batched, each row's attention through its own condition). Truncate has no late
+    steps and is handled alone."""
+    conditions = list(conditions)
+    if "truncate" in conditions:
+        raise ValueError("truncate has no late steps: run it with run_late")
+    seams, info = [], []
+    for c in conditions:
+        policy, layouts, frozen = late_policy(prefix, c, settings)
+        seams.append(KVRecorder(policy))
+        info.append((layouts, frozen))
+    b = len(conditions)
+    s = prefix.state.expand(b, -1, -1)
+    e = prefix.e.expand(b, -1, -1)
+    batch = PerCondition(seams)
+    for t in range(settings.discovery_step + 1, settings.steps + 1):
+        s = model.core_step(s, e, t, prefix.rope, batch)
+    return [Late(c, s[i:i + 1], layouts, seam.kv if cache else None, frozen)
+            for i, (c, seam, (layouts, frozen)) in enumerate(zip(conditions, seams, info))]
+
+
 @dataclass
 class ForwardResult:
     logits: torch.Tensor  # [n, vocab] fp32
