@@ -1,4 +1,5 @@
-"""Parquet artifacts: atomic writes (temporary name, then rename) and typed reads.
+"""Artifacts (Parquet, and CSV / JSON / text copies): atomic writes (temporary name, then rename)
+and typed reads.
 
 An interrupted stage never leaves a half-written file that looks complete, and a stage that fails
 validation never touches what an earlier run wrote. Temporaries are ``.<name>.tmp-<pid>``
@@ -6,6 +7,8 @@ validation never touches what an earlier run wrote. Temporaries are ``.<name>.tm
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -96,3 +99,13 @@ def write_text(text: str, path: str | Path) -> Path:
 
 def write_json(obj: Any, path: str | Path) -> Path:
     return write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str], path: str | Path) -> Path:
+    """`columns` of `rows` as CSV (a header line, then one line per row; a field holding a comma,
+    a quote or a newline is quoted, None is an empty field), written atomically."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([r[c] for c in columns] for r in rows)
+    return write_text(buf.getvalue(), path)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import html
 import math
-import re
 from pathlib import Path
 
+import markdown
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
@@ -239,36 +239,12 @@ def build_markdown(p: Params, d: dict) -> str:
 
 
 def markdown_to_html(md: str, title: str = "WISE report") -> str:
-    """Enough markdown for this report: headings, paragraphs, pipe tables, images, inline code."""
-    def inline(text: str) -> str:
-        text = html.escape(text)
-        text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-        return re.sub(r"\*([^*]+)\*", r"<em>\1</em>", text)
-
-    out, lines, i = [], md.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            out.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
-        elif line.startswith("|"):
-            rows = []
-            while i < len(lines) and lines[i].startswith("|"):
-                rows.append([c.strip() for c in lines[i].strip("|").split("|")])
-                i += 1
-            out.append("<table><thead><tr>" + "".join(f"<th>{inline(c)}</th>" for c in rows[0]) + "</tr></thead><tbody>")
-            out += ["<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in rows[2:]]
-            out.append("</tbody></table>")
-            continue
-        elif m := re.match(r"!\[([^\]]*)\]\(([^)]+)\)", line):
-            out.append(f'<p><img alt="{html.escape(m.group(1))}" src="{html.escape(m.group(2))}"></p>')
-        elif line.strip():
-            out.append(f"<p>{inline(line)}</p>")
-        i += 1
+    """The report's markdown as one HTML page (Python-Markdown with its pipe-table extension)."""
+    body = markdown.markdown(md, extensions=["tables"], output_format="html")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
              "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{max-width:640px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style>"
-            f"</head><body>{''.join(out)}</body></html>\n")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
 
 
 def write_report(p: Params, d: dict) -> None:

@@ -10,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from pipelines import paths
-from pipelines.artifacts import write_json, write_parquet, write_text
+from pipelines.artifacts import write_csv, write_json, write_parquet, write_text
 from pipelines.db import connect_views, publish_database
 from pipelines.params import Params
 from wise.stats import mcnemar, paired_bootstrap
@@ -160,8 +160,3 @@ def run_statistics(p: Params) -> None:
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.
     publish_database()
-
-
-def write_csv(rows: list[dict], columns: list[str], path) -> None:
-    lines = [",".join(columns)] + [",".join(f"{r[c]}" for c in columns) for r in rows]
-    write_text("\n".join(lines) + "\n", path)

@@ -1,5 +1,7 @@
 """Parquet artifacts are written atomically: an interrupted write leaves the old file untouched,
-and temporaries of dead writers are removed at the next write and ignored by git and DVC."""
+and temporaries of dead writers are removed at the next write and ignored by git and DVC; CSV
+copies are real CSV."""
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.artifacts import ParquetStream, iter_row_groups, write_parquet, write_text
+from pipelines.artifacts import ParquetStream, iter_row_groups, write_csv, write_parquet, write_text
 from wise.atomic_files import temporary_name
 
 
@@ -91,3 +93,15 @@ def test_temporaries_are_ignored_by_git_and_dvc_in_every_folder_under_data():
     kept = subprocess.run(["git", "check-ignore", "--no-index", "data/traces/masses.tmp.parquet"], cwd=root,
                           capture_output=True, text=True)
     assert kept.returncode == 1  # a real artifact is not hidden by the pattern
+
+
+def test_csv_quotes_fields_that_hold_a_comma_or_a_quote(tmp_path):
+    rows = [{"label": "wise, B=32", "x": 0.5, "note": 'say "hi"', "extra": 1},
+            {"label": "full", "x": float("nan"), "note": None, "extra": 2}]
+    path = write_csv(rows, ["label", "x", "note"], tmp_path / "out.csv")
+    text = path.read_text()
+    assert text.splitlines() == ["label,x,note", '"wise, B=32",0.5,"say ""hi"""', "full,nan,"]
+    with open(path, newline="") as f:
+        back = list(csv.DictReader(f))
+    assert back == [{"label": "wise, B=32", "x": "0.5", "note": 'say "hi"'},
+                    {"label": "full", "x": "nan", "note": ""}]

@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from wise.data.tokenizer import load_tokenizer
-from wise.evaluate import build_prompts
+from wise.data.probes import build_prompts
 from wise.metrics import exact_match
 from wise.models.checkpoint import load_checkpoint, load_config
 from wise.decoding import evaluate_example

@@ -1,10 +1,15 @@
-"""The evaluation entry point: prompts as the cohorts stage builds them, the CLI's last lines."""
+"""The evaluation entry point (wise.evaluate) and the modules it prints from: prompts as the
+cohorts stage builds them (wise.data.probes), scores (wise.scoring), the lens (wise.lens), the
+quality table and the card it regenerates (wise.training.quality, wise.training.card)."""
 import re
 
 import pytest
 
+from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer
-from wise.evaluate import CARD_BEGIN, build_prompts, main, update_card
+from wise.evaluate import load_model, main
+from wise.scoring import full_settings, score_cell
+from wise.training.quality import CARD_BEGIN, CARD_END
 
 MODEL = "data/models/wise-tiny-random"
 
@@ -42,12 +47,47 @@ def test_cli_without_checkpoint_says_how_to_get_one(tmp_path):
         main(["--model", str(tmp_path / "absent"), "--n", "1"])
 
 
-def test_update_card_replaces_the_table_in_place(tmp_path):
-    (tmp_path / "README.md").write_text("# m\n\nintro\n")
-    update_card(tmp_path, "| a |", "first")
-    update_card(tmp_path, "| b |", "second")
-    text = (tmp_path / "README.md").read_text()
-    assert text.count(CARD_BEGIN) == 1 and "| b |" in text and "| a |" not in text and "intro" in text
+def test_update_card_writes_quality_json_and_regenerates_the_card(tmp_path, capsys):
+    """--update-card puts the cells into <model>/quality.json (merged with the cells already
+    there) and regenerates README.md from the folder through wise.training.card."""
+    import json
+    import shutil
+
+    from wise.training import TrainConfig
+    from wise.training.card import render
+
+    folder = tmp_path / "m"
+    shutil.copytree(MODEL, folder)
+    (folder / "train_recipe.json").write_text(json.dumps(TrainConfig().to_dict()))
+    (folder / "README.md").write_text("# hand-written, replaced\n")
+    cell = ["--model", str(folder), "--table", "--benchmarks", "syntharith", "--contexts", "256",
+            "--n", "2", "--max-new-tokens", "1", "--device", "cpu", "--benchmark", "syntharith", "--context", "256"]
+    assert main(cell + ["--table-steps", "1", "--steps", "1", "--update-card"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2] == f"wrote {folder / 'README.md'}"
+    assert [(r["benchmark"], r["context"], r["steps"]) for r in json.loads((folder / "quality.json").read_text())] \
+        == [("syntharith", 256, 1)]
+    assert main(cell + ["--table-steps", "2", "--steps", "2", "--update-card",
+                        "--json", str(folder / "quality.json")]) == 0
+    rows = json.loads((folder / "quality.json").read_text())
+    assert [r["steps"] for r in rows] == [1, 2]  # the earlier cell kept
+    card = (folder / "README.md").read_text()
+    assert card == render(folder) and "hand-written" not in card
+    assert card.count(CARD_BEGIN) == card.count(CARD_END) == 1 and "| EM T=1 | EM T=2 |" in card
+    assert "| syntharith | 256 | 2 |" in card
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "needs --table"),
+    (["--table", "--json", "elsewhere.json"], "names another file"),
+    (["--table", "--model", MODEL], "train_recipe.json is missing"),
+])
+def test_update_card_refuses_before_any_work(extra, message, tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "train_recipe.json").write_text("{}")
+    with pytest.raises(SystemExit, match=message):
+        main(["--model", str(folder), "--update-card", *extra])
+    assert not (folder / "quality.json").exists()
 
 
 def test_probe_questions_and_per_type_scores(capsys):
@@ -71,7 +111,6 @@ def test_probe_questions_and_per_type_scores(capsys):
 def greedy(model, seqs, example_ids, steps, max_new_tokens):
     """Full greedy continuations from the generation engine (what the CLI scores)."""
     from wise.decoding import evaluate_example
-    from wise.evaluate import full_settings
     from wise.runner import state_seed
 
     return [evaluate_example(model, s, [0], ["full"], full_settings(steps), state_seed(i, 0), max_new_tokens,
@@ -82,7 +121,7 @@ def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
     """The lens row at T is the first greedy token at T: its top-1 share equals the share of
     prompts whose greedy first token is the gold answer's first token (shipped model, so the
     shares are not trivially 0)."""
-    from wise.evaluate import answer_lens, load_model
+    from wise.lens import answer_lens
 
     model, tok = load_model("data/models/wise-small", "cpu")
     prompts = build_prompts(tok, "synthhop", 256, 8, seed=123, max_positions=4096, max_new_tokens=8)
@@ -151,8 +190,6 @@ def test_asked_questions_keep_the_prompt_within_its_budget(style):
 
 def test_wrong_answer_sources_add_up_and_passages_are_the_prompts():
     """Every wrong answer gets one source; a prompt's passages are the ones its text holds."""
-    from wise.evaluate import load_model, score_cell
-
     model, tok = load_model("data/models/wise-small", "cpu")
     prompts = build_prompts(tok, "synthhop", 256, 12, seed=123, max_positions=4096, max_new_tokens=8)
     for p in prompts:

@@ -33,8 +33,6 @@ class Benchmark:
     description: str = ""
     # (question, answer, kind) triples that an example's own passages also answer (training extras)
     context_questions: Optional[Callable[[Example], list[tuple[str, str, str]]]] = None
-    # question text -> intermediate entities of a multi-hop question, in hop order (training)
-    intermediates: Optional[Callable[[Example], dict[str, tuple[str, ...]]]] = None
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -42,12 +40,10 @@ BENCHMARKS: dict[str, Benchmark] = {}
 
 def register_benchmark(name: str, loader: Loader, distractor_pool: Optional[DistractorPool] = None,
                        description: str = "", replace: bool = False,
-                       context_questions: Optional[Callable] = None,
-                       intermediates: Optional[Callable] = None) -> Benchmark:
+                       context_questions: Optional[Callable] = None) -> Benchmark:
     if name in BENCHMARKS and not replace:
         raise ValueError(f"benchmark {name!r} is already registered (pass replace=True to override)")
-    BENCHMARKS[name] = Benchmark(name, loader, distractor_pool, description, context_questions,
-                                 intermediates)
+    BENCHMARKS[name] = Benchmark(name, loader, distractor_pool, description, context_questions)
     return BENCHMARKS[name]
 
 
@@ -80,13 +76,6 @@ def context_questions(example: Example) -> list[tuple[str, str, str]]:
     return list(spec.context_questions(example)) if spec.context_questions else []
 
 
-def question_intermediates(example: Example) -> dict[str, tuple[str, ...]]:
-    """Question text -> the intermediate entities of that multi-hop question over the example's
-    passages (its own question and its ``context_questions``); {} if the benchmark has none."""
-    spec = get_benchmark(example.benchmark)
-    return dict(spec.intermediates(example)) if spec.intermediates else {}
-
-
 def distractor_pool(example: Example, cohort: Iterable[Example] = ()) -> tuple[Passage, ...]:
     """Natural passages that a longer context of `example` may add (before deduplication)."""
     spec = get_benchmark(example.benchmark)
@@ -107,8 +96,7 @@ def build_cohort_variants(examples: Sequence[Example], budgets: Sequence[int],
 
 register_benchmark("synthhop", synthhop.load_synthhop, synthhop.world_distractor_pool,
                    "generated HotpotQA-like multi-hop questions (bridge 2/3 hops, comparison)",
-                   context_questions=synthhop.context_questions,
-                   intermediates=synthhop.bridge_intermediates)
+                   context_questions=synthhop.context_questions)
 register_benchmark("synthchain", synthchain.load_synthchain, synthchain.world_distractor_pool,
                    "generated pointer chasing: L hops over single-token entities, then m successor "
                    "steps (the calibration benchmark of the constructed model wise-chain)")

@@ -236,7 +236,7 @@ def context_questions(example: Example) -> list[tuple[str, str, str]]:
         for attr, template in FACTS[e.kind]:
             if e.attrs.get(attr) is not None:
                 out.add((template.format(x=e.name), str(e.attrs[attr]), "fact"))
-    for question, answer, _hops in _present_bridges(world, ents, present):
+    for question, answer in _present_bridges(world, ents, present):
         out.add((question, answer, "bridge"))
     for comp in COMPARISONS:
         same = [e for e in ents if e.kind == comp.kind]
@@ -251,36 +251,19 @@ def context_questions(example: Example) -> list[tuple[str, str, str]]:
 
 
 def _present_bridges(world: World, ents: list[Entity], present: set[str]):
-    """(question, answer, intermediate entity names in hop order) of every bridge whose whole
-    path is among the present passages."""
+    """(question, answer) of every bridge whose whole path (each entity it passes through before
+    the answer) is among the present passages."""
     for bridge in BRIDGES_2 + BRIDGES_3:
         for e in ents:
             if e.kind != bridge.start:
                 continue
-            value, hops = e.name, []
+            value = e.name
             for i, attr in enumerate(bridge.path):
                 value = world.entities[value].attrs[attr]
-                if i < len(bridge.path) - 1:
-                    if value not in present:
-                        break
-                    hops.append(value)
+                if i < len(bridge.path) - 1 and value not in present:
+                    break
             else:
-                yield bridge.templates[0].format(x=e.name), str(value), tuple(hops)
-
-
-def bridge_intermediates(example: Example) -> dict[str, tuple[str, ...]]:
-    """Question text -> the entities a bridge passes through before its answer, in hop order
-    (the director, then ...), for the example's own question when it is a bridge and for every
-    bridge among its ``context_questions``. Training can ask the recurrent state to name hop j
-    after a few steps (``train.hop_loss_weight``): a signal that rewards using depth."""
-    size = WorldSize().scaled(example.meta.get("world_scale", 1.0))
-    world = cached_world(int(example.meta["world_seed"]), size)
-    present = {p.title for p in example.passages} & set(world.entities)
-    ents = [world.entities[name] for name in sorted(present)]
-    out = {question: hops for question, _answer, hops in _present_bridges(world, ents, present)}
-    if example.meta.get("type") == "bridge":
-        out[example.question] = tuple(example.meta["supporting_titles"][1:])
-    return out
+                yield bridge.templates[0].format(x=e.name), str(value)
 
 
 def world_distractor_pool(example: Example) -> tuple[Passage, ...]:

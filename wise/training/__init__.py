@@ -8,7 +8,8 @@
 - batches.py: training batches generated on the fly, deterministic in (seed, batch);
 - loop.py: the training loop (`train` writes the checkpoint files into a folder);
 - run.py: a checkpoint folder built aside and published only when training succeeded;
-- card.py: the model card, generated from the folder's artifacts.
+- card.py: the model card, generated from the folder's artifacts;
+- quality.py: the quality table of quality.json (markdown table, quality bars) the card shows.
 Only torch, tokenizers, safetensors, numpy and tqdm are needed (no ray, dvc or duckdb), so the
 same code runs on a bare GPU machine.
 """
@@ -16,6 +17,6 @@ from wise.training.batches import Batch, BatchStream, batch_budget, make_batch
 from wise.training.config import TrainConfig
 from wise.training.loop import batch_loss, build_model, recurrent_forward, sample_recurrence, train
 
-# run.py and card.py are imported by their users (and card.py runs as `python -m`), not here
+# run.py, card.py and quality.py are imported by their users (and card.py runs as `python -m`), not here
 __all__ = ["Batch", "BatchStream", "TrainConfig", "batch_budget", "batch_loss", "build_model",
            "make_batch", "recurrent_forward", "sample_recurrence", "train"]

@@ -5,8 +5,9 @@
 Every number in the card is read from a file of the folder: config.json and model.safetensors
 (architecture, parameter count), train_recipe.json (the recipe), train_summary.json (the run,
 precision and compile mode), eval_curve.csv (held-out EM during training) and quality.json (the
-quality table, by question type and the quality bars; written by `python -m wise.evaluate --table
---json quality.json`, the command the card shows). Nothing in the card is written by hand:
+quality table, by question type and the quality bars, rendered by wise/training/quality.py; written
+by `python -m wise.evaluate --table --json quality.json`, the command the card shows, or by
+`--update-card`, which then rewrites this card). Nothing in the card is written by hand:
 history goes to CHANGELOG.md, so regenerating the card loses nothing.
 """
 from __future__ import annotations
@@ -17,7 +18,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from wise.scoring import Score
 from wise.training.config import TrainConfig
+from wise.training.quality import CARD_BEGIN, CARD_END, bars_report, markdown_table, merge_scores
 
 RECIPE, SUMMARY, QUALITY, EVAL_CURVE = "train_recipe.json", "train_summary.json", "quality.json", "eval_curve.csv"
 CARD = "README.md"
@@ -146,14 +149,12 @@ def _evaluate_command(folder: Path, cells: list) -> str:
 
 
 def _quality_section(folder: Path, shown: Path) -> str:
-    from wise import evaluate
-
     rows = _read_json(folder, QUALITY)
     if not rows:
-        return (f"{evaluate.CARD_BEGIN}\nnot measured yet: run `python -m wise.evaluate --model {shown} "
+        return (f"{CARD_BEGIN}\nnot measured yet: run `python -m wise.evaluate --model {shown} "
                 f"--table --json {shown / QUALITY}`, then `python -m wise.training.card {shown}`\n"
-                f"{evaluate.CARD_END}")
-    cells = evaluate.merge_scores(None, [evaluate.Score(**r) for r in rows])
+                f"{CARD_END}")
+    cells = merge_scores(None, [Score(**r) for r in rows])
     steps = {c.steps for c in cells}
     shown_t = 32 if 32 in steps else max(steps)  # the recurrence the quality bars are stated at
     by_type = [f"- {s.benchmark} @{s.context}: " + ", ".join(f"{kind} {em:.2f} (n={n})"
@@ -162,10 +163,10 @@ def _quality_section(folder: Path, shown: Path) -> str:
     note = _wrap(f"Held-out test split, greedy decoding, Full attention (the defaults of wise.evaluate: "
                  f"world seed 123, initial-state seed 0, at most 8 new tokens), from `{QUALITY}`; "
                  f"the command that measures these cells:") + f"\n\n    {_evaluate_command(shown, cells)}"
-    return "\n\n".join([evaluate.CARD_BEGIN + "\n" + note, evaluate.markdown_table(cells),
+    return "\n\n".join([CARD_BEGIN + "\n" + note, markdown_table(cells),
                         f"EM by question type, T={shown_t}:\n\n" + "\n".join(by_type) if by_type else "",
-                        "Quality bars (the targets the model is meant to reach):\n\n" + evaluate.bars_report(cells)
-                        + "\n" + evaluate.CARD_END]).replace("\n\n\n\n", "\n\n")
+                        "Quality bars (the targets the model is meant to reach):\n\n" + bars_report(cells)
+                        + "\n" + CARD_END]).replace("\n\n\n\n", "\n\n")
 
 
 def render(folder: str | Path, shown: str | Path | None = None) -> str:

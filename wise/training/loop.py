@@ -33,9 +33,11 @@ from tqdm import tqdm
 
 from wise.data.splits import derive_seed
 from wise.data.corpus import corpus_for_tokenizer
-from wise.data.tokenizer import save_tokenizer, train_tokenizer
+from wise.data.probes import build_prompts
+from wise.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
+from wise.scoring import score_cell
 from wise.training.batches import IGNORE, Batch, BatchStream
 from wise.training.config import TrainConfig
 
@@ -48,9 +50,6 @@ class HeldOutCheck:
     benchmark's own questions, plus synthhop one-hop fact questions over the same contexts."""
 
     def __init__(self, config: TrainConfig, tokenizer_path: Path, max_positions: int):
-        from wise.data.tokenizer import load_tokenizer
-        from wise.evaluate import build_prompts
-
         self.config = config
         self.tok = load_tokenizer(tokenizer_path)
         seed = derive_seed(config.seed, "heldout") % 2**31
@@ -64,8 +63,6 @@ class HeldOutCheck:
                 max_new_tokens=8, split="validation", ask="fact", style=config.prompt_style)
 
     def __call__(self, model: RecurrentDepthModel, autocast) -> dict[str, float]:
-        from wise.evaluate import score_cell
-
         model.eval()
         out = {}
         with autocast:
