@@ -141,8 +141,7 @@ def _cached(model, prompt, answer, conds, settings, seed, max_new, stop, profile
         else:
             lates = run_late_batch(model, prefix, group, settings, cache=True)
         ctxs = [DecodeContext(model, prefix, late, settings) for late in lates]
-        n = len(prompt)
-        last = torch.cat([model.readout(late.state, prefix.rope, at=_last(n, late.state.device)) for late in lates])
+        last = torch.cat([ctx.last_logits() for ctx in ctxs])
         # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails)
         gold = [[last[i:i + 1]] for i in range(len(group))]
         if len(answer) > 1:
@@ -205,9 +204,25 @@ def extend_batch(ctxs: list["DecodeContext"], tails: list["Tail"], new_ids: list
     prompt = ctx0.prefix.ids[0].tolist()
     ids = torch.tensor([[*prompt, *t.ids, *x] for t, x in zip(tails, new_ids)], device=model.device)
     rope = model.rotary(ids.shape[1])
-    e = model.embed(ids, rope)[:, start:]
     rope_new = rope.rows(start, ids.shape[1])
-    x = initial_state(model, e[:1], ctx0.prefix.seed, start=start).expand(len(ctxs), -1, -1)
+    C = len(ctxs)
+    fast = _own_architecture(model) and ctx0.prefix.prelude_kv is not None
+    new_prelude, new_coda = [], []
+    if fast:  # the new rows alone, against each layer's cached keys
+        e = model.transformer.wte(ids[:, start:]) * model.config.embed_scale
+        for i, block in enumerate(model.transformer.prelude):
+            pk, pv = ctx0.prefix.prelude_kv[i]
+            tail_kv = [t.kv[("prelude", i)] for t in tails] if tails[0].ids else None
+            cached = (pk.expand(C, -1, -1, -1), pv.expand(C, -1, -1, -1))
+            if tail_kv:
+                tk, tv = _stacked(tail_kv)
+                cached = (torch.cat([cached[0], tk], 2), torch.cat([cached[1], tv], 2))
+            attend = _Append(cached)
+            e = block(e, rope_new, attend)
+            new_prelude.append(attend.kv)
+    else:
+        e = model.embed(ids, rope)[:, start:]
+    x = initial_state(model, e[:1], ctx0.prefix.seed, start=start).expand(C, -1, -1)
     attends = [_RowAttention(ctx, tail, start, r) for ctx, tail in zip(ctxs, tails)]
     last = s_.discovery_step if ctx0.late.condition == "truncate" else s_.steps
     seam = PerCondition(attends)
@@ -215,11 +230,28 @@ def extend_batch(ctxs: list["DecodeContext"], tails: list["Tail"], new_ids: list
         x = model.core_step(x, e, t, rope_new, seam)
     states = [x[i:i + 1] if t.states is None else torch.cat([t.states, x[i:i + 1]], dim=1)
               for i, t in enumerate(tails)]
-    every = torch.cat([torch.cat([ctx.late.state, st], dim=1) for ctx, st in zip(ctxs, states)])
-    C = len(ctxs)
-    rows = torch.arange(start, ids.shape[1], device=x.device).repeat(C)
-    batch = torch.arange(C, device=x.device).repeat_interleave(r)
-    logits = model.readout(every, rope, at=(batch, rows)).view(C, r, -1)
+    if fast:
+        tr = model.transformer
+        y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
+        for i, block in enumerate(tr.coda):
+            parts = [ctx.coda_kv[i] for ctx in ctxs]
+            cached = _stacked(parts)
+            if tails[0].ids:
+                tk, tv = _stacked([t.kv[("coda", i)] for t in tails])
+                cached = (torch.cat([cached[0], tk], 2), torch.cat([cached[1], tv], 2))
+            attend = _Append(cached)
+            y = block(y, rope_new, attend)
+            new_coda.append(attend.kv)
+        logits = model.lm_head(tr.ln_f(y)).float()
+    else:
+        every = torch.cat([torch.cat([ctx.late.state, st], dim=1) for ctx, st in zip(ctxs, states)])
+        rows = torch.arange(start, ids.shape[1], device=x.device).repeat(C)
+        batch = torch.arange(C, device=x.device).repeat_interleave(r)
+        logits = model.readout(every, rope, at=(batch, rows)).view(C, r, -1)
+    for c, (tail, attend) in enumerate(zip(tails, attends)):
+        for name, kvs in (("prelude", new_prelude), ("coda", new_coda)):
+            for i, (k, v) in enumerate(kvs):
+                attend.new_kv[(name, i)] = (k[c:c + 1], v[c:c + 1])
     for tail, st, attend, extra in zip(tails, states, attends, new_ids):
         tail.ids += list(extra)
         tail.states = st
@@ -246,6 +278,77 @@ class DecodeContext:
     def __init__(self, model, prefix: Prefix, late: Late, settings: WiseSettings):
         self.model, self.prefix, self.late, self.s = model, prefix, late, settings
         self.n = prefix.ids.shape[1]
+        self.coda_kv: list | None = None  # the prompt rows' coda keys/values under this condition
+
+    def last_logits(self) -> torch.Tensor:
+        """Logits [1, vocab] of the prompt's last row (keeping the coda's keys for new rows)."""
+        at = _last(self.n, self.late.state.device)
+        if _own_architecture(self.model) and self.prefix.prelude_kv is not None:
+            logits, self.coda_kv = readout_recording(self.model, self.late.state, self.prefix.rope, at)
+            return logits
+        return self.model.readout(self.late.state, self.prefix.rope, at=at)
+
+
+def _own_architecture(model) -> bool:
+    """The project's RecurrentDepthModel: its prelude and coda blocks can be run row by row against
+    cached keys (other models, e.g. wise.looped, recompute them over the whole sequence)."""
+    from wise.models.recurrent import RecurrentDepthModel
+
+    return isinstance(model, RecurrentDepthModel)
+
+
+class _Record:
+    """attend(q, k, v) of a prelude/coda block over a whole sequence: causal, keeps k/v."""
+
+    def __call__(self, q, k, v):
+        from wise.models.recurrent import causal_attention
+
+        self.kv = (k, v)
+        return causal_attention(q, k, v)
+
+
+class _Append:
+    """attend(q, k, v) of a prelude/coda block for r new rows after cached keys [C, Hkv, N0, d]."""
+
+    def __init__(self, cached: tuple[torch.Tensor, torch.Tensor]):
+        self.cached = cached
+
+    def __call__(self, q, k, v):
+        self.kv = (k, v)
+        K, V = torch.cat([self.cached[0], k], 2), torch.cat([self.cached[1], v], 2)
+        heads, r, N = q.shape[1], q.shape[2], K.shape[2]
+        mask = None
+        if r > 1:
+            mask = (torch.arange(N, device=q.device)[None, :] <= torch.arange(N - r, N, device=q.device)[:, None])
+            mask = mask[None, None]
+        return F.scaled_dot_product_attention(q, _repeat_kv(K, heads), _repeat_kv(V, heads), attn_mask=mask)
+
+
+def embed_recording(model, ids: torch.Tensor, rope) -> tuple[torch.Tensor, list]:
+    """model.embed with each prelude layer's keys and values kept (the same numbers)."""
+    x = model.transformer.wte(ids) * model.config.embed_scale
+    kvs = []
+    for block in model.transformer.prelude:
+        rec = _Record()
+        x = block(x, rope, rec)
+        kvs.append(rec.kv)
+    return x, kvs
+
+
+def readout_recording(model, s: torch.Tensor, rope, at) -> tuple[torch.Tensor, list]:
+    """model.readout with each coda layer's keys and values kept (the same numbers)."""
+    tr = model.transformer
+    x = tr.ln_f(s) if model.config.ln_f_after_recurrence else s
+    kvs = []
+    for block in tr.coda:
+        rec = _Record()
+        x = block(x, rope, rec)
+        kvs.append(rec.kv)
+    return model.lm_head(tr.ln_f(x[at])).float(), kvs
+
+
+def _stacked(parts: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:

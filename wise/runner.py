@@ -25,6 +25,7 @@ from torch import nn
 
 from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, discovery_steps
 from wise.mechanism import Observers, TrajectoryObserver
+from wise.models.recurrent import RecurrentDepthModel
 from wise.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
 
 
@@ -117,6 +118,7 @@ class Prefix:
     masses: DiscoveryMasses | None  # step 1 and the window (None when not recorded)
     qk: dict | None  # step t_d's (q, k) per core layer (Freeze-A)
     kv: dict | None = None  # (step, layer) -> (k, v) for steps 1..t_d when cached
+    prelude_kv: list | None = None  # per prelude layer (k, v) of the prompt, when cached
 
 
 def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, record: bool = True,
@@ -127,7 +129,13 @@ def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, r
     s_ = settings
     ids = ids.to(model.device).view(1, -1)
     rope = model.rotary(ids.shape[1])
-    e = model.embed(ids, rope)
+    prelude_kv = None
+    if cache and isinstance(model, RecurrentDepthModel):
+        from wise.decoding import embed_recording
+
+        e, prelude_kv = embed_recording(model, ids, rope)
+    else:
+        e = model.embed(ids, rope)
     s = initial_state(model, e, seed)
     if observer is not None:
         observer.on_state(0, s)
@@ -146,7 +154,7 @@ def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, r
         masses = DiscoveryMasses(step1=recorder.step_masses(1).float(),
                                  window=[recorder.step_masses(t).float() for t in window])
     return Prefix(ids, seed, rope, e, s, state_hash(s), masses, recorder.qk if keep_qk else None,
-                  kv.kv if cache else None)
+                  kv.kv if cache else None, prelude_kv)
 
 
 @dataclass
