@@ -79,6 +79,7 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats()
     old = {c: 0.0 for c in names}
     new = {c: 0.0 for c in ("prefix", *names)}
+    alone = {"full": 0.0, "wise": 0.0}
     same = 0
     for r in rows:
         seed = state_seed(r["example_id"], p.recurrence.init_seed)
@@ -94,19 +95,27 @@ def main(argv=None) -> int:
         for key, secs in profile.items():
             new[key] += secs
         same += sum(before[c].tokens == after[c].tokens for c in names)
+        for c in ("full", "wise"):  # each alone on the new path: what one condition costs by itself
+            if c in names:
+                start = clock(device)
+                evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new, stop, "cached")
+                alone[c] += clock(device) - start
     n, k = len(rows), len(names)
     old_total, new_total = sum(old.values()), sum(new.values())
     print(f"bench_conditions: {p.model.source} ({p.model.dtype}, {device}"
           f"{', ' + torch.cuda.get_device_name() if device == 'cuda' else ''}), backend {settings.backend}, "
           f"{n} example(s) of {len(rows[0]['token_ids'])} tokens, T={settings.steps}, t_d={settings.discovery_step}, "
           f"max_new_tokens={max_new}")
-    print("| condition | today: s per example | new: s per example (its fork) |")
+    print("| condition | today: s per example | new: s per example (its share of the batched fork) |")
     print("| --- | --- | --- |")
     print(f"| shared prefix (steps 1..t_d, once) | – | {new['prefix'] / n:.3f} |")
     for c in names:
         print(f"| {c} | {old[c] / n:.3f} | {new[c] / n:.3f} |")
     print(f"| **per example × condition** | **{old_total / (n * k):.3f}** | **{new_total / (n * k):.3f}** |")
     speedup, agree = old_total / new_total, same / (n * k)
+    if "full" in names and "wise" in names:
+        print(f"new path, one condition alone (its own prefix): full {alone['full'] / n:.3f} s, "
+              f"wise {alone['wise'] / n:.3f} s per example")
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     print(f"K/V cache per example (steps 1..t_d shared + one condition's late steps at a time): "
           f"{kv_bytes / 2**30:.2f} GiB; peak GPU memory: {'n/a' if peak is None else f'{peak:.1f} GiB'}")
@@ -114,7 +123,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({
             "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
             "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
-            "agree": agree, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak}, indent=2) + "\n")
+            "agree": agree, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak, "alone": alone}, indent=2) + "\n")
     print(f"speedup={speedup:.2f} agree={agree:.3f}")
     return 0
 
