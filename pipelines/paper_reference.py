@@ -59,5 +59,5 @@ def mismatches(p, family: str | None, benchmarks, paper_benchmarks=("hotpotqa",)
 
 def pointer(what: str, names: str, differs: list[str]) -> str:
     """The line a table gets instead of paper columns."""
-    return (f"The paper's {what} ({MODEL}, RTX A6000) are `{names}` in `pipelines/paper_reference.py`; "
-            f"not shown beside this run, whose setting differs: {'; '.join(differs)}.")
+    return (f"Paper: {what}, {MODEL} on an RTX A6000, `{names}` in `pipelines/paper_reference.py`; not shown "
+            f"beside this run, whose setting differs: {'; '.join(differs)}.")

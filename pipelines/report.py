@@ -220,7 +220,7 @@ def build_markdown(p: Params, d: dict) -> str:
                      f(r["retained_future_mass"]),
                      f(paper.CONTROLS_FUTURE_MASS) if r["condition"] == "wise" else "–"] for r in hot])
     else:
-        L += [paper.pointer("controls (HotpotQA, N=100)", "CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS",
+        L += [paper.pointer("controls on HotpotQA, N=100", "CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS",
                             cmp["controls"]), ""]
     L += [f"![ΔF1 by condition]({d['figures']['delta_f1']})", ""]
 
@@ -252,7 +252,7 @@ def build_markdown(p: Params, d: dict) -> str:
             f"{b}: τ_S {v[0]}, τ_A {v[1]}, τ_H {v[2]}, τ_O {v[3]}" for b, v in paper.MECHANISM.items()
             if b in p.cohorts.benchmarks), ""]
     else:
-        L += [paper.pointer("mechanism means (HotpotQA, GSM8K)", "MECHANISM", cmp["mechanism"]), ""]
+        L += [paper.pointer("mechanism means on HotpotQA and GSM8K", "MECHANISM", cmp["mechanism"]), ""]
     L += [f"![fraction converged]({d['figures']['fraction']})", ""]
 
     st = d["stability"]
@@ -266,7 +266,7 @@ def build_markdown(p: Params, d: dict) -> str:
                     *[[f"first step with mean J ≥ {k.split('_ge_')[1]} for {p.diagnostics.run} transitions",
                        str(v)] + (["–"] if with_paper else []) for k, v in st.items() if k.startswith("first_step")]])
         if not with_paper:
-            L += [paper.pointer("stability numbers", "ROLLING_JACCARD_AT_12, JACCARD_W12_W32", cmp["stability"]), ""]
+            L += [paper.pointer("working-set stability", "ROLLING_JACCARD_AT_12, JACCARD_W12_W32", cmp["stability"]), ""]
     L += [f"![rolling Jaccard]({d['figures']['jaccard']})", ""]
 
     L += ["## Tables 7–9 — sweeps (η, t_d, w, B)", "",
@@ -287,9 +287,9 @@ def build_markdown(p: Params, d: dict) -> str:
                  str(r["both_wrong_different"]), f(r["density"]), f(r["retained_future_mass"]), *eta_cell(r)]
                 for r in d["sweeps"]])
     if not eta_paper:
-        L += [paper.pointer("η study (density / future mass)", "ETA", cmp["eta"]), ""]
+        L += [paper.pointer("η study, density and future mass", "ETA", cmp["eta"]), ""]
     if cmp["block_size"]:
-        L += [paper.pointer("block-size study at 2K (density, speedup)", "BLOCK_SIZE_2K", cmp["block_size"]), ""]
+        L += [paper.pointer("block-size study at 2K, density and speedup", "BLOCK_SIZE_2K", cmp["block_size"]), ""]
     L += [f"![block size]({d['figures']['block_size']})", ""]
 
     L += ["## Context scaling", ""]
@@ -306,7 +306,7 @@ def build_markdown(p: Params, d: dict) -> str:
                     if r["context_length"] in paper.CONTEXT_SCALING else "–"] if context_paper else [])
                 for r in d["scaling"]])
     if not context_paper:
-        L += [paper.pointer("context-scaling numbers (HotpotQA, N=30 per length)", "CONTEXT_SCALING",
+        L += [paper.pointer("context scaling on HotpotQA, N=30 per length", "CONTEXT_SCALING",
                             cmp["context"]), ""]
     L += [f"![density vs context]({d['figures']['context']})", ""]
     return "\n".join(L)
