@@ -2,7 +2,8 @@
 and typed reads.
 
 An interrupted stage never leaves a half-written file that looks complete, and a stage that fails
-validation never touches what an earlier run wrote. Temporaries are ``.<name>.tmp-<pid>``
+validation never touches what an earlier run wrote. Every artifact has an explicit schema
+(``pipelines.schemas``); rows must have exactly its columns. Temporaries are ``.<name>.tmp-<pid>``
 (``wise.atomic_files``); those of dead writers are removed at the next write of the same artifact.
 """
 from __future__ import annotations
@@ -20,10 +21,27 @@ import pyarrow.parquet as pq
 from wise.atomic_files import atomic_path, remove_stale_temporaries, temporary_name
 
 
-def write_parquet(rows: Sequence[dict[str, Any]] | pa.Table, path: str | Path,
-                  schema: pa.Schema | None = None) -> Path:
+def check_columns(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: str | Path) -> None:
+    """Every row has exactly the schema's columns: ``from_pylist`` would silently drop a key the
+    schema lacks and fill one it has with null."""
+    names = set(schema.names)
+    for r in rows:
+        if set(r) != names:
+            extra, missing = sorted(set(r) - names), sorted(names - set(r))
+            raise ValueError(f"{path}: a row does not match the artifact's schema (pipelines/schemas.py): "
+                             f"columns not in the schema {extra}, schema columns missing {missing}")
+
+
+def to_table(rows: Sequence[dict[str, Any]], schema: pa.Schema, path: str | Path) -> pa.Table:
+    rows = list(rows)
+    check_columns(rows, schema, path)
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], path: str | Path, schema: pa.Schema) -> Path:
+    """Write `rows` with the artifact's explicit `schema` (``pipelines.schemas``), atomically."""
     path = Path(path)
-    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=schema)
+    table = to_table(rows, schema, path)
     with atomic_path(path) as tmp:
         # Fixed writer settings and no wall-clock metadata: the same rows give the same bytes.
         pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
@@ -36,8 +54,9 @@ class ParquetStream:
     renamed only when the ``with`` block completes; on an error the partial file is removed.
     Every ``write`` call becomes one row group (stages write one per example)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, schema: pa.Schema):
         self.path = Path(path)
+        self.schema = schema
         self.tmp = temporary_name(self.path)
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
@@ -51,12 +70,10 @@ class ParquetStream:
     def write(self, rows: Sequence[dict[str, Any]]) -> None:
         if not rows:
             return
+        table = to_table(rows, self.schema, self.path)
         if self.writer is None:
-            table = pa.Table.from_pylist(list(rows))
-            self.writer = pq.ParquetWriter(self.tmp, table.schema, compression="zstd",
+            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd",
                                            use_dictionary=True, write_statistics=True)
-        else:
-            table = pa.Table.from_pylist(list(rows), schema=self.writer.schema)
         self.writer.write_table(table)
         self.rows += len(rows)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from pipelines.cohorts import build_cohort
-from pipelines.discovery import wise_settings
+from pipelines.run_spec import wise_settings
 from pipelines.dryrun import DEFAULT_TOKENIZER, build_example
 from pipelines.params import load_params
 from pipelines.pool import ModelWorker

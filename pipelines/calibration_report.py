@@ -14,19 +14,23 @@ from pipelines.study import query_rows
 TAUS = ("tau_S", "tau_A", "tau_H", "tau_O")
 
 
-def _em_ci(values: list[float], p: Params) -> tuple[float, float]:
-    from wise.stats import paired_bootstrap
+def _em_ci(rows: list[dict], p: Params) -> tuple[float, float]:
+    """EM interval resampling base examples: a row pooled over lengths holds every context variant
+    of a base example (pipelines.statistics says why they are drawn together)."""
+    from wise.stats import cluster_bootstrap
 
     s = p.statistics
-    _, lo, hi = paired_bootstrap(np.asarray(values, dtype=float), n_resamples=s.bootstrap_resamples,
-                                 seed=s.bootstrap_seed, level=s.ci_level)
+    _, lo, hi = cluster_bootstrap(np.asarray([r["em"] for r in rows], dtype=float),
+                                  [(r["benchmark"], r["base_id"]) for r in rows],
+                                  n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed, level=s.ci_level)
     return lo, hi
 
 
 def calibration_data(con, p: Params, convergence: list[dict], oracle) -> dict | None:
     """None unless the results carry expected values (the calibration model on synthchain)."""
-    rows = query_rows(con, """SELECT condition, context_length, hops, refine, em, expected_em
-                              FROM results WHERE expected_em IS NOT NULL""")
+    rows = query_rows(con, """SELECT condition, context_length, benchmark, base_id, hops, refine, em, expected_em
+                              FROM results WHERE expected_em IS NOT NULL AND support_matches_trace IS NOT FALSE
+                              ORDER BY condition, context_length, benchmark, example_id""")
     if not rows or oracle is None:
         return None
     order = {c: i for i, c in enumerate(p.conditions.names)}
@@ -37,7 +41,7 @@ def calibration_data(con, p: Params, convergence: list[dict], oracle) -> dict | 
     per_condition = []
     for (cond, length), g in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
         ems = [r["em"] for r in g]
-        lo, hi = _em_ci(ems, p)
+        lo, hi = _em_ci(g, p)
         per_condition.append({"condition": cond, "context_length": length, "n": len(g),
                               "em": float(np.mean(ems)), "em_low": lo, "em_high": hi,
                               "expected_em": float(np.mean([r["expected_em"] for r in g])),
@@ -108,7 +112,8 @@ def calibration_markdown(cal: dict, figure: str, p: Params, f, table) -> list[st
          "the construction puts it, so every number below has an expected value, derived from the "
          "construction and the block-level definitions (`wise.calibration`), never from a run. "
          f"Rows whose measured answer differs from the expected one: **{total}** of "
-         f"{sum(r['n'] for r in pooled)}.", ""]
+         f"{sum(r['n'] for r in pooled)}. EM intervals resample base examples (every context variant of an "
+         "example together).", ""]
     L += table(["condition", "n", "EM [CI]", "expected EM", "mismatches"],
                [[r["condition"], str(r["n"]), f"{f(r['em'])} [{f(r['em_low'])}, {f(r['em_high'])}]",
                  f(r["expected_em"]), str(r["mismatches"])] for r in pooled])

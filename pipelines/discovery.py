@@ -1,61 +1,18 @@
-"""Discovery stages: Full traces (block masses per step) and the late supports derived from them.
-
-The Ray fan-out happens here; ``stages/traces.py`` and ``stages/supports.py`` are thin CLIs.
+"""Reading the Full traces (block masses per step) back, and the supports stage: the late
+supports of every condition derived from them. The traces stage itself is ``pipelines/traces.py``
+(kept apart so that readers of traces do not depend on the code that computes them).
 """
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 import numpy as np
 import torch
 
-from pipelines import paths
-from pipelines.artifacts import ParquetStream, iter_row_groups, read_parquet, write_parquet
+from pipelines import paths, schemas
+from pipelines.artifacts import iter_row_groups, read_parquet, write_parquet
 from pipelines.params import Params
-from pipelines.pool import WorkerPool
+from pipelines.run_spec import model_spec, settings_spec
 from wise.conditions import supports_from_trace
-from wise.runner import WiseSettings
 from wise.support import pack_layout
-
-
-def wise_settings(p: Params) -> WiseSettings:
-    return WiseSettings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step,
-                        window=p.wise.window, block_size=p.wise.block_size, eta=p.wise.eta,
-                        backend=p.conditions.backend)
-
-
-def run_spec(p: Params) -> dict[str, Any]:
-    """The run-spec columns every result row carries (HELM-style: the full setting in columns)."""
-    return {"model": p.model.source, "T": p.recurrence.steps, "t_d": p.wise.discovery_step,
-            "B": p.wise.block_size, "eta": p.wise.eta, "w": p.wise.window,
-            "seed": p.recurrence.init_seed}
-
-
-# -- traces ----------------------------------------------------------------------------------------
-def run_traces(p: Params) -> None:
-    cohort = read_parquet(paths.COHORT).to_pylist()
-    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"],
-              "question_start": r["question_start"]} for r in cohort]
-    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
-               "topk": p.diagnostics.topk, "diagnostics": True}
-    with WorkerPool(p.model, p.compute, len(items)) as pool, \
-            ParquetStream(paths.TRACE_MASSES) as masses_out, ParquetStream(paths.TRACE_STEPS) as steps_out, \
-            ParquetStream(paths.TRACE_LAYERS) as layers_out:
-        # One row group per example in each file, written as soon as the example is done.
-        for row, tr in zip(cohort, pool.imap("trace", items, context, desc="traces")):
-            m = tr["masses"]  # [T, L, H, M, M] fp16
-            T, L, H, M, _ = m.shape
-            masses_out.write([{"example_id": row["example_id"], "step": t + 1, "layer": layer, "heads": H,
-                               "blocks": M, "n_tokens": row["n_tokens"], "block_size": p.wise.block_size,
-                               "mass_f16": np.ascontiguousarray(m[t, layer]).tobytes()}
-                              for t in range(T) for layer in range(L)])
-            series = tr["series"]
-            # S, A, H, O over every position, and *_q over the question rows alone.
-            steps_out.write([{"example_id": row["example_id"], "step": t + 1,
-                              **{q: series[q][t] for q in ("S", "A", "H", "O", "S_q", "A_q", "H_q", "O_q")},
-                              "state_hash_td": tr["state_hash_td"]} for t in range(T)])
-            layers_out.write([{"example_id": row["example_id"], **v} for v in tr["layer_values"]])
 
 
 def iter_trace_masses(path=paths.TRACE_MASSES):
@@ -73,10 +30,10 @@ def iter_trace_masses(path=paths.TRACE_MASSES):
             yield ex, torch.from_numpy(stacked.copy())
 
 
-# -- supports --------------------------------------------------------------------------------------
 def run_supports(p: Params) -> None:
     cohort = {r["example_id"]: r for r in read_parquet(paths.COHORT).to_pylist()}
     layout_rows, metric_rows = [], []
+    spec = {**model_spec(p), **settings_spec(p)}  # derived from the traces: no worker, no device
     for ex_id, m in iter_trace_masses():
         if m.shape[0] != p.recurrence.steps:
             raise ValueError(f"trace of {ex_id} has {m.shape[0]} steps, params say recurrence.steps="
@@ -90,6 +47,6 @@ def run_supports(p: Params) -> None:
                                     "blocks": M, "layout_bits": pack_layout(s.layout[layer]).tobytes()})
             metric_rows.append({"example_id": ex_id, "condition": name, "density": s.density,
                                 "block_count": s.block_count,
-                                "retained_future_mass": s.retained_future_mass})
-    write_parquet(layout_rows, paths.SUPPORT_LAYOUTS)
-    write_parquet(metric_rows, paths.SUPPORT_METRICS)
+                                "retained_future_mass": s.retained_future_mass, **spec})
+    write_parquet(layout_rows, paths.SUPPORT_LAYOUTS, schemas.SUPPORT_LAYOUTS)
+    write_parquet(metric_rows, paths.SUPPORT_METRICS, schemas.SUPPORT_METRICS)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from pipelines.cohorts import cohort_row, generation_reserve
-from pipelines.discovery import wise_settings
+from pipelines.run_spec import wise_settings
 from pipelines.params import load_params
 from pipelines.pool import ModelWorker
 from wise.data import build_cohort_variants, load_examples

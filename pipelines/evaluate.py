@@ -2,24 +2,30 @@
 
 Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
 normalisation), classifies answer changes versus Full, joins the support metrics of the supports
-stage, and checks pairing: all conditions of an example must reach t_d in the same state.
+stage, and checks pairing: all conditions of an example must reach t_d in the same state, and
+each run's late support must be the one derived from the Full trace (an error naming the example
+and condition; ``conditions.allow_support_mismatch`` keeps such rows instead, flagged).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from pipelines import paths
+from pipelines import paths, schemas
 from pipelines.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
-from pipelines.discovery import run_spec, wise_settings
 from pipelines.expected import oracle_for, settings_of
 from pipelines.params import Params
 from pipelines.pool import WorkerPool
+from pipelines.run_spec import run_spec, wise_settings
 from wise.metrics import answer_change, exact_match, f1
 
 
 class PairingError(RuntimeError):
     """Conditions of one example did not share the state at t_d."""
+
+
+class SupportMismatchError(RuntimeError):
+    """A run used a late support other than the one the supports stage derived from the trace."""
 
 
 def run_condition_stage(p: Params) -> None:
@@ -29,35 +35,56 @@ def run_condition_stage(p: Params) -> None:
     for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
         layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
     text = model_text(p.model.source, p.model.revision)
-    tok, stop = text.tokenizer, list(text.stop_ids)
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
                "generation": p.conditions.generation,
-               "stop_ids": stop}
+               "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("conditions", items, context, desc="conditions")
+    rows = result_rows(p, cohort, outputs, support, layouts, text.tokenizer)
+    write_parquet(rows, paths.CONDITION_RESULTS, schemas.CONDITION_RESULTS)
+    mismatched = [f"{r['example_id']}/{r['condition']}" for r in rows if r["support_matches_trace"] is False]
+    if mismatched:
+        print(f"conditions: {len(mismatched)} row(s) kept with support_matches_trace = false "
+              f"(conditions.allow_support_mismatch), left out of the statistics: {', '.join(mismatched[:10])}")
 
-    spec = run_spec(p)
+
+def result_rows(p: Params, cohort: list[dict], outputs: list[dict], support: dict, layouts: dict, tok) -> list[dict]:
+    """One results row per (example, condition), scored and paired against Full. Raises
+    PairingError when an example's conditions reached t_d in different states, and
+    SupportMismatchError (naming example and condition) when a run's support is not the one
+    derived from the Full trace, unless conditions.allow_support_mismatch keeps it flagged."""
     oracle, expected_settings = oracle_for(p.model.source, tok), settings_of(p)
     rows = []
-    for ex, out in zip(cohort, outputs):
+    for ex, out in zip(cohort, outputs, strict=True):
         hashes = {r["state_hash_td"] for r in out["rows"]}
         if len(hashes) != 1:
             raise PairingError(f"{ex['example_id']}: conditions reached t_d in different states "
                                f"({sorted(hashes)}); pairing is broken")
+        spec = run_spec(p, out["worker"])
         by_cond = {r["condition"]: r for r in out["rows"]}
         full_pred = tok.decode(by_cond["full"]["prediction_ids"]).strip()
         full_correct = exact_match(full_pred, ex["answers"], ex["benchmark"]) == 1.0
         full_logp = by_cond["full"]["gold_logprob"]
         for name in p.conditions.names:
             r = by_cond[name]
+            # The support the run discovered on the prompt must be the one the supports stage
+            # derived from the Full trace (same state, same fp16 masses); otherwise the density and
+            # future-mass columns would describe another support than the one that ran.
+            trace_layout, run_layout = layouts.get((ex["example_id"], name)), r["layout_bits"]
+            matches = (None if run_layout is None or trace_layout is None else
+                       run_layout == [trace_layout[i] for i in sorted(trace_layout)])
+            if matches is False and not p.conditions.allow_support_mismatch:
+                raise SupportMismatchError(
+                    f"example {ex['example_id']}, condition {name}: the run's late support differs from the "
+                    "one the supports stage derived from the Full trace (rerun traces and supports on this "
+                    "model and dtype, or set conditions.allow_support_mismatch: true to keep such rows, "
+                    "flagged and left out of the statistics)")
             pred = tok.decode(r["prediction_ids"]).strip()
             em = exact_match(pred, ex["answers"], ex["benchmark"])
             sup = support.get((ex["example_id"], name))
-            trace_layout = layouts.get((ex["example_id"], name))
-            run_layout = r["layout_bits"]
             rows.append({
                 "example_id": ex["example_id"], "base_id": ex["base_id"], "benchmark": ex["benchmark"],
                 "context_length": ex["context_length"], "n_tokens": ex["n_tokens"], "condition": name,
@@ -68,21 +95,10 @@ def run_condition_stage(p: Params) -> None:
                 "density": 1.0 if name == "full" else (sup["density"] if sup else None),
                 "retained_future_mass": 1.0 if name == "full" else (sup["retained_future_mass"] if sup else None),
                 "block_count": sup["block_count"] if sup else None,
-                "state_hash_td": r["state_hash_td"],
-                # The support the run discovered on the prompt must be the one the supports stage
-                # derived from the Full trace (same state, same fp16 masses).
-                "support_matches_trace": None if run_layout is None or trace_layout is None else
-                run_layout == [trace_layout[i] for i in sorted(trace_layout)],
+                "state_hash_td": r["state_hash_td"], "support_matches_trace": matches,
                 "benchmark_split": p.cohorts.split, "hops": ex.get("hops"), "refine": ex.get("refine"),
                 # What the construction says the answer must be (calibration model only).
                 "expected_em": None if oracle is None else oracle.em(ex, name, expected_settings),
                 **spec,
             })
-    write_parquet(rows, paths.CONDITION_RESULTS)
-    mismatched = [f"{r['example_id']}/{r['condition']}" for r in rows if r["support_matches_trace"] is False]
-    if mismatched:
-        # Not fatal (the run itself is paired and correct), but the density / future-mass columns
-        # of these rows describe the trace's support, not the one the run used.
-        print(f"conditions: WARNING {len(mismatched)} row(s) used a support that differs from the one "
-              f"derived from the Full trace: {', '.join(mismatched[:10])}")
-
+    return rows

@@ -1,5 +1,11 @@
 """The paper's published numbers (Huginn-0125 on an RTX A6000, the paper's tables), shown beside ours
-in the report where the setting matches, always labelled as the paper's Huginn numbers."""
+in the report only where this run's setting matches the paper's (``mismatches`` is empty), always
+labelled as the paper's; elsewhere the report prints one line pointing here.
+
+The paper's setting: the Huginn-0125 model family, T=32, t_d=12, w=4, B=32, eta=0.95; controls,
+context scaling and the eta / block-size studies on HotpotQA (block size at 2K tokens), the
+mechanism study on HotpotQA and GSM8K.
+"""
 
 CONTEXT_SCALING = {  # context length -> (density, retained future mass, ΔF1 WISE − Full)
     512: (0.570, 0.978, -0.013),
@@ -23,3 +29,35 @@ MECHANISM = {  # benchmark -> mean tau_S, tau_A, tau_H, tau_O
 }
 ROLLING_JACCARD_AT_12 = 0.967
 JACCARD_W12_W32 = 0.899
+
+SETTING = {"T": 32, "t_d": 12, "w": 4, "B": 32, "eta": 0.95}
+MODEL = "Huginn-0125"
+
+
+def is_huginn(family: str | None) -> bool:
+    """The model's config names the Huginn family (a published Huginn checkpoint or its preset)."""
+    return bool(family) and family.lower().startswith("huginn")
+
+
+def mismatches(p, family: str | None, benchmarks, paper_benchmarks=("hotpotqa",), vary=(),
+               subset: bool = False) -> list[str]:
+    """How this run differs from the paper's setting for one table: the model family, the
+    benchmarks of the compared rows (equal to ``paper_benchmarks``, or among them with
+    ``subset``), and T / t_d / w / B / eta except the ones the table varies. Empty: comparable."""
+    out = []
+    if not is_huginn(family):
+        out.append(f"model {family or 'unknown'} (paper: {MODEL})")
+    ours, paper = set(benchmarks), set(paper_benchmarks)
+    if not ours or (not ours <= paper if subset else ours != paper):
+        out.append(f"benchmarks {', '.join(sorted(ours)) or 'none'} (paper: {', '.join(sorted(paper))})")
+    setting = {"T": p.recurrence.steps, "t_d": p.wise.discovery_step, "w": p.wise.window,
+               "B": p.wise.block_size, "eta": p.wise.eta}
+    out += [f"{k}={setting[k]:g} (paper: {v:g})" for k, v in SETTING.items()
+            if k not in vary and setting[k] != v]
+    return out
+
+
+def pointer(what: str, names: str, differs: list[str]) -> str:
+    """The line a table gets instead of paper columns."""
+    return (f"Paper: {what}, {MODEL} on an RTX A6000, `{names}` in `pipelines/paper_reference.py`; not shown "
+            f"beside this run, whose setting differs: {'; '.join(differs)}.")

@@ -2,7 +2,14 @@
 
 Every stage loads the whole file once (so a typo anywhere is caught early) and reads only its own
 sections. A bad value raises ``ParamsError`` whose message names the key, e.g.
-``params.yaml: wise.eta = 1.5: must be in (0, 1]``.
+``params.yaml: wise.eta = 1.5: must be in (0, 1]``. A params file must give every key of every
+section (a missing key is an error naming it, never a silent default) and no unknown section;
+``train:`` belongs to the train_backbone stage and is checked by ``stages/validate.py``. The
+dataclass defaults below serve library use (``parse(raw, complete=False)``), not params files.
+Relations between keys (sweep values against ``wise.window`` / ``wise.discovery_step`` / T, the
+sweep length among the cohort's lengths, block sizes against the kernel backend, context lengths
+against the model's positions) are checked here too, so a bad combination fails before any stage
+runs (the DVC stage ``validate`` runs this before every other stage).
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from pipelines.paths import CALIBRATION_MODEL
 from wise.conditions import CONDITIONS
 from wise.diagnostics import THRESHOLD_SETTINGS
 from wise.models.checkpoint import is_hub_id
@@ -69,6 +77,9 @@ class ConditionParams:
     max_new_tokens: int = 8
     backend: str = "reference"  # late attention: reference | gather | kernel | flex
     generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
+    # A run whose support differs from the one the supports stage derived from the trace fails the
+    # stage; true keeps such rows, flagged (support_matches_trace = false), out of the statistics.
+    allow_support_mismatch: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,8 +160,16 @@ class Params:
     compute: ComputeParams = field(default_factory=ComputeParams)
 
 
-def _coerce(section: str, cls: type, raw: Any) -> Any:
-    if raw is None:
+KERNEL_BLOCK_SIZES = (16, 32, 64, 128)  # what kernels/ supports (DESIGN.md section 5)
+# Sections of a params file owned by a stage that validates them itself (stages/validate.py checks
+# them before any stage runs); every other section is a dataclass of Params.
+# Sections owned and validated by their stages: `train:` (stages/train_backbone.py, with
+# wise.training.TrainConfig) and `retrofit:` (the RecurTrace stages, with wise.looped.recipe).
+STAGE_SECTIONS = ("train", "retrofit")
+
+
+def _coerce(section: str, cls: type, raw: Any, complete: bool) -> Any:
+    if raw is None and not complete:
         raw = {}
     if not isinstance(raw, dict):
         raise ParamsError(f"params.yaml: {section} must be a mapping, got {type(raw).__name__}")
@@ -158,6 +177,12 @@ def _coerce(section: str, cls: type, raw: Any) -> Any:
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ParamsError(f"params.yaml: unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}")
+    missing = [k for k in fields if k not in raw]
+    if complete and missing:
+        # A silent default would run something other than what the file says (a preset that
+        # forgot recurrence.steps would run T=32 without a word).
+        raise ParamsError(f"params.yaml: missing key(s) {', '.join(f'{section}.{k}' for k in missing)}: "
+                          "a params file must give every key (params.yaml lists them all)")
     values = {}
     for name, value in raw.items():
         default = getattr(cls(), name)
@@ -166,9 +191,14 @@ def _coerce(section: str, cls: type, raw: Any) -> Any:
             if not isinstance(value, (list, tuple)):
                 raise ParamsError(f"params.yaml: {key} must be a list, got {value!r}")
             value = tuple(value)
-        elif isinstance(default, bool) or default is None:
-            pass
-        elif isinstance(default, int) and not isinstance(default, bool):
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be true or false")
+        elif default is None:
+            if value is not None and not isinstance(value, str):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string or null "
+                                  "(quote a commit hash or a number)")
+        elif isinstance(default, int):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ParamsError(f"params.yaml: {key} = {value!r}: must be an integer")
         elif isinstance(default, float):
@@ -177,6 +207,8 @@ def _coerce(section: str, cls: type, raw: Any) -> Any:
             value = float(value)
         elif isinstance(default, str) and not isinstance(value, str):
             raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string")
+        elif isinstance(default, dict) and not isinstance(value, dict):
+            raise ParamsError(f"params.yaml: {key} = {value!r}: must be a mapping")
         values[name] = value
     return cls(**values)
 
@@ -202,11 +234,15 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
              f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
     _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
              "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
+    _require(len(set(c.context_lengths)) == len(c.context_lengths), "cohorts.context_lengths",
+             list(c.context_lengths), "has duplicates (a variant id is <example id>@<length>)")
     if max_positions is not None:
         too_long = [n for n in c.context_lengths if n > max_positions]
         _require(not too_long, "cohorts.context_lengths", list(c.context_lengths),
                  f"{too_long} exceed the model's {max_positions} positions")
     _require(c.examples_per_benchmark >= 1, "cohorts.examples_per_benchmark", c.examples_per_benchmark, "must be >= 1")
+    _require(c.seed >= 0, "cohorts.seed", c.seed, "must be >= 0")
+    _require(r.init_seed >= 0, "recurrence.init_seed", r.init_seed, "must be >= 0")
     _require(len(c.benchmarks) > 0, "cohorts.benchmarks", list(c.benchmarks), "must not be empty")
     from wise.data import BENCHMARKS, PROMPT_STYLES
 
@@ -244,6 +280,9 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(p.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", p.model.dtype,
              "must be float32, bfloat16 or float16")
     _require(p.model.device in ("auto", "cpu", "cuda"), "model.device", p.model.device, "must be auto, cpu or cuda")
+    if p.conditions.backend == "kernel":
+        _require(w.block_size in KERNEL_BLOCK_SIZES, "wise.block_size", w.block_size,
+                 f"conditions.backend = 'kernel' supports block sizes {list(KERNEL_BLOCK_SIZES)}")
     t = p.timing
     _require(all(_is_pow2(b) and 16 <= b <= 128 for b in t.block_sizes), "timing.block_sizes",
              list(t.block_sizes), "each must be one of 16, 32, 64, 128")
@@ -257,9 +296,23 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(t.model_preset is None or (isinstance(t.model_preset, str) and t.model_preset in PRESETS),
              "timing.model_preset", t.model_preset,
              f"must be null (the configured model's shape) or one of {sorted(PRESETS)}")
+    _require(len(t.context_lengths) > 0, "timing.context_lengths", list(t.context_lengths), "must not be empty")
+    _require(len(t.block_sizes) > 0, "timing.block_sizes", list(t.block_sizes), "must not be empty")
+    _require(len(t.densities) > 0, "timing.densities", list(t.densities), "must not be empty")
+    _require(t.heads >= 1, "timing.heads", t.heads, "must be >= 1")
+    _require(t.kv_heads >= 1, "timing.kv_heads", t.kv_heads, "must be >= 1")
+    _require(t.layers >= 1, "timing.layers", t.layers, "must be >= 1")
+    _require(t.late_calls >= 1, "timing.late_calls", t.late_calls, "must be >= 1")
+    _require(t.seed >= 0, "timing.seed", t.seed, "must be >= 0")
     dg = p.diagnostics
     _require(dg.topk >= 1, "diagnostics.topk", dg.topk, "must be >= 1")
-    _require(dg.run >= 1, "diagnostics.run", dg.run, "must be >= 1")
+    _require(1 <= dg.run < r.steps, "diagnostics.run", dg.run,
+             f"must satisfy 1 <= run < recurrence.steps ({r.steps}): a run of transitions must fit in T")
+    _require(1 <= dg.early_transitions < r.steps, "diagnostics.early_transitions", dg.early_transitions,
+             f"must satisfy 1 <= early_transitions < recurrence.steps ({r.steps})")
+    _require(len(dg.stability_thresholds) > 0 and all(0 < x <= 1 for x in dg.stability_thresholds),
+             "diagnostics.stability_thresholds", list(dg.stability_thresholds),
+             "must be a non-empty list of values in (0, 1]")
     _require(dg.default_setting in dg.thresholds, "diagnostics.default_setting", dg.default_setting,
              f"must name one of diagnostics.thresholds ({sorted(dg.thresholds)})")
     for name, th in dg.thresholds.items():
@@ -269,45 +322,74 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
         for q in ("A", "H", "O"):
             _require(th[q] > 0, f"diagnostics.thresholds.{name}.{q}", th[q], "must be > 0")
     sw = p.sweeps
-    _require(all(0 < e <= 1 for e in sw.eta), "sweeps.eta", list(sw.eta), "each must be in (0, 1]")
-    _require(all(isinstance(t, int) and 1 <= t < r.steps for t in sw.discovery_step), "sweeps.discovery_step",
-             list(sw.discovery_step), f"each must satisfy 1 <= t_d < recurrence.steps ({r.steps})")
-    _require(all(1 <= x <= w.discovery_step for x in sw.window), "sweeps.window", list(sw.window),
-             f"each must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
-    _require(all(_is_pow2(b) and b >= 16 for b in sw.block_size), "sweeps.block_size", list(sw.block_size),
-             "each must be a power of two >= 16")
-    _require(sw.examples_per_benchmark >= 1, "sweeps.examples_per_benchmark", sw.examples_per_benchmark,
-             "must be >= 1")
+    # Each sweep changes one setting and keeps the others at their wise.* values, so every value
+    # must form a valid setting with them (a bad one would fail inside a Ray worker, unnamed).
+    for axis in ("eta", "discovery_step", "window", "block_size"):
+        values = getattr(sw, axis)
+        _require(len(values) > 0, f"sweeps.{axis}", list(values), "must not be empty")
+        _require(len(set(values)) == len(values), f"sweeps.{axis}", list(values), "has duplicates")
+    _require(all(isinstance(e, (int, float)) and 0 < e <= 1 for e in sw.eta), "sweeps.eta", list(sw.eta),
+             "each must be in (0, 1]")
+    _require(all(isinstance(t, int) and w.window <= t < r.steps for t in sw.discovery_step),
+             "sweeps.discovery_step", list(sw.discovery_step),
+             f"each must satisfy wise.window ({w.window}) <= t_d < recurrence.steps ({r.steps})")
+    _require(all(isinstance(x, int) and 1 <= x <= w.discovery_step for x in sw.window), "sweeps.window",
+             list(sw.window), f"each must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
+    _require(all(isinstance(b, int) and _is_pow2(b) and b >= 16 for b in sw.block_size), "sweeps.block_size",
+             list(sw.block_size), "each must be a power of two >= 16")
+    if p.conditions.backend == "kernel":
+        _require(all(b in KERNEL_BLOCK_SIZES for b in sw.block_size), "sweeps.block_size", list(sw.block_size),
+                 f"conditions.backend = 'kernel' supports block sizes {list(KERNEL_BLOCK_SIZES)}")
+    _require(1 <= sw.examples_per_benchmark <= c.examples_per_benchmark, "sweeps.examples_per_benchmark",
+             sw.examples_per_benchmark,
+             f"must satisfy 1 <= n <= cohorts.examples_per_benchmark ({c.examples_per_benchmark}): the "
+             "sweeps run on the first examples of the main cohort")
     _require(sw.context_length in c.context_lengths, "sweeps.context_length", sw.context_length,
              f"must be one of cohorts.context_lengths {list(c.context_lengths)}")
     cal = p.calibration
     _require(1 <= cal.code_pairs <= 23, "calibration.code_pairs", cal.code_pairs, "must be in 1..23")
     _require(0 <= cal.max_refine <= 16, "calibration.max_refine", cal.max_refine, "must be in 0..16")
     _require(cal.max_positions >= 64, "calibration.max_positions", cal.max_positions, "must be >= 64")
+    _require(cal.seed >= 0, "calibration.seed", cal.seed, "must be >= 0")
+    if Path(p.model.source) == Path(CALIBRATION_MODEL):
+        # The model is built by the build_calibration stage from these keys, possibly after this check
+        # runs (its config.json is not there yet), so the positions are checked against the params.
+        long = [n for n in c.context_lengths if n > cal.max_positions]
+        _require(not long, "cohorts.context_lengths", list(c.context_lengths),
+                 f"{long} exceed calibration.max_positions ({cal.max_positions}), the positions of the "
+                 f"calibration model {CALIBRATION_MODEL}")
     s = p.statistics
     _require(s.bootstrap_resamples >= 100, "statistics.bootstrap_resamples", s.bootstrap_resamples, "must be >= 100")
     _require(0.5 < s.ci_level < 1.0, "statistics.ci_level", s.ci_level, "must be in (0.5, 1)")
+    _require(s.bootstrap_seed >= 0, "statistics.bootstrap_seed", s.bootstrap_seed, "must be >= 0")
     cp = p.compute
     _require(cp.executor in ("ray", "local"), "compute.executor", cp.executor, "must be ray or local")
     _require(cp.num_workers >= 0, "compute.num_workers", cp.num_workers, "must be >= 0 (0 = auto)")
     _require(cp.cpus_per_worker >= 1, "compute.cpus_per_worker", cp.cpus_per_worker, "must be >= 1")
+    _require(cp.gpus_per_worker > 0, "compute.gpus_per_worker", cp.gpus_per_worker, "must be > 0")
     _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
     return p
 
 
-def parse(raw: dict[str, Any]) -> Params:
+def parse(raw: dict[str, Any], complete: bool = True) -> Params:
+    """Typed params from a parsed params file. ``complete`` (what a params file gets): every
+    section and key must be present. ``complete=False`` fills what is absent from the dataclass
+    defaults (library use and tests)."""
     if not isinstance(raw, dict):
         raise ParamsError("params.yaml must be a mapping of sections")
     sections = {f.name: f for f in dataclasses.fields(Params)}
-    # `train:` belongs to stages/train_backbone.py, which validates it with wise.training.TrainConfig;
-    # `retrofit:` to the RecurTrace stages, which validate it with wise.looped.recipe.RetrofitParams.
-    unknown = sorted(set(raw) - set(sections) - {"train", "retrofit"})
+    unknown = sorted(set(raw) - set(sections) - set(STAGE_SECTIONS))
     if unknown:
-        raise ParamsError(f"params.yaml: unknown section(s) {unknown}; known: {sorted(sections)}")
+        raise ParamsError(f"params.yaml: unknown section(s) {unknown}; known: "
+                          f"{sorted([*sections, *STAGE_SECTIONS])}")
+    missing = [name for name in [*sections, *STAGE_SECTIONS] if name not in raw]
+    if complete and missing:
+        raise ParamsError(f"params.yaml: missing section(s) {missing}: a params file must give every "
+                          "section (params.yaml lists them all)")
     parts = {}
     for name, f in sections.items():
         cls = f.default_factory  # type: ignore[misc]
-        parts[name] = _coerce(name, cls, raw.get(name))
+        parts[name] = _coerce(name, cls, raw.get(name), complete)
     return Params(**parts)
 
 
@@ -332,7 +414,7 @@ def model_facts(source: str) -> dict | None:
 
 def _facts(cfg) -> dict:
     return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim, "heads": cfg.heads,
-            "kv_heads": cfg.kv_heads}
+            "kv_heads": cfg.kv_heads, "family": cfg.name}
 
 
 def _check_backend(p: Params, facts: dict | None) -> None:
@@ -359,11 +441,16 @@ def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> P
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
-    params = parse(raw)
-    facts = model_facts(params.model.source) if check_model else None
-    if check_model and facts is None and not is_hub_id(params.model.source):
-        raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
-    validate(params, facts.get("max_positions") if facts else None)
-    if check_model:
-        _check_backend(params, facts)
+    try:
+        params = parse(raw, complete=True)
+        facts = model_facts(params.model.source) if check_model else None
+        if check_model and facts is None and not is_hub_id(params.model.source):
+            raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
+        validate(params, facts.get("max_positions") if facts else None)
+        if check_model:
+            _check_backend(params, facts)
+    except ParamsError as exc:
+        if path.name == "params.yaml":
+            raise
+        raise ParamsError(str(exc).replace("params.yaml:", f"{path}:", 1)) from None
     return params

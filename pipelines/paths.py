@@ -2,6 +2,7 @@
 from pathlib import Path
 
 DATA = Path("data")
+PARAMS_STAMP = DATA / "params.validated"  # written by the validate stage; every other stage depends on it
 CALIBRATION_MODEL = DATA / "models" / "wise-chain"
 COHORT = DATA / "cohorts" / "examples.parquet"
 TRACE_MASSES = DATA / "traces" / "masses.parquet"

@@ -80,6 +80,8 @@ class ModelWorker:
         return load_checkpoint(model.source, dtype=dtype, device=self.device, revision=model.revision)
 
     def run(self, task: str, item: Any, context: dict, index: int = 0) -> Any:
+        """The task's result; a dict result also gets ``worker``: this worker's ``spec()``, which
+        the driver writes into the rows (the device and dtype are known here, not there)."""
         from pipelines.work import get_task
 
         try:
@@ -88,6 +90,8 @@ class ModelWorker:
             exc.add_note(f"{task}: while running example {item_id(item, index)}")
             raise
         self.items += 1
+        if isinstance(out, dict):
+            out["worker"] = self.spec()
         return out
 
     def run_indexed(self, task: str, index: int, item: Any, context: dict) -> tuple[int, Any]:
@@ -100,6 +104,16 @@ class ModelWorker:
     def stats(self) -> dict:
         """pid, device, models this worker loaded (1) and items it ran."""
         return {"pid": os.getpid(), "device": self.device, "model_loads": self.model_loads, "items": self.items}
+
+    def spec(self) -> dict:
+        """Run-spec columns of what this worker computes (``pipelines.run_spec``): device type
+        (cpu / cuda), the device's name (the GPU model; "cpu") and the dtype of the loaded weights."""
+        import torch
+
+        param = next(self.model.parameters())
+        name = torch.cuda.get_device_name(param.device) if param.device.type == "cuda" else "cpu"
+        return {"device": param.device.type, "device_name": name,
+                "dtype": str(param.dtype).removeprefix("torch.")}
 
 
 def private_ray_home() -> Path:

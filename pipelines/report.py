@@ -1,5 +1,7 @@
 """The report: the paper's tables for the current model and params (markdown + HTML) and figures
-(PNG, also declared as DVC plots). Paper numbers appear beside ours, labelled as Huginn's."""
+(PNG, also declared as DVC plots). The paper's numbers appear beside ours only where this run's
+setting matches the paper's (``paper_reference.mismatches``), labelled as the paper's; elsewhere
+one line says where they are and what differs."""
 from __future__ import annotations
 
 import html
@@ -72,14 +74,16 @@ def fig_fraction_converged(fractions: list[dict], T: int) -> str:
     return _save(fig, "fraction_converged")
 
 
-def fig_context(scaling: list[dict]) -> str:
+def fig_context(scaling: list[dict], with_paper: bool) -> str:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     x = [r["context_length"] for r in scaling]
     ax.plot(x, [r["density"] for r in scaling], "o-", label="block density (ours)")
     ax.plot(x, [r["retained_future_mass"] for r in scaling], "s-", label="retained future mass (ours)")
-    px = sorted(paper.CONTEXT_SCALING)
-    ax.plot(px, [paper.CONTEXT_SCALING[n][0] for n in px], "o:", color="grey", label="density (paper, Huginn)")
-    ax.plot(px, [paper.CONTEXT_SCALING[n][1] for n in px], "s:", color="silver", label="future mass (paper, Huginn)")
+    px = sorted(paper.CONTEXT_SCALING) if with_paper else []
+    if with_paper:
+        ax.plot(px, [paper.CONTEXT_SCALING[n][0] for n in px], "o:", color="grey", label="density (paper, Huginn)")
+        ax.plot(px, [paper.CONTEXT_SCALING[n][1] for n in px], "s:", color="silver",
+                label="future mass (paper, Huginn)")
     _log2_axis(ax, x + px)
     ax.set(xlabel="context length (tokens)", ylabel="fraction", ylim=(0, 1.05), title="WISE support vs context length")
     ax.legend(fontsize=8)
@@ -121,12 +125,13 @@ def fig_delta_f1(summary: list[dict]) -> str:
     return _save(fig, "delta_f1_by_condition")
 
 
-def fig_block_size(sweeps: list[dict], timing: list[dict]) -> str:
+def fig_block_size(sweeps: list[dict], timing: list[dict], with_paper: bool) -> str:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     pts = sorted((r["value"], r["density"]) for r in sweeps if r["axis"] == "block_size")
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="density (ours)")
-    bx = sorted(paper.BLOCK_SIZE_2K)
-    ax.plot(bx, [paper.BLOCK_SIZE_2K[b][0] for b in bx], "o:", color="grey", label="density at 2K (paper)")
+    bx = sorted(paper.BLOCK_SIZE_2K) if with_paper else []
+    if with_paper:
+        ax.plot(bx, [paper.BLOCK_SIZE_2K[b][0] for b in bx], "o:", color="grey", label="density at 2K (paper)")
     ax.set(xlabel="block size B", ylabel="block density", ylim=(0, 1.05), title="Block-size tradeoff")
     _log2_axis(ax, [p[0] for p in pts] + bx)
     ok = [r for r in timing if r["status"] == "ok" and r["source"] == "random"]
@@ -152,26 +157,71 @@ def fig_jaccard(mean_rows: list[dict], t_d: int) -> str:
 
 
 # -- markdown ----------------------------------------------------------------------------------
+def paper_comparisons(p: Params, family: str | None) -> dict[str, list[str]]:
+    """Table -> how this run differs from the paper's setting for it (empty: paper numbers shown)."""
+    benches = set(p.cohorts.benchmarks)
+    hotpot = {"hotpotqa"} & benches
+    mismatch = paper.mismatches
+    return {
+        # the HotpotQA rows of condition_summary, when the cohort has them
+        "controls": mismatch(p, family, hotpot or benches),
+        "mechanism": mismatch(p, family, benches, ("hotpotqa", "gsm8k"), vary=("t_d", "w", "B", "eta"),
+                              subset=True),
+        "stability": mismatch(p, family, benches, ("hotpotqa", "gsm8k"), subset=True),
+        # pooled over the cohort's benchmarks
+        "eta": mismatch(p, family, benches, vary=("eta",)),
+        "block_size": mismatch(p, family, benches, vary=("B",)) + (
+            [] if p.sweeps.context_length == 2048 else [f"sweeps.context_length={p.sweeps.context_length} "
+                                                        "(paper: 2048)"]),
+        "context": mismatch(p, family, benches),
+    }
+
+
 def build_markdown(p: Params, d: dict) -> str:
+    cmp = d["paper"]
+    summary = d["summary"]
+    excluded = sum(r["support_mismatch_excluded"] for r in summary
+                   if r["benchmark"] == "all" and r["context_length"] == 0)
     L = ["# WISE report", "",
          f"Model `{p.model.source}`; benchmarks {', '.join(p.cohorts.benchmarks)} ({p.cohorts.split} split, "
          f"{p.cohorts.examples_per_benchmark} per benchmark); context lengths "
          f"{', '.join(map(str, p.cohorts.context_lengths))}; T={p.recurrence.steps}, t_d={p.wise.discovery_step}, "
-         f"w={p.wise.window}, B={p.wise.block_size}, η={p.wise.eta}. Paired bootstrap: "
-         f"{p.statistics.bootstrap_resamples} resamples, seed {p.statistics.bootstrap_seed}, "
-         f"{int(p.statistics.ci_level * 100)}% percentile CIs.",
-         "", "Columns marked *paper* are the published Huginn-0125 numbers (HotpotQA, RTX A6000), shown for "
-         "orientation only: a different model and benchmark.", ""]
+         f"w={p.wise.window}, B={p.wise.block_size}, η={p.wise.eta}; late attention {p.conditions.backend}, "
+         f"{p.model.dtype}, generation {p.conditions.generation}.",
+         "",
+         f"Statistics: paired against Full on example id; {int(p.statistics.ci_level * 100)}% percentile bootstrap "
+         f"CIs over {p.statistics.bootstrap_resamples} resamples (seed {p.statistics.bootstrap_seed}) that draw "
+         "*base examples* — all context variants of one example together, so rows pooled over lengths are not "
+         "counted as independent; McNemar is exact per benchmark and length, and for rows pooled over lengths "
+         "the exact sign test over base examples of their discordant pairs (`mcnemar_test` says which).",
+         "",
+         "The paper's numbers (Huginn-0125, RTX A6000) appear beside ours only where this run's setting matches "
+         "the paper's (model family, benchmark, T, t_d, w, B, η); elsewhere one line says where they are.", ""]
+    if excluded:
+        L += [f"**{excluded}** result row(s) used a late support that differs from the one derived from the Full "
+              "trace (kept by `conditions.allow_support_mismatch`); they are left out of every statistic below "
+              "(`SELECT * FROM results WHERE support_matches_trace = false`).", ""]
     if d.get("calibration"):
         L += calibration_markdown(d["calibration"], d["figures"]["calibration"], p, f, table)
-    pooled = [r for r in d["summary"] if r["benchmark"] == "all" and r["context_length"] == 0]
+    pooled = [r for r in summary if r["benchmark"] == "all" and r["context_length"] == 0]
     L += ["## Table 1 — controls", ""]
-    L += table(["condition", "n", "F1", "EM", "ΔF1 [CI]", "ΔEM [CI]", "Δ log-prob [CI]", "McNemar p",
-                "c→w", "w→c", "density", "future mass", "F1 (paper)"],
-               [[r["condition"], str(r["n"]), f(r["f1"]), f(r["em"]), ci(r, "delta_f1"), ci(r, "delta_em"),
-                 ci(r, "delta_logprob"), f"{r['mcnemar_p']:.3g}", str(r["correct_to_wrong"]),
-                 str(r["wrong_to_correct"]), f(r["density"]), f(r["retained_future_mass"]),
-                 f(paper.CONTROLS_F1.get(r["condition"]))] for r in pooled])
+    L += table(["condition", "n", "base examples", "F1", "EM", "ΔF1 [CI]", "ΔEM [CI]", "Δ log-prob [CI]",
+                "McNemar p", "c→w", "w→c", "density", "future mass"],
+               [[r["condition"], str(r["n"]), str(r["n_base_examples"]), f(r["f1"]), f(r["em"]), ci(r, "delta_f1"),
+                 ci(r, "delta_em"), ci(r, "delta_logprob"), f"{r['mcnemar_p']:.3g}", str(r["correct_to_wrong"]),
+                 str(r["wrong_to_correct"]), f(r["density"]), f(r["retained_future_mass"])] for r in pooled])
+    if not cmp["controls"]:
+        hot = [r for r in summary if r["benchmark"] == "hotpotqa" and r["context_length"] == 0]
+        L += ["HotpotQA rows (all lengths pooled) beside the paper's controls (HotpotQA, N=100):", ""]
+        L += table(["condition", "n", "F1", "F1 (paper)", "density", "density (paper)", "future mass",
+                    "future mass (paper)"],
+                   [[r["condition"], str(r["n"]), f(r["f1"]), f(paper.CONTROLS_F1.get(r["condition"])),
+                     f(r["density"]), f(paper.CONTROLS_DENSITY) if r["condition"] == "wise" else "–",
+                     f(r["retained_future_mass"]),
+                     f(paper.CONTROLS_FUTURE_MASS) if r["condition"] == "wise" else "–"] for r in hot])
+    else:
+        L += [paper.pointer("controls on HotpotQA, N=100", "CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS",
+                            cmp["controls"]), ""]
     L += [f"![ΔF1 by condition]({d['figures']['delta_f1']})", ""]
 
     L += ["## Table 2 — attention timing", ""]
@@ -201,39 +251,67 @@ def build_markdown(p: Params, d: dict) -> str:
                [[r["benchmark"], r["scope"], r["setting"], str(r["n"]), f(r["mean_tau_S"], 1), f(r["mean_tau_A"], 1),
                  f(r["mean_tau_H"], 1), f(r["mean_tau_O"], 1), f(r["mean_gap"], 1), f(r["routing_first_frac"], 2),
                  "/".join(str(r[f"censored_{q}"]) for q in "SAHO")] for r in d["convergence"]])
-    L += ["Paper (Huginn, default setting): " + "; ".join(
-        f"{b}: τ_S {v[0]}, τ_A {v[1]}, τ_H {v[2]}, τ_O {v[3]}" for b, v in paper.MECHANISM.items()), "",
-          f"![fraction converged]({d['figures']['fraction']})", ""]
+    if not cmp["mechanism"]:
+        L += ["Paper (Huginn, default setting): " + "; ".join(
+            f"{b}: τ_S {v[0]}, τ_A {v[1]}, τ_H {v[2]}, τ_O {v[3]}" for b, v in paper.MECHANISM.items()
+            if b in p.cohorts.benchmarks), ""]
+    else:
+        L += [paper.pointer("mechanism means on HotpotQA and GSM8K", "MECHANISM", cmp["mechanism"]), ""]
+    L += [f"![fraction converged]({d['figures']['fraction']})", ""]
 
     st = d["stability"]
     L += ["## Stability of the deployed working set", ""]
     if st:
-        L += table(["quantity", "ours", "paper (Huginn)"],
-                   [["mean rolling-set Jaccard at t_d", f(st["jaccard_at_td"]), f(paper.ROLLING_JACCARD_AT_12)],
-                    ["J(W(t_d), W(T))", f(st["jaccard_td_final"]), f(paper.JACCARD_W12_W32)],
+        with_paper = not cmp["stability"]
+        L += table(["quantity", "ours"] + (["paper (Huginn)"] if with_paper else []),
+                   [["mean rolling-set Jaccard at t_d", f(st["jaccard_at_td"])]
+                    + ([f(paper.ROLLING_JACCARD_AT_12)] if with_paper else []),
+                    ["J(W(t_d), W(T))", f(st["jaccard_td_final"])] + ([f(paper.JACCARD_W12_W32)] if with_paper else []),
                     *[[f"first step with mean J ≥ {k.split('_ge_')[1]} for {p.diagnostics.run} transitions",
-                       str(v), "–"] for k, v in st.items() if k.startswith("first_step")]])
+                       str(v)] + (["–"] if with_paper else []) for k, v in st.items() if k.startswith("first_step")]])
+        if not with_paper:
+            L += [paper.pointer("working-set stability", "ROLLING_JACCARD_AT_12, JACCARD_W12_W32", cmp["stability"]), ""]
     L += [f"![rolling Jaccard]({d['figures']['jaccard']})", ""]
 
     L += ["## Tables 7–9 — sweeps (η, t_d, w, B)", "",
           f"WISE vs Full on the first {p.sweeps.examples_per_benchmark} examples per benchmark at "
           f"{p.sweeps.context_length} tokens; other settings at their defaults.", ""]
-    L += table(["axis", "value", "n", "F1", "ΔF1 [CI]", "c→w", "w→c", "both wrong ≠", "density", "future mass",
-                "paper density / future mass"],
+    eta_paper = not cmp["eta"]
+
+    def eta_cell(r: dict) -> list[str]:
+        if not eta_paper:
+            return []
+        key = round(r["value"], 2)
+        return [" / ".join(f(x) for x in paper.ETA[key]) if r["axis"] == "eta" and key in paper.ETA else "–"]
+
+    L += table(["axis", "value", "n", "F1", "ΔF1 [CI]", "c→w", "w→c", "both wrong ≠", "density", "future mass"]
+               + (["paper density / future mass"] if eta_paper else []),
                [[r["axis"], f"{r['value']:g}" + (" (default)" if r["is_default"] else ""), str(r["n"]), f(r["f1"]),
                  ci(r, "delta_f1"), str(r["correct_to_wrong"]), str(r["wrong_to_correct"]),
-                 str(r["both_wrong_different"]), f(r["density"]), f(r["retained_future_mass"]),
-                 (" / ".join(f(x) for x in paper.ETA[round(r["value"], 2)]) if r["axis"] == "eta" and
-                  round(r["value"], 2) in paper.ETA else "–")] for r in d["sweeps"]])
+                 str(r["both_wrong_different"]), f(r["density"]), f(r["retained_future_mass"]), *eta_cell(r)]
+                for r in d["sweeps"]])
+    if not eta_paper:
+        L += [paper.pointer("η study, density and future mass", "ETA", cmp["eta"]), ""]
+    if cmp["block_size"]:
+        L += [paper.pointer("block-size study at 2K, density and speedup", "BLOCK_SIZE_2K", cmp["block_size"]), ""]
     L += [f"![block size]({d['figures']['block_size']})", ""]
 
     L += ["## Context scaling", ""]
-    L += table(["context", "n", "F1 (WISE)", "ΔF1 [CI]", "density", "future mass", "call ×flash",
-                "build+20 ×flash", "paper density / future mass / ΔF1"],
+    context_paper = not cmp["context"]
+    sources = sorted({r["timing_support"] for r in d["scaling"] if r["timing_support"]})
+    L += [("Speedup columns: the timing stage's " + "; ".join(sources) + " supports at the same length, not this "
+           "model's own supports (those are the `model_supports` rows of the `timing` view)." if sources else
+           "Speedup columns: no timing at these lengths (the timing stage needs CUDA)."), ""]
+    L += table(["context", "n", "F1 (WISE)", "ΔF1 [CI]", "density", "future mass", "call ×flash (random supports)",
+                "build+20 ×flash (random supports)"] + (["paper density / future mass / ΔF1"] if context_paper else []),
                [[str(r["context_length"]), str(r["n"]), f(r["f1"]), ci(r, "delta_f1"), f(r["density"]),
-                 f(r["retained_future_mass"]), f(r["call_vs_flash"], 2), f(r["reuse20_vs_flash"], 2),
-                 (" / ".join(f(x, signed=i == 2) for i, x in enumerate(paper.CONTEXT_SCALING[r["context_length"]]))
-                  if r["context_length"] in paper.CONTEXT_SCALING else "–")] for r in d["scaling"]])
+                 f(r["retained_future_mass"]), f(r["call_vs_flash"], 2), f(r["reuse20_vs_flash"], 2)]
+                + ([" / ".join(f(x, signed=i == 2) for i, x in enumerate(paper.CONTEXT_SCALING[r["context_length"]]))
+                    if r["context_length"] in paper.CONTEXT_SCALING else "–"] if context_paper else [])
+                for r in d["scaling"]])
+    if not context_paper:
+        L += [paper.pointer("context scaling on HotpotQA, N=30 per length", "CONTEXT_SCALING",
+                            cmp["context"]), ""]
     L += [f"![density vs context]({d['figures']['context']})", ""]
     return "\n".join(L)
 
@@ -247,13 +325,15 @@ def markdown_to_html(md: str, title: str = "WISE report") -> str:
             f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
 
 
-def write_report(p: Params, d: dict) -> None:
+def write_report(p: Params, d: dict, family: str | None) -> None:
+    """`family`: the model config's name (``model_facts``), which decides the paper comparisons."""
+    d["paper"] = paper_comparisons(p, family)
     d["figures"] = {
         "fraction": fig_fraction_converged(d["fractions"], p.recurrence.steps),
-        "context": fig_context(d["scaling"]),
+        "context": fig_context(d["scaling"], not d["paper"]["context"]),
         "speedup": fig_speedup(d["timing"]),
         "delta_f1": fig_delta_f1(d["summary"]),
-        "block_size": fig_block_size(d["sweeps"], d["timing"]),
+        "block_size": fig_block_size(d["sweeps"], d["timing"], not d["paper"]["block_size"]),
         "jaccard": fig_jaccard(d["jaccard_mean"], p.wise.discovery_step),
     }
     if d.get("calibration"):

@@ -2,6 +2,15 @@
 
 Groups: every (benchmark, context length, condition), plus pooled rows with benchmark = 'all'
 and/or context_length = 0 (all lengths). Every delta pairs a condition with Full on example id.
+
+Resampling unit: the base example (benchmark, base_id). A pooled row over lengths holds every
+context variant of a base example, and those are not independent (same question, same evidence,
+nested contexts), so the bootstrap draws base examples with all their variants together
+(``wise.stats.cluster_bootstrap``) and the pooled McNemar is the exact sign test over base
+examples (``wise.stats.mcnemar(..., clusters=)``). A group with one row per base example (one
+context length) gets exactly the example bootstrap and McNemar's exact test. Rows whose support
+differed from the trace's (``support_matches_trace = false``, kept only with
+``conditions.allow_support_mismatch``) are left out and counted per group.
 """
 from __future__ import annotations
 
@@ -9,19 +18,24 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipelines import paths
+from pipelines import paths, schemas
 from pipelines.artifacts import write_csv, write_json, write_parquet, write_text
 from pipelines.db import connect_views, publish_database
 from pipelines.params import Params
-from wise.stats import mcnemar, paired_bootstrap
+from wise.stats import cluster_bootstrap, mcnemar
 
 PAIRED_SQL = """
-SELECT benchmark, context_length, condition, example_id, f1, em, full_f1, full_em,
+SELECT benchmark, context_length, condition, example_id, base_id, f1, em, full_f1, full_em,
        delta_f1, delta_em, delta_logprob, gold_logprob, density, retained_future_mass,
-       answer_change, expected_em
+       answer_change, expected_em, support_matches_trace
 FROM paired
 ORDER BY benchmark, context_length, condition, example_id
 """
+
+
+def cluster_of(row: dict) -> tuple[str, str]:
+    """The resampling unit of a result row: its base example (base ids are per benchmark)."""
+    return row["benchmark"], row["base_id"]
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -34,15 +48,23 @@ def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def summarise(rows: list[dict], p: Params) -> list[dict]:
+    """condition_summary: one row per group (module docstring), rows in `rows`' order within it."""
     s = p.statistics
     out = []
     order = {name: i for i, name in enumerate(p.conditions.names)}
-    for (bench, length, cond), g in sorted(_groups(rows).items(),
+    excluded = {k: sum(r["support_matches_trace"] is False for r in g) for k, g in _groups(rows).items()}
+    kept = [r for r in rows if r["support_matches_trace"] is not False]
+    groups = _groups(kept)
+    for key in excluded.keys() - groups.keys():
+        raise ValueError(f"statistics: every row of group {key} used a support that differs from the trace's")
+    for (bench, length, cond), g in sorted(groups.items(),
                                            key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99))):
+        clusters = [cluster_of(r) for r in g]
+
         def ci(col: str) -> tuple[float, float, float]:
             vals = np.array([r[col] for r in g], dtype=float)
-            return paired_bootstrap(vals, n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed,
-                                    level=s.ci_level)
+            return cluster_bootstrap(vals, clusters, n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed,
+                                     level=s.ci_level)
 
         d_f1, d_em, d_lp = ci("delta_f1"), ci("delta_em"), ci("delta_logprob")
         changes = [r["answer_change"] for r in g]
@@ -56,7 +78,10 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
             "delta_f1": d_f1[0], "delta_f1_low": d_f1[1], "delta_f1_high": d_f1[2],
             "delta_em": d_em[0], "delta_em_low": d_em[1], "delta_em_high": d_em[2],
             "delta_logprob": d_lp[0], "delta_logprob_low": d_lp[1], "delta_logprob_high": d_lp[2],
-            "mcnemar_p": mcnemar([r["em"] == 1.0 for r in g], [r["full_em"] == 1.0 for r in g]),
+            "n_base_examples": len(set(clusters)),
+            "mcnemar_p": mcnemar([r["em"] == 1.0 for r in g], [r["full_em"] == 1.0 for r in g], clusters),
+            "mcnemar_test": ("exact McNemar" if len(set(clusters)) == len(g)
+                             else "exact sign test over base examples"),
             "correct_to_wrong": changes.count("correct_to_wrong"),
             "wrong_to_correct": changes.count("wrong_to_correct"),
             "both_wrong_different": changes.count("both_wrong_different"),
@@ -65,6 +90,8 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
             # calibration model: what the construction says, and how many answers disagree with it
             "expected_em": float(np.mean(expected)) if known else None,
             "expected_mismatches": sum(r["em"] != r["expected_em"] for r in g) if known else None,
+            "support_mismatch_excluded": excluded[(bench, length, cond)],
+            "bootstrap_unit": "base_id",
             "bootstrap_resamples": s.bootstrap_resamples, "bootstrap_seed": s.bootstrap_seed,
             "ci_level": s.ci_level,
         })
@@ -85,16 +112,17 @@ def table1_markdown(summary: list[dict], p: Params) -> str:
         f"t_d={p.wise.discovery_step}, w={p.wise.window}, B={p.wise.block_size}, η={p.wise.eta}.",
         f"Deltas are paired against Full on example id; {int(p.statistics.ci_level * 100)}% percentile "
         f"bootstrap CIs over {p.statistics.bootstrap_resamples} resamples (seed "
-        f"{p.statistics.bootstrap_seed}); McNemar is exact.",
+        f"{p.statistics.bootstrap_seed}) drawing base examples (every context variant of an example "
+        "together); McNemar: the exact sign test over base examples when lengths are pooled, else exact.",
         "",
         "## Controls (Table 1 layout, all benchmarks and lengths pooled)",
         "",
-        "| condition | n | F1 | EM | ΔF1 [CI] | ΔEM [CI] | Δ log-prob [CI] | McNemar p | c→w | w→c | density | future mass |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| condition | n | base examples | F1 | EM | ΔF1 [CI] | ΔEM [CI] | Δ log-prob [CI] | McNemar p | c→w | w→c | density | future mass |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in pooled:
         lines.append(
-            f"| {r['condition']} | {r['n']} | {_fmt(r['f1'])} | {_fmt(r['em'])} | "
+            f"| {r['condition']} | {r['n']} | {r['n_base_examples']} | {_fmt(r['f1'])} | {_fmt(r['em'])} | "
             f"{r['delta_f1']:+.3f} [{r['delta_f1_low']:+.3f}, {r['delta_f1_high']:+.3f}] | "
             f"{r['delta_em']:+.3f} [{r['delta_em_low']:+.3f}, {r['delta_em_high']:+.3f}] | "
             f"{r['delta_logprob']:+.3f} [{r['delta_logprob_low']:+.3f}, {r['delta_logprob_high']:+.3f}] | "
@@ -117,6 +145,7 @@ def run_statistics(p: Params) -> None:
     from pipelines.cohorts import model_text
     from pipelines.discovery import iter_trace_masses
     from pipelines.expected import oracle_for
+    from pipelines.params import model_facts
     from pipelines.report import write_report
     from pipelines.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
@@ -135,18 +164,20 @@ def run_statistics(p: Params) -> None:
     summary = summarise(rows, p)
     stab_rows, jaccard_mean, stability = stability_tables(iter_trace_masses(), p)
     out = paths.STATS_DIR
-    write_parquet(summary, out / "condition_summary.parquet")
-    write_parquet(per_example, out / "convergence.parquet")
-    write_parquet(conv_summary, out / "convergence_summary.parquet")
-    write_parquet(fractions, out / "fraction_converged.parquet")
-    write_parquet(stab_rows, out / "stability.parquet")
-    write_parquet(sweeps, out / "sweep_summary.parquet")
+    write_parquet(summary, out / "condition_summary.parquet", schemas.CONDITION_SUMMARY)
+    write_parquet(per_example, out / "convergence.parquet", schemas.CONVERGENCE)
+    write_parquet(conv_summary, out / "convergence_summary.parquet", schemas.CONVERGENCE_SUMMARY)
+    write_parquet(fractions, out / "fraction_converged.parquet", schemas.FRACTION_CONVERGED)
+    write_parquet(stab_rows, out / "stability.parquet", schemas.STABILITY)
+    write_parquet(sweeps, out / "sweep_summary.parquet", schemas.SWEEP_SUMMARY)
     # CSV copies are the data behind `dvc plots show`.
     write_csv(fractions, ["scope", "quantity", "step", "fraction_converged"], out / "fraction_converged.csv")
     write_csv(jaccard_mean, ["step", "mean_jaccard"], out / "rolling_jaccard.csv")
     scaling = context_scaling(summary, timing)
-    write_parquet(scaling, out / "context_scaling.parquet")
-    metrics = {"conditions": headline_metrics(summary)}
+    write_parquet(scaling, out / "context_scaling.parquet", schemas.CONTEXT_SCALING)
+    metrics = {"conditions": headline_metrics(summary),
+               "support_mismatch_excluded": sum(r["support_mismatch_excluded"] for r in summary
+                                                if r["benchmark"] == "all" and r["context_length"] == 0)}
     for r in conv_summary:
         if r["benchmark"] == "all" and r["setting"] == p.diagnostics.default_setting:
             key = "convergence" if r["scope"] == "all" else f"convergence_{r['scope']}_rows"
@@ -154,9 +185,11 @@ def run_statistics(p: Params) -> None:
     metrics["stability"] = stability
     write_json(metrics, paths.METRICS_JSON)
     write_text(table1_markdown(summary, p), paths.SUMMARY_MD)
+    facts = model_facts(p.model.source)
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
-                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration})
+                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration},
+                 family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.
     publish_database()

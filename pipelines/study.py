@@ -142,19 +142,31 @@ def sweep_summary(con, p: Params) -> list[dict]:
     return out
 
 
+def random_support_label(r: dict) -> str:
+    """What a timing row of the random supports measured: not this model's supports."""
+    kv = f"/{r['kv_heads']}" if r["kv_heads"] != r["heads"] else ""
+    return f"random WISE-like (rho {r['rho']:g}, {r['heads']}{kv} heads, d {r['head_dim']}, B {r['block_size']})"
+
+
 def context_scaling(summary: list[dict], timing: list[dict]) -> list[dict]:
     """WISE per context length (pooled over benchmarks), with the mean kernel speedups of the
-    timing stage's random supports at the same n joined in (None without CUDA timing)."""
+    timing stage's random WISE-like supports at the same n joined in (None without CUDA timing).
+    ``timing_support`` names those supports: their speedups are not measured on this model's own
+    supports (the timing view's model_supports rows are)."""
     speed = defaultdict(lambda: defaultdict(list))
+    labels = defaultdict(set)
     for r in timing:
         if r.get("source") == "random" and r.get("status") == "ok":
             for key in ("call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash"):
                 speed[r["n"]][key].append(r[key])
+            labels[r["n"]].add(random_support_label(r))
     rows = []
     for r in summary:
         if r["benchmark"] == "all" and r["condition"] == "wise" and r["context_length"] > 0:
-            joined = {key: float(np.mean(speed[r["context_length"]][key])) if speed[r["context_length"]][key]
-                      else None for key in ("call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash")}
+            n = r["context_length"]
+            joined = {key: float(np.mean(speed[n][key])) if speed[n][key] else None
+                      for key in ("call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash")}
             rows.append({k: r[k] for k in ("context_length", "n", "f1", "delta_f1", "delta_f1_low",
-                                           "delta_f1_high", "density", "retained_future_mass")} | joined)
+                                           "delta_f1_high", "density", "retained_future_mass")} | joined
+                        | {"timing_support": "; ".join(sorted(labels[n])) or None})
     return sorted(rows, key=lambda r: r["context_length"])

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipelines import paths
+from pipelines import paths, schemas
 from pipelines.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
-from pipelines.discovery import run_spec, wise_settings
 from pipelines.expected import oracle_for, settings_of
 from pipelines.params import Params, ParamsError
 from pipelines.pool import WorkerPool
+from pipelines.run_spec import run_spec, wise_settings
 from wise.metrics import answer_change, exact_match, f1
 
 AXES = ("eta", "discovery_step", "window", "block_size")
+SPEC_COLUMN = {"eta": "eta", "discovery_step": "t_d", "window": "w", "block_size": "B"}  # run-spec column of an axis
 
 
 def sweep_cohort(p: Params) -> list[dict]:
@@ -44,10 +45,10 @@ def run_sweep_stage(p: Params, axis: str) -> None:
                "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")
-    spec = run_spec(p)
     oracle, base = oracle_for(p.model.source, tok), settings_of(p)
     rows = []
-    for ex, out in zip(cohort, outputs):
+    for ex, out in zip(cohort, outputs, strict=True):
+        spec = run_spec(p, out["worker"])
         full_pred = tok.decode(out["full_ids"]).strip()
         full_em = exact_match(full_pred, ex["answers"], ex["benchmark"])
         full_f1 = f1(full_pred, ex["answers"], ex["benchmark"])
@@ -55,8 +56,10 @@ def run_sweep_stage(p: Params, axis: str) -> None:
             pred = tok.decode(r["prediction_ids"]).strip()
             em = exact_match(pred, ex["answers"], ex["benchmark"])
             score = f1(pred, ex["answers"], ex["benchmark"])
-            rows.append({**spec, "axis": axis, "value": float(r["value"]), "example_id": ex["example_id"],
-                         "benchmark": ex["benchmark"], "context_length": ex["context_length"],
+            # The row's run spec holds the setting that ran: the swept value in its own column.
+            setting = {SPEC_COLUMN[axis]: r["value"] if axis == "eta" else int(r["value"])}
+            rows.append({**spec, **setting, "axis": axis, "value": float(r["value"]), "example_id": ex["example_id"],
+                         "base_id": ex["base_id"], "benchmark": ex["benchmark"], "context_length": ex["context_length"],
                          "prediction": pred, "full_prediction": full_pred, "em": em, "f1": score,
                          "full_em": full_em, "full_f1": full_f1, "delta_f1": score - full_f1,
                          "delta_em": em - full_em, "gold_logprob": r["gold_logprob"],
@@ -68,5 +71,5 @@ def run_sweep_stage(p: Params, axis: str) -> None:
                          "expected_em": None if oracle is None else oracle.em(
                              ex, "wise", dataclasses.replace(base, **{axis: r["value"]})),
                          "expected_full_em": None if oracle is None else oracle.em(ex, "full", base)})
-    write_parquet(rows, paths.SWEEPS_DIR / f"{axis}.parquet")
+    write_parquet(rows, paths.SWEEPS_DIR / f"{axis}.parquet", schemas.SWEEPS)
     print(f"sweep {axis}: {len(values)} values x {len(cohort)} examples -> {paths.SWEEPS_DIR / f'{axis}.parquet'}")

@@ -20,16 +20,17 @@ from pathlib import Path
 
 import torch
 
-from pipelines import paths
+from pipelines import paths, schemas
 from pipelines.artifacts import read_parquet, write_parquet
-from pipelines.params import Params, model_facts
+from pipelines.params import KERNEL_BLOCK_SIZES, Params, model_facts
 from wise.support import unpack_layout
 
 
 def model_supports(p: Params) -> list[tuple[str, int, torch.Tensor]]:
-    """(label, n_tokens, WISE layouts [L, H, M, M]) of the longest example per benchmark."""
-    if p.wise.block_size not in p.timing.block_sizes or not paths.SUPPORT_LAYOUTS.is_file():
-        return []
+    """(label, n_tokens, WISE layouts [L, H, M, M]) of the longest example per benchmark, at
+    wise.block_size (whatever timing.block_sizes holds: those are the random supports' sizes)."""
+    if not paths.SUPPORT_LAYOUTS.is_file():
+        raise FileNotFoundError(f"{paths.SUPPORT_LAYOUTS} is missing: run the supports stage first (dvc repro)")
     cohort = {r["example_id"]: r for r in read_parquet(paths.COHORT).to_pylist()}
     layers: dict[str, dict[int, torch.Tensor]] = {}
     for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
@@ -82,9 +83,11 @@ def timing_rows(p: Params) -> list[dict]:
     facts = model_facts(p.model.source)
     for label, n, lays in model_supports(p):
         heads, kv_heads, head_dim = model_geometry(lays.shape[1], facts, t.head_dim)
-        if dev is None:
+        if dev is None or p.wise.block_size not in KERNEL_BLOCK_SIZES:
+            status = "skipped: no CUDA" if dev is None else (
+                f"skipped: the kernel supports block sizes {list(KERNEL_BLOCK_SIZES)}, not wise.block_size")
             new = bench.planned_rows(n, p.wise.block_size, heads, kv_heads, head_dim, "bf16", label,
-                                     lays.shape[0])
+                                     lays.shape[0], status=status)
         else:
             new = bench.benchmark(lays.to(dev), n, p.wise.block_size, heads, kv_heads, head_dim, "bf16",
                                   label, **trajectory)
@@ -136,6 +139,6 @@ def same_columns(rows: list[dict]) -> list[dict]:
 
 def run_timing(p: Params) -> None:
     rows = same_columns(timing_rows(p))
-    write_parquet(rows, paths.TIMING)
+    write_parquet(rows, paths.TIMING, schemas.TIMING)
     measured = any(r["status"] != "skipped: no CUDA" for r in rows)
     print(f"timing: {len(rows)} rows ({'measured' if measured else 'skipped: no CUDA'}) -> {paths.TIMING}")

@@ -1,7 +1,7 @@
 """Stage `cohorts`: deterministic examples × context lengths, tokenised, with prompt sha256."""
 import sys
 
-from pipelines import paths
+from pipelines import paths, schemas
 from pipelines.artifacts import write_parquet
 from pipelines.cli import stage_main
 from pipelines.cohorts import build_cohort
@@ -9,7 +9,7 @@ from pipelines.cohorts import build_cohort
 
 def run(params) -> None:
     rows = build_cohort(params)
-    write_parquet(rows, paths.COHORT)
+    write_parquet(rows, paths.COHORT, schemas.COHORT)
     print(f"cohorts: {len(rows)} example variants -> {paths.COHORT}")
 
 

@@ -2,7 +2,7 @@
 import sys
 
 from pipelines.cli import stage_main
-from pipelines.discovery import run_traces
+from pipelines.traces import run_traces
 
 if __name__ == "__main__":
     sys.exit(stage_main("traces", run_traces))

@@ -6,16 +6,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipelines.artifacts import ParquetStream, iter_row_groups, write_csv, write_parquet, write_text
 from wise.atomic_files import temporary_name
 
+V = pa.schema([("v", pa.int64())])
+EX = pa.schema([("example_id", pa.string()), ("x", pa.float64())])
+
 
 def test_stream_writes_one_row_group_per_write_and_renames_at_the_end(tmp_path):
     path = tmp_path / "out.parquet"
-    with ParquetStream(path) as out:
+    with ParquetStream(path, EX) as out:
         out.write([{"example_id": "a", "x": 1.0}, {"example_id": "a", "x": 2.0}])
         assert not path.exists()  # only the temporary file exists while writing
         out.write([{"example_id": "b", "x": float("nan")}])
@@ -25,13 +29,27 @@ def test_stream_writes_one_row_group_per_write_and_renames_at_the_end(tmp_path):
 
 def test_interrupted_stream_keeps_the_previous_output(tmp_path):
     path = tmp_path / "out.parquet"
-    write_parquet([{"v": 1}], path)
+    write_parquet([{"v": 1}], path, V)
     with pytest.raises(RuntimeError):
-        with ParquetStream(path) as out:
+        with ParquetStream(path, V) as out:
             out.write([{"v": 2}])
             raise RuntimeError("worker died")
     assert pq.read_table(path).to_pylist() == [{"v": 1}]
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_rows_must_have_exactly_the_schemas_columns(tmp_path):
+    # pyarrow alone would drop the unknown key and fill the missing column with nulls.
+    path = tmp_path / "out.parquet"
+    schema = pa.schema([("v", pa.int64()), ("w", pa.float64())])
+    with pytest.raises(ValueError, match=r"not in the schema \['x'\].*missing \['w'\]"):
+        write_parquet([{"v": 1, "x": 2.0}], path, schema)
+    with pytest.raises(ValueError, match=r"missing \['w'\]"):
+        with ParquetStream(path, schema) as out:
+            out.write([{"v": 1, "w": 0.5}, {"v": 2}])
+    assert not path.exists()
+    write_parquet([{"v": 1, "w": 2}], path, schema)  # an int where the schema says float: cast
+    assert pq.read_schema(path).equals(schema) and pq.read_table(path).to_pylist() == [{"v": 1, "w": 2.0}]
 
 
 def _dead_pid() -> int:
@@ -54,7 +72,7 @@ def test_temporaries_of_dead_writers_are_removed_at_the_next_write(tmp_path):
         busy.write_bytes(b"in progress")
         other = temporary_name(tmp_path / "traces" / "steps.parquet", pid=_dead_pid())
         other.write_bytes(b"another artifact's")  # cleaned when *that* artifact is next written
-        with ParquetStream(path) as out:
+        with ParquetStream(path, V) as out:
             out.write([{"v": 1}])
         assert not stale.exists() and not stale_wal.exists()
         assert busy.exists() and other.exists()
@@ -68,7 +86,7 @@ def test_temporaries_of_dead_writers_are_removed_at_the_next_write(tmp_path):
     from wise.models.recurrent import RecurrentDepthModel, init_weights
 
     model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name("tiny-random")), 0)
-    targets = {tmp_path / "a.parquet": lambda p: write_parquet([{"v": 2}], p),
+    targets = {tmp_path / "a.parquet": lambda p: write_parquet([{"v": 2}], p, V),
                tmp_path / "r.md": lambda p: write_text("x", p),
                tmp_path / "ckpt" / WEIGHTS_NAME: lambda p: save_checkpoint(model, p.parent)}
     for target, write in targets.items():

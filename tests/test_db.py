@@ -5,6 +5,7 @@ import threading
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from pipelines import paths
@@ -21,10 +22,10 @@ def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rows = [{"example_id": f"e{i}", "condition": c, "f1": f, "em": f, "prediction": "x"}
             for i in range(3) for c, f in (("full", 1.0), ("wise", 0.5))]
-    write_parquet(rows, tmp_path / paths.CONDITION_RESULTS)
-    write_parquet([{"axis": "eta", "value": 0.9, "f1": 0.5}], tmp_path / paths.SWEEPS_DIR / "eta.parquet")
-    write_parquet([{"condition": "wise", "n": 3, "delta_f1": -0.5}],
-                  tmp_path / paths.STATS_DIR / "condition_summary.parquet")
+    for rel, part in ((paths.CONDITION_RESULTS, rows),
+                      (paths.SWEEPS_DIR / "eta.parquet", [{"axis": "eta", "value": 0.9, "f1": 0.5}]),
+                      (paths.STATS_DIR / "condition_summary.parquet", [{"condition": "wise", "n": 3, "delta_f1": -0.5}])):
+        write_parquet(part, tmp_path / rel, pa.Table.from_pylist(part).schema)
     publish_database(tmp_path)
     return tmp_path
 

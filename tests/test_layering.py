@@ -12,47 +12,8 @@ from __future__ import annotations
 
 import ast
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("wise", "kernels", "benchmarks", "pipelines", "stages")
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def repo_modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
-
-
-def imported_names(path: Path, modules=()) -> set[str]:
-    """Absolute dotted names a module imports, relative imports resolved. `from a import b` names
-    "a.b" when that is a module in `modules` (a submodule import), else "a" (a name defined in a)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                base = ".".join(base + ([node.module] if node.module else []))
-            else:
-                base = node.module
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                names.add(sub if sub in modules else base)
-    return names
-
-
-def import_graph() -> dict[str, set[str]]:
-    """module -> the repo modules it imports (each import resolved to the module it names)."""
-    modules = repo_modules()
-    return {name: {n for n in imported_names(path, modules) if n in modules and n != name}
-            for name, path in modules.items()}
+from import_graph import PACKAGES, ROOT, import_graph, imported_names, repo_modules
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

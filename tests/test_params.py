@@ -1,5 +1,7 @@
 """Params validation: bad values stop a stage before any work, with a message naming the key, and
-leave existing outputs untouched."""
+leave existing outputs untouched. A params file must give every key (no silent defaults) and no
+unknown section; relations between keys (sweeps against wise.*, T, the cohort) are checked up front."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +12,14 @@ import yaml
 from pipelines.params import ParamsError, load_params, parse, validate
 
 ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "params").glob("*.yaml"))
 
 
 def write(tmp_path, edit) -> Path:
+    """params.yaml with `edit` applied, on a committed checkpoint (4096 positions): the default's
+    calibration model is built by a stage, so a fresh checkout does not have it."""
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["model"]["source"] = str(ROOT / raw["model"]["source"])
+    raw["model"]["source"] = str(ROOT / "data/models/wise-tiny-random")
     edit(raw)
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -44,19 +49,105 @@ def test_default_params_are_valid():
     (lambda r: r["recurrence"].update(steps="many"), "recurrence.steps"),
     (lambda r: r["timing"].update(block_sizes=[48]), "timing.block_sizes"),
     (lambda r: r["model"].update(source="/nonexistent/model"), "model.source"),
+    (lambda r: r["cohorts"].update(context_lengths=[512, 512]), "cohorts.context_lengths"),
+    (lambda r: r["conditions"].update(allow_support_mismatch="yes"), "conditions.allow_support_mismatch"),
+    (lambda r: r["model"].update(revision=123), "model.revision"),
+    (lambda r: r["statistics"].update(bootstrap_seed=-1), "statistics.bootstrap_seed"),
+    (lambda r: r["diagnostics"].update(run=40), "diagnostics.run"),
 ])
 def test_bad_values_name_the_key(tmp_path, edit, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
         load_params(write(tmp_path, edit))
 
 
-def test_unknown_section_is_named():
+def test_unknown_section_is_named(tmp_path):
     with pytest.raises(ParamsError, match="bogus"):
         parse({"bogus": {}})
+    # A misspelt section is unknown even though no stage would read it.
+    with pytest.raises(ParamsError, match=r"unknown section\(s\) \['wisee'\]"):
+        load_params(write(tmp_path, lambda r: r.update(wisee=r["wise"])))
+
+
+@pytest.mark.parametrize("section, key", [("wise", "eta"), ("recurrence", "steps"), ("compute", "max_retries"),
+                                          ("conditions", "allow_support_mismatch")])
+def test_a_missing_key_is_an_error_naming_it(tmp_path, section, key):
+    # Before: the dataclass default filled it in silently (no eta ran with 0.95, no steps with T=32).
+    with pytest.raises(ParamsError, match=rf"missing key\(s\) {section}\.{key}\b"):
+        load_params(write(tmp_path, lambda r: r[section].pop(key)))
+
+
+@pytest.mark.parametrize("section", ["sweeps", "calibration", "train"])
+def test_a_missing_section_is_an_error_naming_it(tmp_path, section):
+    with pytest.raises(ParamsError, match=rf"missing section\(s\) \['{section}'\]"):
+        load_params(write(tmp_path, lambda r: r.pop(section)))
+
+
+def test_train_is_a_known_section_checked_key_by_key_by_the_validate_stage(tmp_path):
+    from stages.validate import check_train
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    load_params(write(tmp_path, lambda r: None))  # the pipeline's loader accepts `train:` as is
+    check_train(raw, "params.yaml")
+    for edit, message in ((lambda t: t.pop("lr"), r"missing key\(s\) train\.lr\b"),
+                          (lambda t: t.update(lrr=0.1), r"unknown train key\(s\): train\.lrr")):
+        bad = yaml.safe_load((ROOT / "params.yaml").read_text())
+        edit(bad["train"])
+        with pytest.raises(ParamsError, match=message):
+            check_train(bad, "params.yaml")
+
+
+@pytest.mark.parametrize("edit, key, why", [
+    # each sweep value runs with the other settings at their wise.* values
+    (lambda r: (r["wise"].update(window=2), r["sweeps"].update(discovery_step=[1, 4])),
+     "sweeps.discovery_step", r"wise\.window \(2\) <= t_d"),
+    (lambda r: r["sweeps"].update(discovery_step=[8, 32]), "sweeps.discovery_step", r"< recurrence\.steps \(32\)"),
+    (lambda r: r["sweeps"].update(window=[1, 13]), "sweeps.window", r"wise\.discovery_step \(12\)"),
+    (lambda r: r["sweeps"].update(eta=[0.9, 1.2]), "sweeps.eta", r"\(0, 1\]"),
+    (lambda r: r["sweeps"].update(eta=[]), "sweeps.eta", "must not be empty"),
+    (lambda r: r["sweeps"].update(block_size=[16, 16]), "sweeps.block_size", "duplicates"),
+    (lambda r: r["sweeps"].update(context_length=300), "sweeps.context_length", "cohorts.context_lengths"),
+    (lambda r: r["sweeps"].update(examples_per_benchmark=49), "sweeps.examples_per_benchmark",
+     r"cohorts\.examples_per_benchmark \(48\)"),
+    (lambda r: (r["conditions"].update(backend="kernel"), r["wise"].update(block_size=256),
+                r["timing"].update(block_sizes=[128])), "wise.block_size", "kernel"),
+    (lambda r: (r["conditions"].update(backend="kernel"), r["sweeps"].update(block_size=[64, 256])),
+     "sweeps.block_size", "kernel"),
+])
+def test_relations_between_keys_are_checked_up_front(tmp_path, edit, key, why):
+    with pytest.raises(ParamsError, match=rf"{key.replace('.', '[.]')} = .*{why}"):
+        load_params(write(tmp_path, edit))
+
+
+def test_calibration_model_positions_come_from_the_calibration_section():
+    # The calibration model is built by a later stage, so its positions are read from `calibration:`.
+    raw = {"model": {"source": "data/models/wise-chain"}, "calibration": {"max_positions": 1024},
+           "cohorts": {"context_lengths": [512, 2048]}, "sweeps": {"context_length": 512}}
+    with pytest.raises(ParamsError, match=r"cohorts\.context_lengths .*calibration\.max_positions \(1024\)"):
+        validate(parse(raw, complete=False))
+    raw["calibration"]["max_positions"] = 2048
+    validate(parse(raw, complete=False))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_every_preset_is_complete_and_valid(preset):
+    p = load_params(preset, check_model=False)
+    assert p.recurrence.steps == 32 and "full" in p.conditions.names
+    from stages.validate import check_train
+
+    check_train(yaml.safe_load(preset.read_text()), str(preset))
+
+
+def test_errors_name_the_params_file(tmp_path):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["wise"]["eta"] = 2.0
+    path = tmp_path / "preset.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError, match=rf"^{path}: wise\.eta = 2\.0"):
+        load_params(path, check_model=False)
 
 
 def test_context_beyond_model_positions_is_rejected():
-    p = parse({"cohorts": {"context_lengths": [512, 8192]}})
+    p = parse({"cohorts": {"context_lengths": [512, 8192]}}, complete=False)
     with pytest.raises(ParamsError, match="exceed the model's 4096 positions"):
         validate(p, max_positions=4096)
 
@@ -66,8 +157,10 @@ def test_stage_exits_nonzero_and_keeps_existing_outputs(tmp_path):
     out = tmp_path / "data" / "cohorts" / "examples.parquet"
     out.parent.mkdir(parents=True)
     out.write_bytes(b"previous run")
+    # PYTHONPATH: this checkout's code, not whichever one the environment has installed.
     proc = subprocess.run([sys.executable, "-m", "stages.cohorts", "--params", str(params)],
-                          cwd=tmp_path, capture_output=True, text=True)
+                          cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert "wise.eta" in proc.stderr
     assert out.read_bytes() == b"previous run"

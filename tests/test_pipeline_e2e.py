@@ -1,5 +1,7 @@
-"""A micro end-to-end `dvc repro` in a temporary git repo: all six stages, DVC's rerun logic on a
-params edit, a no-op second repro, identical Parquet from a forced rerun, and the SQL entry point."""
+"""A micro end-to-end `dvc repro` in a temporary git repo: every stage, DVC's rerun logic on a params
+edit and on a code edit, a no-op second repro, identical Parquet from a forced rerun, every artifact
+with exactly its schema (pipelines/schemas.py) and the run spec on every result row, and the SQL
+entry point."""
 import json
 import os
 import shutil
@@ -66,10 +68,17 @@ def project():
 
 def test_all_stages_write_outputs(project):
     tmp, env, repro = project
-    for stage in ("build_calibration", "cohorts", "traces", "supports", "conditions", "timing", "statistics",
-                  "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size"):
+    head = run(["git", "rev-parse", "HEAD"], tmp, env).stdout.strip()
+    for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
+                  "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size"):
         assert f"Running stage '{stage}'" in repro.stdout
-    assert "Running stage 'train_backbone'" not in repro.stdout  # the shipped model is up to date
+    # The shipped model is never retrained: the stage does not run, or (its code changed since the
+    # committed lock) it runs and keeps the folder, whose recipe matches `train:`.
+    if "Running stage 'train_backbone'" in repro.stdout:
+        assert "was trained with exactly these `train:` params; keeping it" in repro.stdout
+    shipped = ROOT / "data/models/wise-small"
+    for f in shipped.iterdir():
+        assert (tmp / "data/models/wise-small" / f.name).read_bytes() == f.read_bytes(), f.name
     for rel in ("data/cohorts/examples.parquet", "data/traces/masses.parquet", "data/traces/steps.parquet",
                 "data/supports/layouts.parquet", "data/supports/metrics.parquet",
                 "data/conditions/results.parquet", "data/timing/timing.parquet",
@@ -92,6 +101,12 @@ def test_all_stages_write_outputs(project):
         by_example.setdefault(r["example_id"], set()).add(r["state_hash_td"])
         assert r["support_matches_trace"] in (None, True)
         assert (r["T"], r["t_d"], r["B"], r["w"]) == (6, 3, 16, 2)
+        # The run spec: which weights, code, worker device and dtype, backend and decoding.
+        assert r["weights_id"].startswith("sha256:") and r["model"] == "data/models/wise-chain"
+        assert (r["device"], r["device_name"], r["dtype"]) == ("cpu", "cpu", "float32")
+        assert (r["backend"], r["generation"], r["prompt_style"], r["max_new_tokens"]) == \
+            ("gather", "cached", "plain", 2)
+        assert r["code_commit"] == head and r["model_revision"] is None
     assert all(len(h) == 1 for h in by_example.values())
     # The calibration model: every answer is the one its construction predicts, for every condition.
     assert all(r["expected_em"] is not None for r in results)
@@ -189,3 +204,36 @@ def test_local_benchmark_files_are_a_dependency_of_cohorts(project):
     finally:
         extra.unlink()
     assert "cohorts:" not in run(["dvc", "status", "cohorts"], tmp, env).stdout
+
+
+def test_every_artifact_has_exactly_its_schema(project):
+    from pipelines import paths, schemas
+
+    tmp, _, _ = project
+    checked = 0
+    for view, rel in paths.VIEWS.items():
+        files = sorted(tmp.glob(rel.as_posix()))
+        assert files, rel
+        for f in files:
+            got = pq.read_schema(f)
+            assert got.equals(schemas.BY_VIEW[view]), (f, got, schemas.BY_VIEW[view])
+            checked += 1
+    assert checked == len(paths.VIEWS) + 3  # the sweeps view reads four files
+    sweep = pq.read_table(tmp / "data/sweeps/block_size.parquet").to_pylist()
+    assert sorted({(r["value"], r["B"]) for r in sweep}) == [(16.0, 16), (32.0, 32)]  # the setting that ran
+
+
+def test_editing_the_mechanism_observer_marks_every_stage_that_runs_it(project):
+    # The issue's example: wise/mechanism.py computes the discovery masses of these stages.
+    tmp, env, _ = project
+    path = tmp / "wise/mechanism.py"
+    original = path.read_text()
+    path.write_text(original + "\n# edited\n")
+    try:
+        status = run(["dvc", "status"], tmp, env).stdout
+    finally:
+        path.write_text(original)
+    for stage in ("traces", "conditions", "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window",
+                  "sweep@block_size"):
+        assert f"{stage}:" in status, (stage, status)
+    assert "cohorts:" not in status

@@ -46,3 +46,43 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
     assert [label for label, _ in calls] == ["random_rho0.37", "model_wise:x"]
     assert all(kw == {"seed": 0, "late_calls": 7, "dense_steps": 5} for _, kw in calls)
     assert [r["source"] for r in rows] == ["random", "model_supports"]
+
+
+def test_timing_rows_fit_the_timing_schema_and_it_lists_every_bench_column(monkeypatch):
+    import dataclasses
+
+    from benchmarks import bench
+    from pipelines import schemas
+    from pipelines.artifacts import to_table
+    from pipelines.params import Params
+    import pipelines.timing as timing
+    from pipelines.timing import timing_rows
+
+    monkeypatch.setattr(timing, "model_supports", lambda params: [])  # whatever data/ holds
+    assert list(schemas.TIMING_MEASURED) == bench.MEASURED_KEYS + bench.PREPARED_KEYS
+    p = Params()
+    p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64, 128)))
+    rows = timing_rows(p)  # no CUDA here: the planned rows, every measurement NaN
+    assert to_table(rows, schemas.TIMING, "timing").num_rows == len(rows) == 2
+
+
+def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(monkeypatch):
+    import dataclasses
+
+    import torch
+
+    import pipelines.timing as timing
+    from benchmarks import bench, timers
+    from pipelines.params import Params
+
+    p = Params()
+    p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1),
+                            wise=dataclasses.replace(p.wise, block_size=256))
+    monkeypatch.setattr(timers, "bench_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(bench, "benchmark", lambda lays, n, b, h, kv, d, dtype, label, **kw: bench.planned_rows(
+        n, b, h, kv, d, dtype, label, lays.shape[0], status="ok"))
+    monkeypatch.setattr(timing, "model_supports", lambda params: [("model_wise:x", 300, torch.ones(1, 4, 2, 2).bool())])
+    rows = timing.timing_rows(p)
+    assert [(r["source"], r["block_size"], r["status"]) for r in rows] == [
+        ("random", 32, "ok"),
+        ("model_supports", 256, "skipped: the kernel supports block sizes [16, 32, 64, 128], not wise.block_size")]

@@ -1,0 +1,65 @@
+"""Stage `validate`: check the whole params file before any other stage runs.
+
+DVC deletes a stage's outputs before it runs the stage, so a bad value found by the stage itself
+would already have cost its outputs. Every other stage lists this stage's stamp as a dependency,
+so DVC runs this one first whenever params.yaml changed, and a bad value stops `dvc repro` here,
+naming the key, with every file under data/ untouched. The stamp is a persistent output (DVC never
+deletes it) and its content is constant, so a params edit reruns only the stages that read the
+edited keys. Checked: every section and key of pipelines.params (present, typed, in range, the
+relations between keys), the model's positions and the kernel backend where the model can be read
+now (the calibration model is checked from `calibration:`, which builds it later), and `train:`
+(every key of wise.training.TrainConfig, as the train_backbone stage reads it).
+"""
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipelines import paths
+from pipelines.artifacts import write_text
+from pipelines.params import ParamsError, load_params
+from wise.training import TrainConfig
+
+STAMP_TEXT = ("params checked by stages/validate.py before any other stage ran; the content never "
+              "changes, so this file reruns nothing downstream\n")
+
+
+def check_train(raw: dict, where: str) -> None:
+    """`train:` must give every TrainConfig key (no silent default would retrain another recipe)."""
+    section = raw.get("train")
+    if not isinstance(section, dict):
+        raise ParamsError(f"{where}: train must be a mapping (the recipe of the train_backbone stage)")
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in section]
+    if missing:
+        raise ParamsError(f"{where}: missing key(s) {', '.join('train.' + k for k in missing)}: a params "
+                          "file must give every key (params.yaml lists them all)")
+    try:
+        TrainConfig.from_dict(section)
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"{where}: {exc}") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.validate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    args = ap.parse_args(argv)
+    try:
+        raw = yaml.safe_load(Path(args.params).read_text()) or {}
+        source = (raw.get("model") or {}).get("source") if isinstance(raw, dict) else None
+        # The calibration model's folder is written by build_calibration, after this stage.
+        check_model = source is not None and Path(str(source)) != paths.CALIBRATION_MODEL
+        load_params(args.params, check_model=check_model)
+        check_train(raw, args.params)
+    except (ParamsError, FileNotFoundError, yaml.YAMLError) as exc:
+        print(f"validate: {exc}", file=sys.stderr)
+        return 2
+    write_text(STAMP_TEXT, paths.PARAMS_STAMP)
+    print(f"validate: {args.params} is complete and valid -> {paths.PARAMS_STAMP}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
