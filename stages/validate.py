@@ -7,8 +7,9 @@ naming the key, with every file under data/ untouched. The stamp is a persistent
 deletes it) and its content is constant, so a params edit reruns only the stages that read the
 edited keys. Checked: every section and key of pipelines.params (present, typed, in range, the
 relations between keys), the model's positions and the kernel backend where the model can be read
-now (the calibration model is checked from `calibration:`, which builds it later), and `train:`
-(every key of wise.training.TrainConfig, as the train_backbone stage reads it).
+now (the calibration model is checked from `calibration:`, which builds it later), `train:`
+(every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
+(every key of wise.looped.recipe.RetrofitParams, as the RecurTrace stages read it).
 """
 import argparse
 import dataclasses
@@ -41,6 +42,40 @@ def check_train(raw: dict, where: str) -> None:
         raise ParamsError(f"{where}: {exc}") from None
 
 
+def _missing(cls, section: dict, prefix: str) -> list[str]:
+    """Keys of dataclass `cls` (and of its nested dataclass sections) absent from `section`."""
+    try:
+        defaults = cls()
+    except TypeError:
+        defaults = None
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name not in section:
+            out.append(f"{prefix}.{f.name}")
+            continue
+        sub = getattr(defaults, f.name, None)
+        if dataclasses.is_dataclass(sub) and isinstance(section[f.name], dict):
+            out += _missing(type(sub), section[f.name], f"{prefix}.{f.name}")
+    return out
+
+
+def check_retrofit(raw: dict, where: str) -> None:
+    """`retrofit:` (the RecurTrace stages): every key given, and valid as wise.looped.recipe reads it."""
+    from wise.looped.recipe import RetrofitParams
+
+    section = raw.get("retrofit")
+    if not isinstance(section, dict):
+        raise ParamsError(f"{where}: retrofit must be a mapping (the RecurTrace stages' section)")
+    missing = _missing(RetrofitParams, section, "retrofit")
+    if missing:
+        raise ParamsError(f"{where}: missing key(s) {', '.join(missing)}: a params file must give every "
+                          "key (params.yaml lists them all)")
+    try:
+        RetrofitParams.from_dict(section)
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"{where}: {exc}") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stages.validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,10 +84,14 @@ def main(argv=None) -> int:
     try:
         raw = yaml.safe_load(Path(args.params).read_text()) or {}
         source = (raw.get("model") or {}).get("source") if isinstance(raw, dict) else None
-        # The calibration model's folder is written by build_calibration, after this stage.
-        check_model = source is not None and Path(str(source)) != paths.CALIBRATION_MODEL
+        # Folders this pipeline writes after this stage (build_calibration, train_retrofit@*) are
+        # checked from their own sections instead.
+        name = ((raw.get("retrofit") or {}).get("name") if isinstance(raw, dict) else None) or ""
+        built = {paths.CALIBRATION_MODEL, *(Path("data/models") / f"{name}-{v}" for v in ("lma", "plain"))}
+        check_model = source is not None and Path(str(source)) not in built
         load_params(args.params, check_model=check_model)
         check_train(raw, args.params)
+        check_retrofit(raw, args.params)
     except (ParamsError, FileNotFoundError, yaml.YAMLError) as exc:
         print(f"validate: {exc}", file=sys.stderr)
         return 2

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from wise.conditions import DiscoveryMasses, condition_support, discovery_steps
-from wise.runner import (Late, PerCondition, Prefix, WiseSettings, initial_state, run_late, run_late_batch,
-                         run_prefix)
+from wise.runner import (Late, PerCondition, Prefix, WiseSettings, initial_state, readout_recording,
+                         run_late, run_late_batch, run_prefix)
 
 GENERATION_MODES = ("cached", "rerun")
 SUPPORT_FREE = ("full", "truncate")
@@ -297,16 +297,6 @@ def _own_architecture(model) -> bool:
     return isinstance(model, RecurrentDepthModel)
 
 
-class _Record:
-    """attend(q, k, v) of a prelude/coda block over a whole sequence: causal, keeps k/v."""
-
-    def __call__(self, q, k, v):
-        from wise.models.recurrent import causal_attention
-
-        self.kv = (k, v)
-        return causal_attention(q, k, v)
-
-
 class _Append:
     """attend(q, k, v) of a prelude/coda block for r new rows after cached keys [C, Hkv, N0, d]."""
 
@@ -322,29 +312,6 @@ class _Append:
             mask = (torch.arange(N, device=q.device)[None, :] <= torch.arange(N - r, N, device=q.device)[:, None])
             mask = mask[None, None]
         return F.scaled_dot_product_attention(q, _repeat_kv(K, heads), _repeat_kv(V, heads), attn_mask=mask)
-
-
-def embed_recording(model, ids: torch.Tensor, rope) -> tuple[torch.Tensor, list]:
-    """model.embed with each prelude layer's keys and values kept (the same numbers)."""
-    x = model.transformer.wte(ids) * model.config.embed_scale
-    kvs = []
-    for block in model.transformer.prelude:
-        rec = _Record()
-        x = block(x, rope, rec)
-        kvs.append(rec.kv)
-    return x, kvs
-
-
-def readout_recording(model, s: torch.Tensor, rope, at) -> tuple[torch.Tensor, list]:
-    """model.readout with each coda layer's keys and values kept (the same numbers)."""
-    tr = model.transformer
-    x = tr.ln_f(s) if model.config.ln_f_after_recurrence else s
-    kvs = []
-    for block in tr.coda:
-        rec = _Record()
-        x = block(x, rope, rec)
-        kvs.append(rec.kv)
-    return model.lm_head(tr.ln_f(x[at])).float(), kvs
 
 
 def _stacked(parts: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:

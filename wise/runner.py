@@ -25,7 +25,7 @@ from torch import nn
 
 from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, discovery_steps
 from wise.mechanism import Observers, TrajectoryObserver
-from wise.models.recurrent import RecurrentDepthModel
+from wise.models.recurrent import RecurrentDepthModel, causal_attention
 from wise.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
 
 
@@ -99,10 +99,40 @@ class KVRecorder:
         self.kv: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
-        from wise.models.recurrent import causal_attention
 
         self.kv[(step, layer)] = (k, v)
         return causal_attention(q, k, v) if self.inner is None else self.inner(q, k, v, step=step, layer=layer)
+
+
+class _Record:
+    """attend(q, k, v) of a prelude/coda block over a whole sequence: causal, keeps k/v."""
+
+    def __call__(self, q, k, v):
+        self.kv = (k, v)
+        return causal_attention(q, k, v)
+
+
+def embed_recording(model, ids: torch.Tensor, rope) -> tuple[torch.Tensor, list]:
+    """model.embed with each prelude layer's keys and values kept (the same numbers)."""
+    x = model.transformer.wte(ids) * model.config.embed_scale
+    kvs = []
+    for block in model.transformer.prelude:
+        rec = _Record()
+        x = block(x, rope, rec)
+        kvs.append(rec.kv)
+    return x, kvs
+
+
+def readout_recording(model, s: torch.Tensor, rope, at) -> tuple[torch.Tensor, list]:
+    """model.readout with each coda layer's keys and values kept (the same numbers)."""
+    tr = model.transformer
+    x = tr.ln_f(s) if model.config.ln_f_after_recurrence else s
+    kvs = []
+    for block in tr.coda:
+        rec = _Record()
+        x = block(x, rope, rec)
+        kvs.append(rec.kv)
+    return model.lm_head(tr.ln_f(x[at])).float(), kvs
 
 
 @dataclass
@@ -131,8 +161,6 @@ def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, r
     rope = model.rotary(ids.shape[1])
     prelude_kv = None
     if cache and isinstance(model, RecurrentDepthModel):
-        from wise.decoding import embed_recording
-
         e, prelude_kv = embed_recording(model, ids, rope)
     else:
         e = model.embed(ids, rope)
