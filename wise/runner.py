@@ -99,7 +99,6 @@ class KVRecorder:
         self.kv: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
-
         self.kv[(step, layer)] = (k, v)
         return causal_attention(q, k, v) if self.inner is None else self.inner(q, k, v, step=step, layer=layer)
 
