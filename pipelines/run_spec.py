@@ -17,6 +17,7 @@ whole setting in columns).
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -43,11 +44,18 @@ def _file_sha256(path: Path) -> str:
 
 @lru_cache(maxsize=8)
 def weights_id(source: str, revision: str | None = None) -> str:
-    """``sha256:<hex>`` of the checkpoint's weights, ``preset:<name>@<seed>`` for a preset."""
+    """``sha256:<hex>`` of the checkpoint's weights (a retrofit: of its added weights and its base's
+    sha256), ``preset:<name>@<seed>`` for a preset."""
     if source.startswith("preset:"):
         name, _, seed = source[len("preset:"):].partition("@")
         return f"preset:{name}@{int(seed or 0)}"
-    files, weight_map = weight_files(resolve_model_source(source, revision))
+    folder = resolve_model_source(source, revision)
+    added = folder / "retrofit.safetensors"
+    if added.is_file():  # a RecurTrace retrofit: its added weights and the base they sit on
+        base = json.loads((folder / "config.json").read_text()).get("base_sha256", "")
+        listing = f"{_file_sha256(added)}  retrofit.safetensors\n{base}  base\n"
+        return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
+    files, weight_map = weight_files(folder)
     if weight_map is None:
         return f"sha256:{_file_sha256(files[0])}"
     listing = "".join(f"{_file_sha256(f)}  {f.name}\n" for f in sorted(files, key=lambda f: f.name))
@@ -57,7 +65,7 @@ def weights_id(source: str, revision: str | None = None) -> str:
 @lru_cache(maxsize=1)
 def code_version() -> dict[str, str | None]:
     """``code_version``: the installed wise package's version; ``code_commit``: git HEAD of the
-    working directory's checkout. Each None when it cannot be read (no install, no git)."""
+    checkout this code runs from. Each None when it cannot be read (no install, no git)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -65,7 +73,8 @@ def code_version() -> dict[str, str | None]:
     except PackageNotFoundError:
         package = None
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parents[1])
         commit = out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         commit = None

@@ -131,10 +131,10 @@ def whole_model_rows(p: Params, dev) -> list[dict]:
 
 
 def same_columns(rows: list[dict]) -> list[dict]:
-    """Every row with every column, in first-seen order (None where a row has none): pyarrow takes
-    a table's columns from its first row, and the whole-model rows bring columns of their own."""
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    return [{k: r.get(k) for k in columns} for r in rows]
+    """Every row with every column of the timing schema (None where a row has none: attention rows
+    lack the whole-model columns and the other way round); a key the schema lacks stays, so that
+    writing the rows refuses it."""
+    return [{**dict.fromkeys(schemas.TIMING.names), **r} for r in rows]
 
 
 def run_timing(p: Params) -> None:

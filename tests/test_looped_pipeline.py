@@ -35,10 +35,11 @@ def make_retrofit(root):
 
 
 def test_wise_stages_run_on_the_looped_model(tmp_path, monkeypatch):
-    from pipelines import paths
+    from pipelines import paths, schemas
     from pipelines.artifacts import write_parquet
     from pipelines.cohorts import build_cohort
-    from pipelines.discovery import run_supports, run_traces
+    from pipelines.discovery import run_supports
+    from pipelines.traces import run_traces
     from pipelines.evaluate import run_condition_stage
     from pipelines.params import load_params
 
@@ -54,7 +55,7 @@ def test_wise_stages_run_on_the_looped_model(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     monkeypatch.chdir(tmp_path)
     p = load_params("params.yaml")  # model facts come from the retrofit's config.json
-    write_parquet(build_cohort(p), paths.COHORT)
+    write_parquet(build_cohort(p), paths.COHORT, schemas.COHORT)
     run_traces(p)
     run_supports(p)
     run_condition_stage(p)

@@ -62,8 +62,9 @@ def test_timing_rows_fit_the_timing_schema_and_it_lists_every_bench_column(monke
     assert list(schemas.TIMING_MEASURED) == bench.MEASURED_KEYS + bench.PREPARED_KEYS
     p = Params()
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64, 128)))
-    rows = timing_rows(p)  # no CUDA here: the planned rows, every measurement NaN
-    assert to_table(rows, schemas.TIMING, "timing").num_rows == len(rows) == 2
+    rows = timing.same_columns(timing_rows(p))  # no CUDA here: the planned rows, every measurement NaN
+    assert to_table(rows, schemas.TIMING, "timing").num_rows == len(rows)
+    assert sum(r["source"] != "whole_model" for r in rows) == 2  # the attention rows
 
 
 def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(monkeypatch):
@@ -82,7 +83,7 @@ def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(m
     monkeypatch.setattr(bench, "benchmark", lambda lays, n, b, h, kv, d, dtype, label, **kw: bench.planned_rows(
         n, b, h, kv, d, dtype, label, lays.shape[0], status="ok"))
     monkeypatch.setattr(timing, "model_supports", lambda params: [("model_wise:x", 300, torch.ones(1, 4, 2, 2).bool())])
-    rows = timing.timing_rows(p)
+    rows = [r for r in timing.timing_rows(p) if r["source"] != "whole_model"]  # attention rows
     assert [(r["source"], r["block_size"], r["status"]) for r in rows] == [
         ("random", 32, "ok"),
         ("model_supports", 256, "skipped: the kernel supports block sizes [16, 32, 64, 128], not wise.block_size")]
