@@ -399,8 +399,13 @@ def model_facts(source: str) -> dict | None:
     from wise.models.config import RecurrentConfig
 
     if source.startswith("preset:"):
-        cfg = RecurrentConfig.from_name(source[len("preset:"):].partition("@")[0])
-        return _facts(cfg)
+        name = source[len("preset:"):].partition("@")[0]
+        if name == "wise-chain":
+            from wise.models.construct import ChainSpec, chain_config
+            from wise.data.synthchain import build_tokenizer
+
+            return _facts(chain_config(ChainSpec(), build_tokenizer().get_vocab_size()))
+        return _facts(RecurrentConfig.from_name(name))
     if (Path(source) / "config.json").is_file():
         from wise.models.checkpoint import load_config
 

@@ -168,10 +168,16 @@ def resolve_model_source(source: str, revision: str | None = None) -> Path:
 def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", revision: str | None = None) -> RecurrentDepthModel:
     """Load a checkpoint folder / hub id (at ``revision``), or build ``preset:<name>`` with seeded
-    random weights (``preset:tiny-random@seed``). A retrofit folder gives a ``wise.looped.LoopedModel``."""
+    random weights (``preset:tiny-random@seed``); ``preset:wise-chain@seed`` is the constructed
+    calibration model. A retrofit folder gives a ``wise.looped.LoopedModel``."""
     if source.startswith("preset:"):
         name, _, seed = source[len("preset:"):].partition("@")
-        model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), int(seed or 0))
+        if name == "wise-chain":  # the calibration model: weights computed, not random
+            from wise.models.construct import ChainSpec, build_chain_model
+
+            model = build_chain_model(ChainSpec(seed=int(seed or 0)))[0]
+        else:
+            model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), int(seed or 0))
         return model.to(device=device, dtype=dtype).eval()
     folder = resolve_model_source(source, revision)
     config = load_config(folder)
