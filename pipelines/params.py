@@ -4,8 +4,11 @@ Every stage loads the whole file once (so a typo anywhere is caught early) and r
 sections. A bad value raises ``ParamsError`` whose message names the key, e.g.
 ``params.yaml: wise.eta = 1.5: must be in (0, 1]``. A params file must give every key of every
 section (a missing key is an error naming it, never a silent default) and no unknown section;
-``train:`` belongs to the train_backbone stage and is checked by ``stages/validate.py``. The
+``train:`` and ``retrofit:`` belong to their stages and are checked by ``stages/validate.py``. The
 dataclass defaults below serve library use (``parse(raw, complete=False)``), not params files.
+
+Over 400 lines on purpose: the schema of every section and the checks of its keys sit in one file,
+so a new key's field and its check are written (and reviewed) side by side.
 Relations between keys (sweep values against ``wise.window`` / ``wise.discovery_step`` / T, the
 sweep length among the cohort's lengths, block sizes against the kernel backend, context lengths
 against the model's positions) are checked here too, so a bad combination fails before any stage
