@@ -25,32 +25,13 @@ from tqdm import tqdm
 
 from wise.looped.data import IGNORE, BatchStream, SpecialIds, check_vocab, default_workers
 from wise.looped.recipe import BaseTraining, RetrofitParams, Training
+from wise.objective import batch_loss, lr_at
 from wise.looped.tables import write_csv, write_json
 
 LOSS_CURVE = "loss_curve.csv"
 SUMMARY = "train_summary.json"
 PROBE_TABLE = "block_probe.parquet"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
-               lm_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, answer loss, lm loss): token means of cross-entropy over the two target sets
-    (masked sums over counts, so no host synchronisation; an empty set contributes 0)."""
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
-                         reduction="none").view_as(targets)
-    answer_mask = is_answer.to(ce.dtype)
-    lm_mask = ((targets != IGNORE) & ~is_answer).to(ce.dtype)
-    answer = (ce * answer_mask).sum() / answer_mask.sum().clamp(min=1)
-    lm = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
-    return answer + lm_weight * lm, answer, lm
-
-
-def lr_at(cfg: Training, progress: float, step: int) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
 
 
 def autocast_for(device: torch.device, weights: torch.dtype):

@@ -25,12 +25,12 @@ from typing import Iterator
 import numpy as np
 
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
+from wise.objective import IGNORE  # target value that no loss counts
 from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
 from wise.training.config import TrainConfig
 
-IGNORE = -100  # target value that no loss counts
 
 
 @dataclass

@@ -40,6 +40,7 @@ from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.scoring import score_cell
 from wise.training.batches import IGNORE, Batch, BatchStream
 from wise.training.config import TrainConfig
+from wise.objective import batch_loss, lr_at
 
 LOSS_CURVE = "loss_curve.csv"
 EVAL_CURVE = "eval_curve.csv"
@@ -109,30 +110,6 @@ def recurrent_forward(model: RecurrentDepthModel, ids: torch.Tensor, num_steps: 
     for t in range(free + 1, num_steps + 1):
         s = model.core_step(s, e, t, rope, observer=observer)
     return model.readout(s, rope)
-
-
-def batch_loss(logits: torch.Tensor, targets: torch.Tensor, is_answer: torch.Tensor,
-               lm_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, answer loss, lm loss): token means of cross-entropy over the two target sets.
-
-    Masked sums over counts instead of boolean indexing: indexing sizes its result on the host,
-    i.e. synchronises with the GPU every step, and the training loop is host-bound (the next
-    step's kernels should be queued while this one runs). An empty set contributes 0."""
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE,
-                         reduction="none").view_as(targets)
-    answer_mask = is_answer.to(ce.dtype)
-    lm_mask = ((targets != IGNORE) & ~is_answer).to(ce.dtype)
-    answer = (ce * answer_mask).sum() / answer_mask.sum().clamp(min=1)
-    lm = (ce * lm_mask).sum() / lm_mask.sum().clamp(min=1)
-    return answer + lm_weight * lm, answer, lm
-
-
-def lr_at(config: TrainConfig, progress: float, step: int) -> float:
-    """Linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio over progress."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cos)
 
 
 def build_model(config: TrainConfig) -> RecurrentDepthModel:
