@@ -269,3 +269,18 @@ def test_halting_and_adaptive_params_name_the_bad_key():
             RetrofitParams.from_dict(raw)
     # the heads and the evaluation are downstream of the checkpoints: not part of their recipe
     assert RetrofitParams.from_dict({"halting": {"delta": 0.5}}).recipe("lma") == RetrofitParams().recipe("lma")
+
+
+def test_validate_requires_every_halting_and_adaptive_key():
+    import yaml
+
+    from pipelines.params import ParamsError
+    from stages.validate import check_retrofit
+
+    raw = yaml.safe_load(open("params.yaml").read())
+    check_retrofit(raw, "params.yaml")
+    for section, key in (("halting", "delta"), ("adaptive", "wise_eta")):
+        broken = yaml.safe_load(open("params.yaml").read())
+        del broken["retrofit"][section][key]
+        with pytest.raises(ParamsError, match=rf"retrofit\.{section}\.{key}"):
+            check_retrofit(broken, "params.yaml")
