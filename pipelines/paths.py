@@ -17,6 +17,18 @@ STATS_DIR = DATA / "stats"
 METRICS_JSON = DATA / "metrics.json"
 SUMMARY_MD = DATA / "report" / "summary.md"
 DUCKDB = DATA / "wise.duckdb"
+RETROFIT_DIR = DATA / "retrofit"  # RecurTrace tables (wise.looped, wise.adaptive)
+HALTING_LOOPS = RETROFIT_DIR / "halting_loops.parquet"
+HALTING_SELECTION = RETROFIT_DIR / "halting_selection.parquet"
+ADAPTIVE_LOOPS = RETROFIT_DIR / "adaptive_loops.parquet"
+ADAPTIVE_EXAMPLES = RETROFIT_DIR / "adaptive_examples.parquet"
+ADAPTIVE_SUMMARY = RETROFIT_DIR / "adaptive_summary.parquet"
+ADAPTIVE_DEPTH = RETROFIT_DIR / "adaptive_depth.parquet"
+ADAPTIVE_HISTOGRAM = RETROFIT_DIR / "adaptive_histogram.parquet"
+ADAPTIVE_WISE = RETROFIT_DIR / "adaptive_wise.parquet"
+ADAPTIVE_WISE_SUMMARY = RETROFIT_DIR / "adaptive_wise_summary.parquet"
+ADAPTIVE_MD = RETROFIT_DIR / "adaptive.md"
+ADAPTIVE_JSON = RETROFIT_DIR / "adaptive.json"
 
 # DuckDB view name -> Parquet file. Names and columns are documented in README.md.
 VIEWS = {
@@ -36,4 +48,13 @@ VIEWS = {
     "stability": STATS_DIR / "stability.parquet",
     "sweep_summary": STATS_DIR / "sweep_summary.parquet",
     "context_scaling": STATS_DIR / "context_scaling.parquet",
+    "halting_loops": HALTING_LOOPS,
+    "halting_selection": HALTING_SELECTION,
+    "adaptive_loops": ADAPTIVE_LOOPS,
+    "adaptive_examples": ADAPTIVE_EXAMPLES,
+    "adaptive_summary": ADAPTIVE_SUMMARY,
+    "adaptive_depth": ADAPTIVE_DEPTH,
+    "adaptive_histogram": ADAPTIVE_HISTOGRAM,
+    "adaptive_wise": ADAPTIVE_WISE,
+    "adaptive_wise_summary": ADAPTIVE_WISE_SUMMARY,
 }

@@ -15,6 +15,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pipelines import paper_reference as paper  # noqa: E402
+from pipelines.adaptive_report import adaptive_section, fig_accuracy_vs_loops  # noqa: E402
 from pipelines.calibration_report import calibration_markdown, fig_calibration  # noqa: E402
 from pipelines.artifacts import write_text  # noqa: E402
 from pipelines.params import Params  # noqa: E402
@@ -313,6 +314,8 @@ def build_markdown(p: Params, d: dict) -> str:
         L += [paper.pointer("context scaling on HotpotQA, N=30 per length", "CONTEXT_SCALING",
                             cmp["context"]), ""]
     L += [f"![density vs context]({d['figures']['context']})", ""]
+    if d.get("adaptive"):
+        L += adaptive_section(d["adaptive"], d["figures"]["adaptive"], f, table)
     return "\n".join(L)
 
 
@@ -338,6 +341,8 @@ def write_report(p: Params, d: dict, family: str | None) -> None:
     }
     if d.get("calibration"):
         d["figures"]["calibration"] = fig_calibration(d["calibration"], _save, plt, p.wise.discovery_step)
+    if d.get("adaptive"):
+        d["figures"]["adaptive"] = fig_accuracy_vs_loops(d["adaptive"]["summary"], _save, plt)
     md = build_markdown(p, d)
     write_text(md, "data/report/report.md")
     write_text(markdown_to_html(md), "data/report/report.html")

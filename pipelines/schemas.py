@@ -121,6 +121,38 @@ CONTEXT_SCALING = _schema([("context_length", INT), ("n", INT)],
                                   "retained_future_mass", "call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash"),
                           [("timing_support", STR)])
 
+# -- RecurTrace adaptive depth (pipelines.adaptive: stages train_halting, adaptive_eval) -----------
+# which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
+ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
+                 ("device", STR), ("threads", INT), ("code_version", STR), ("code_commit", STR), ("pool", STR)] + \
+    _ints("t_min", "t_max") + [("delta", FLOAT)]
+HALTING_LOOPS = _schema([("split", STR), ("example_id", STR), ("benchmark", STR)], _ints("hops", "loop"),
+                        [("nll", FLOAT), ("correct", BOOL), ("top1", FLOAT), ("label", INT)],
+                        _floats("p_continue", "act_halt", "pondernet_halt"))
+HALTING_SELECTION = _schema([("rule", STR), ("threshold", FLOAT), ("T", INT)],
+                            _floats("mean_depth", "mean_nll", "accuracy", "reference_nll", "tolerance"),
+                            [("reference_T", INT), ("feasible", BOOL), ("chosen", BOOL)])
+ADAPTIVE_EXAMPLES = _schema([("example_id", STR), ("benchmark", STR), ("hops", INT), ("method", STR), ("kind", STR),
+                             ("threshold", FLOAT)], _ints("depth", "loops_computed"),
+                            [("correct", BOOL), ("nll", FLOAT), ("correct_at_1", BOOL)], ADAPTIVE_SPEC)
+ADAPTIVE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("kind", STR), ("threshold", FLOAT), ("n", INT)],
+                           _floats("accuracy", "nll", "mean_loops", "mean_loops_computed", "wall_ms"),
+                           [("timed", INT), ("best_fixed", STR), ("mcnemar_p", FLOAT)],
+                           _ints("only_method_right", "only_best_right"))
+ADAPTIVE_DEPTH = _schema([("benchmark", STR), ("method", STR), ("difficulty", STR), ("n", INT)],
+                         _floats("mean_loops", "accuracy"))
+ADAPTIVE_HISTOGRAM = _schema([("benchmark", STR), ("method", STR)], _ints("loops", "count"))
+ADAPTIVE_WISE = _schema([("example_id", STR), ("benchmark", STR), ("hops", INT), ("method", STR), ("n_tokens", INT)],
+                        _ints("full_depth", "wise_depth", "late_loops"),
+                        [("full_correct", BOOL), ("wise_correct", BOOL)], _floats("full_nll", "wise_nll"),
+                        [("same_prediction", BOOL)], _ints("full_tiles", "wise_tiles"), [("late_density", FLOAT),
+                        ("state_hash_td", STR)], _ints("t_d", "w", "B"), [("eta", FLOAT)], ADAPTIVE_SPEC)
+ADAPTIVE_WISE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("n", INT)],
+                                _floats("full_accuracy", "wise_accuracy", "full_nll", "wise_nll", "full_mean_loops",
+                                        "wise_mean_loops", "full_tiles_per_example", "wise_tiles_per_example",
+                                        "tiles_saved"),
+                                [("with_late_loops", INT)], _floats("late_density", "same_prediction", "mcnemar_p"))
+
 # DuckDB view name (pipelines.paths.VIEWS: the artifact each one reads) -> the artifact's schema.
 BY_VIEW = {
     "examples": COHORT,
@@ -139,4 +171,13 @@ BY_VIEW = {
     "stability": STABILITY,
     "sweep_summary": SWEEP_SUMMARY,
     "context_scaling": CONTEXT_SCALING,
+    "halting_loops": HALTING_LOOPS,
+    "halting_selection": HALTING_SELECTION,
+    "adaptive_loops": HALTING_LOOPS,
+    "adaptive_examples": ADAPTIVE_EXAMPLES,
+    "adaptive_summary": ADAPTIVE_SUMMARY,
+    "adaptive_depth": ADAPTIVE_DEPTH,
+    "adaptive_histogram": ADAPTIVE_HISTOGRAM,
+    "adaptive_wise": ADAPTIVE_WISE,
+    "adaptive_wise_summary": ADAPTIVE_WISE_SUMMARY,
 }

@@ -141,6 +141,7 @@ def headline_metrics(summary: list[dict]) -> dict:
 
 
 def run_statistics(p: Params) -> None:
+    from pipelines.adaptive_report import adaptive_data
     from pipelines.calibration_report import calibration_data
     from pipelines.cohorts import model_text
     from pipelines.discovery import iter_trace_masses
@@ -159,6 +160,7 @@ def run_statistics(p: Params) -> None:
         calibration = calibration_data(con, p, per_example, oracle_for(p.model.source, model_text(p.model.source).tokenizer))
         sweeps = sweep_summary(con, p)
         timing = query_rows(con, "SELECT * FROM timing ORDER BY label, n, block_size")
+        adaptive = adaptive_data(con)
     finally:
         con.close()
     summary = summarise(rows, p)
@@ -188,7 +190,7 @@ def run_statistics(p: Params) -> None:
     facts = model_facts(p.model.source)
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
-                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration},
+                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

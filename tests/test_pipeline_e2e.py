@@ -54,6 +54,10 @@ def project():
     params["statistics"].update(bootstrap_resamples=200)
     params["sweeps"].update(eta=[0.8, 0.95], discovery_step=[2, 3], window=[1, 2], block_size=[16, 32],
                             examples_per_benchmark=1, context_length=160)
+    # RecurTrace on the committed embedded retrofit: a few rows and loops (the checkpoints are kept)
+    params["retrofit"]["eval"].update(n=3, depths=[1, 2])
+    params["retrofit"]["halting"].update(train_n=3, heldout_n=3, t_max=3, steps=20)
+    params["retrofit"]["adaptive"].update(timing_examples=1, timing_repeats=1, wise_examples=1)
     (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
            "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"), "GIT_AUTHOR_NAME": "t",
@@ -70,7 +74,8 @@ def test_all_stages_write_outputs(project):
     tmp, env, repro = project
     head = run(["git", "rev-parse", "HEAD"], tmp, env).stdout.strip()
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
-                  "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size"):
+                  "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
+                  "train_halting", "adaptive_eval"):
         assert f"Running stage '{stage}'" in repro.stdout
     # The shipped model is never retrained: the stage does not run, or (its code changed since the
     # committed lock) it runs and keeps the folder, whose recipe matches `train:`.

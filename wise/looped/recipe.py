@@ -7,6 +7,10 @@ before any work starts; a bad value raises ``ValueError`` naming the key
       train:             variable-depth training of the added modules
       eval:              the fixed-depth table
       base_train:        the project's own embedded base decoder (a small Qwen3)
+      halting:           the halting heads on the frozen retrofit (oracle-distilled, ACT, PonderNet)
+                         and the held-out choice of their thresholds
+      adaptive:          the adaptive-depth evaluation on eval's test rows: wall time, WISE under
+                         adaptive depth
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # synthchain as pure pointer chasing (no successor refinement) over chains of 1..4 hops: with the
 # project's BPE an entity is 5 tokens and a fact 18, so 4 hops and their distractors fit 256 tokens.
 CHAIN_SOURCES = {"synthchain": {"max_hops": 4, "max_refine": 0}}
+POOLS = ("mean", "last")  # the halting heads' pooled state z_t (wise.adaptive.trajectory)
 
 
 def _need(ok: bool, section: str, obj: Any, key: str, why: str) -> None:
@@ -224,6 +229,82 @@ class EvalParams:
         _need(self.batch_rows >= 1, s, self, "batch_rows", "must be >= 1")
 
 
+def _unit_grid(section: str, obj, key: str) -> None:
+    grid = getattr(obj, key)
+    _need(len(grid) > 0 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1
+                                for x in grid), section, obj, key, "must be a non-empty list of numbers in [0, 1]")
+
+
+@dataclass(frozen=True)
+class HaltingParams:
+    """The halting heads (wise.adaptive): trained on eval's benchmarks at eval's context, on other
+    splits (train: the heads learn; validation: the thresholds are chosen)."""
+
+    variant: str = "lma"  # the retrofit the heads sit on
+    train_n: int = 64  # examples per benchmark, train split
+    heldout_n: int = 64  # examples per benchmark, validation split
+    seed: int = 0  # draw of both splits, and PonderNet's halting draws
+    pool: str = "mean"  # z_t: mean of h over the prompt's positions | last: the last prompt position
+    delta: float = 0.01  # oracle margin (nats per answer token): y_t = 1[min_{t'>t} L_t' < L_t - delta]
+    t_min: int = 2  # floor: the head is first consulted after loop t_min
+    t_max: int = 8  # budget
+    tau_grid: tuple = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)  # stop when p_t < tau
+    # the confidence rule stops when the least top-1 probability of the answer's tokens reaches it
+    confidence_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+    nll_tolerance: float = 0.005  # "loses no likelihood": held-out NLL <= best fixed depth in [t_min, t_max] + this
+    steps: int = 300  # full-batch Adam steps per head
+    lr: float = 0.05
+    l2: float = 0.001  # weight penalty of every head
+    act_ponder_cost: float = 0.01  # ACT: tau of the ponder cost N + R
+    act_epsilon: float = 0.01
+    pondernet_beta: float = 0.01  # PonderNet: weight of the KL to the geometric prior
+    pondernet_prior: float = 0.25  # lambda_p of the prior (mean 1 / lambda_p loops)
+
+    def __post_init__(self) -> None:
+        s = "retrofit.halting"
+        _need(self.variant in VARIANTS, s, self, "variant", f"must be one of {list(VARIANTS)}")
+        _need(self.train_n >= 1, s, self, "train_n", "must be >= 1")
+        _need(self.heldout_n >= 1, s, self, "heldout_n", "must be >= 1")
+        _need(self.pool in POOLS, s, self, "pool", f"must be one of {list(POOLS)}")
+        _need(self.delta >= 0, s, self, "delta", "must be >= 0")
+        _need(self.t_min >= 1, s, self, "t_min", "must be >= 1")
+        _need(self.t_max > self.t_min, s, self, "t_max", "must be > t_min (the head needs a loop to decide on)")
+        _unit_grid(s, self, "tau_grid")
+        _unit_grid(s, self, "confidence_grid")
+        _need(self.nll_tolerance >= 0, s, self, "nll_tolerance", "must be >= 0")
+        _need(self.steps >= 1, s, self, "steps", "must be >= 1")
+        _need(self.lr > 0, s, self, "lr", "must be > 0")
+        _need(self.l2 >= 0, s, self, "l2", "must be >= 0")
+        _need(self.act_ponder_cost >= 0, s, self, "act_ponder_cost", "must be >= 0")
+        _need(0 < self.act_epsilon < 1, s, self, "act_epsilon", "must be in (0, 1)")
+        _need(self.pondernet_beta >= 0, s, self, "pondernet_beta", "must be >= 0")
+        _need(0 < self.pondernet_prior < 1, s, self, "pondernet_prior", "must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class AdaptiveParams:
+    """The adaptive-depth evaluation on eval's test rows (every row: accuracy, loops, McNemar)."""
+
+    timing_examples: int = 8  # per benchmark: online runs of every method, batch of one, for wall time
+    timing_repeats: int = 3  # runs of each (example, method), interleaved; the fastest counts (a shared CPU is noisy)
+    wise_examples: int = 32  # per benchmark: WISE under adaptive depth (the halting head)
+    wise_discovery_step: int = 2  # t_d: the working set comes from loops t_d-w+1..t_d, reused from t_d+1
+    wise_window: int = 2  # w
+    wise_block_size: int = 16  # B
+    wise_eta: float = 0.95
+
+    def __post_init__(self) -> None:
+        s = "retrofit.adaptive"
+        _need(self.timing_examples >= 1, s, self, "timing_examples", "must be >= 1")
+        _need(self.timing_repeats >= 1, s, self, "timing_repeats", "must be >= 1")
+        _need(self.wise_examples >= 1, s, self, "wise_examples", "must be >= 1")
+        _need(self.wise_discovery_step >= 1, s, self, "wise_discovery_step", "must be >= 1")
+        _need(1 <= self.wise_window <= self.wise_discovery_step, s, self, "wise_window",
+              "must be in [1, wise_discovery_step]")
+        _need(self.wise_block_size >= 1, s, self, "wise_block_size", "must be >= 1")
+        _need(0 < self.wise_eta <= 1, s, self, "wise_eta", "must be in (0, 1]")
+
+
 @dataclass(frozen=True)
 class RetrofitParams:
     base: str = "data/models/recurtrace-base"  # hub id (Qwen/Qwen3-0.6B), local folder, or the embedded base
@@ -246,6 +327,8 @@ class RetrofitParams:
     train: RetrofitTraining = field(default_factory=RetrofitTraining)
     eval: EvalParams = field(default_factory=EvalParams)
     base_train: BaseTraining = field(default_factory=BaseTraining)
+    halting: HaltingParams = field(default_factory=HaltingParams)
+    adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
 
     def __post_init__(self) -> None:
         s = "retrofit"
@@ -262,10 +345,17 @@ class RetrofitParams:
         _need(self.gate_hidden >= 1, s, self, "gate_hidden", "must be >= 1")
         _need(0 < self.max_added_fraction <= 1, s, self, "max_added_fraction", "must be in (0, 1]")
         _need(self.mean_recurrence >= 1, s, self, "mean_recurrence", "must be >= 1")
+        if self.adaptive.wise_discovery_step >= self.halting.t_max:
+            raise ValueError(f"retrofit.adaptive.wise_discovery_step = {self.adaptive.wise_discovery_step}: must be "
+                             f"< retrofit.halting.t_max = {self.halting.t_max} (no loop would reuse the working set)")
 
     @classmethod
     def from_dict(cls, raw: Any) -> "RetrofitParams":
         return _from_dict(cls, raw, "retrofit")
+
+    def halting_out(self) -> str:
+        """The halting heads' folder (stage train_halting)."""
+        return f"data/models/{self.name}-halting"
 
     def out(self, variant: str) -> str:
         """The checkpoint folder of a variant ("lma" | "plain")."""
@@ -276,7 +366,7 @@ class RetrofitParams:
     def recipe(self, variant: str) -> dict:
         """What a retrofit checkpoint of `variant` was trained from (its train_recipe.json)."""
         d = dataclasses.asdict(self)
-        for key in ("eval", "base_train"):
+        for key in ("eval", "base_train", "halting", "adaptive"):  # downstream of the checkpoint
             d.pop(key)
         if variant == "plain":  # the memory's shape does not change a plain retrofit
             for key in ("window", "lma_heads", "lma_head_dim", "gate_hidden", "gamma_init", "gate_bias_init"):

@@ -1,0 +1,180 @@
+"""Stage adaptive_eval (RecurTrace part 2, wise.adaptive) on a retrofit checkpoint.
+
+``run_adaptive_eval``: trajectories of retrofit.eval's test rows (the rows of the fixed-depth
+table), every method replayed on each, the summary with McNemar against the best fixed depth of
+the heads' card, depth vs difficulty, the loop histograms; wall time from online runs of every
+method on the first ``timing_examples`` rows per benchmark (each must decide exactly as its
+replay did); WISE under adaptive depth for the rules that read only the state, on the first
+``wise_examples`` rows per benchmark (its Full continuation must be the rule's table row).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from pipelines import paths, schemas
+from pipelines.artifacts import write_json, write_parquet, write_text
+from pipelines.halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
+from wise.looped.recipe import RetrofitParams
+
+
+def _sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _check_card(card: dict, params: RetrofitParams, weights_id: str) -> None:
+    stale = []
+    if card.get("params") != json.loads(json.dumps(dataclasses.asdict(params.halting))):
+        stale.append("retrofit.halting")
+    if card.get("data") != data_keys(params):
+        stale.append("retrofit.eval benchmarks / sources / context")
+    if card.get("weights_id") != weights_id:
+        stale.append(f"the retrofit {card.get('model')}")
+    if stale:
+        raise ValueError(f"{params.halting_out()}/halting.json was trained for other {', '.join(stale)} than "
+                         "now: run the train_halting stage (dvc repro train_halting) first")
+
+
+def _first(rows, k: int) -> list:
+    """The first k rows of each benchmark, in row order."""
+    per: dict[str, list] = {}
+    for r in rows:
+        if len(per.setdefault(r.benchmark, [])) < k:
+            per[r.benchmark].append(r)
+    return [r for b in per.values() for r in b]
+
+
+def _replay_all(trajs, rules, spec: dict) -> tuple[list[dict], dict]:
+    """Every rule on every trajectory: the example rows and {(example, rule): (decision, answer)}."""
+    from wise.adaptive.rules import outcome, replay
+
+    examples, decided = [], {}
+    for tr in trajs:
+        for rule in rules:
+            d = replay(rule, tr)
+            s = outcome(tr, d)
+            decided[(tr.example_id, rule.name)] = (d, s)
+            examples.append({"example_id": tr.example_id, "benchmark": tr.benchmark, "hops": tr.hops,
+                             "method": rule.name, "kind": rule.kind, "threshold": rule.threshold, "depth": d.depth,
+                             "loops_computed": d.computed, "correct": s.correct, "nll": s.nll,
+                             "correct_at_1": tr.signals[0].correct, **spec})
+    return examples, decided
+
+
+def _wall_times(model, rows, rules, decided: dict, h, repeats: int) -> dict[tuple[str, str], list[float]]:
+    """{(benchmark or 'all', rule): seconds per row}: each rule run online on each row `repeats`
+    times, interleaved with the other rules so a busy spell of a shared machine hits all of them,
+    the fastest run counting (after one untimed warm-up). Every run must decide and answer exactly
+    as the rule's replay on the row's trajectory."""
+    from wise.adaptive.online import run_online
+    from wise.adaptive.tables import ALL
+
+    run_online(model, rows[0], max(rules, key=lambda r: getattr(r, "T", 0)), h.t_max, h.pool)
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        fastest: dict[str, float] = {}
+        for _ in range(repeats):
+            for rule in rules:
+                d, s, sec = run_online(model, row, rule, h.t_max, h.pool)
+                ref_d, ref_s = decided[(row.example_id, rule.name)]
+                if not (d == ref_d and s.correct == ref_s.correct and s.nll == ref_s.nll):
+                    raise AssertionError(f"{rule.name} on {row.example_id}: the online run decided {d} (correct "
+                                         f"{s.correct}, nll {s.nll}), its replay {ref_d} (correct {ref_s.correct}, "
+                                         f"nll {ref_s.nll})")
+                fastest[rule.name] = min(sec, fastest.get(rule.name, sec))
+        for name, sec in fastest.items():
+            for bench in (row.benchmark, ALL):
+                seconds.setdefault((bench, name), []).append(sec)
+    return seconds
+
+
+def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dict]:
+    """WISE under adaptive depth for every rule that reads only the state (halting head, ACT,
+    PonderNet); each Full continuation must decide as the rule's table row."""
+    from wise.adaptive.online import wise_adaptive
+    from wise.runner import WiseSettings, state_seed
+
+    settings = WiseSettings(steps=h.t_max, discovery_step=ad.wise_discovery_step, window=ad.wise_window,
+                            block_size=ad.wise_block_size, eta=ad.wise_eta, backend="reference")
+    out = []
+    for rule in (r for r in rules if r.kind == "adaptive" and not r.needs_readout):
+        for row in rows:
+            res = wise_adaptive(model, row, rule, h.t_max, h.pool, settings, state_seed(row.example_id, h.seed))
+            full, wise = res["full"], res["wise"]
+            ref_d, ref_s = decided[(row.example_id, rule.name)]
+            # the runner hands h to an observer (a copy, not a view of the state): the NLL may differ
+            # in the last bits, the decision must not
+            if full["decision"] != ref_d or full["answer"].correct != ref_s.correct or \
+                    abs(full["answer"].nll - ref_s.nll) > 1e-4:
+                raise AssertionError(f"{rule.name} on {row.example_id}: Full-adaptive through the WISE runner "
+                                     f"decided {full['decision']} (nll {full['answer'].nll}), its table row "
+                                     f"{ref_d} (nll {ref_s.nll})")
+            out.append({
+                "example_id": row.example_id, "benchmark": row.benchmark, "hops": row.hops, "method": rule.name,
+                "n_tokens": res["n_tokens"], "full_depth": full["decision"].depth,
+                "wise_depth": wise["decision"].depth,
+                "late_loops": max(0, wise["decision"].depth - ad.wise_discovery_step),
+                "full_correct": full["answer"].correct, "wise_correct": wise["answer"].correct,
+                "full_nll": full["answer"].nll, "wise_nll": wise["answer"].nll,
+                "same_prediction": full["answer"].pred == wise["answer"].pred,
+                "full_tiles": full["tiles"], "wise_tiles": wise["tiles"], "late_density": res["density"],
+                "state_hash_td": res["state_hash_td"], "t_d": ad.wise_discovery_step, "w": ad.wise_window,
+                "B": ad.wise_block_size, "eta": ad.wise_eta, **spec})
+    return out
+
+
+def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
+    from pipelines.adaptive_report import adaptive_markdown, notes_from_card
+    from pipelines.report import f, table
+    from pipelines.run_spec import code_version
+    from wise.adaptive import tables
+    from wise.adaptive.heads import WEIGHTS, load_heads
+    from wise.adaptive.rules import method_rules
+    from wise.looped.evaluate import checkpoint_fingerprint
+
+    heads, card = load_heads(params.halting_out())
+    h, ad = params.halting, params.adaptive
+    folder, config, model, tok, special = load_model(params, h.variant, device)
+    weights_id = "sha256:" + checkpoint_fingerprint(folder)
+    _check_card(card, params, weights_id)
+    spec = {"model": folder, "weights_id": weights_id, "base_sha256": config.base_sha256,
+            "heads_id": "sha256:" + _sha256(Path(params.halting_out()) / WEIGHTS), "dtype": params.dtype,
+            "device": str(device), "threads": torch.get_num_threads(), **code_version(), "pool": h.pool,
+            "t_min": h.t_min, "t_max": h.t_max, "delta": h.delta}
+    rows = rows_of(params, tok, special, "test", params.eval.n, params.eval.seed)
+    trajs = run_trajectories(model, rows, h.t_max, h.pool, "test")
+    rules = method_rules(heads, card)
+    examples, decided = _replay_all(trajs, rules, spec)
+    seconds = _wall_times(model, _first(rows, ad.timing_examples), rules, decided, h, ad.timing_repeats)
+    best = f"fixed@{card['best_fixed_depth']}"
+    summary = tables.summarize(examples, best, [r.name for r in rules], seconds)
+    adaptive = [r.name for r in rules if r.kind != "fixed"]
+    depth = tables.depth_vs_difficulty(examples, adaptive)
+    hist = tables.histogram(examples, adaptive, h.t_max)
+    wise_rows = _wise_rows(model, _first(rows, ad.wise_examples), rules, decided, h, ad, spec)
+    wise_summary = tables.wise_summary(wise_rows)
+
+    write_parquet(loop_rows("test", trajs, heads, h.delta), paths.ADAPTIVE_LOOPS, schemas.HALTING_LOOPS)
+    write_parquet(examples, paths.ADAPTIVE_EXAMPLES, schemas.ADAPTIVE_EXAMPLES)
+    write_parquet(summary, paths.ADAPTIVE_SUMMARY, schemas.ADAPTIVE_SUMMARY)
+    write_parquet(depth, paths.ADAPTIVE_DEPTH, schemas.ADAPTIVE_DEPTH)
+    write_parquet(hist, paths.ADAPTIVE_HISTOGRAM, schemas.ADAPTIVE_HISTOGRAM)
+    write_parquet(wise_rows, paths.ADAPTIVE_WISE, schemas.ADAPTIVE_WISE)
+    write_parquet(wise_summary, paths.ADAPTIVE_WISE_SUMMARY, schemas.ADAPTIVE_WISE_SUMMARY)
+    md = adaptive_markdown(summary, depth, wise_summary, notes_from_card(card, params.eval.n),
+                           {"t_d": ad.wise_discovery_step, "w": ad.wise_window, "B": ad.wise_block_size,
+                            "eta": ad.wise_eta}, f, table)
+    write_text(md + "\n", paths.ADAPTIVE_MD)
+    pooled = [r for r in summary if r["benchmark"] == tables.ALL]
+    metrics = {"best_fixed": best, "tau": card["tau"], "confidence_threshold": card["confidence_threshold"],
+               "methods": {r["method"]: {k: r[k] for k in ("accuracy", "nll", "mean_loops", "wall_ms", "mcnemar_p")}
+                           for r in pooled},
+               "wise": {r["method"]: {k: v for k, v in r.items() if k not in ("benchmark", "method")}
+                        for r in wise_summary if r["benchmark"] == tables.ALL}}
+    write_json(metrics, paths.ADAPTIVE_JSON)
+    return {"markdown": md, "metrics": metrics}

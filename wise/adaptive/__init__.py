@@ -1,0 +1,11 @@
+"""Adaptive depth on a retrofitted looped model (RecurTrace part 2): one depth per example.
+
+``trajectory`` runs a row through loops 1..T_max and keeps what every depth rule reads after each
+loop (the pooled block state, the answer's loss, correctness, confidence, predicted tokens);
+``heads`` holds the linear halting heads (oracle-distilled, ACT, PonderNet) and their training;
+``rules`` the depth rules (fixed, the halting head, CALM confidence, ACT, PonderNet, the
+token-mismatch and correctness oracles), replayed on trajectories or driven loop by loop, and the
+held-out threshold selection; ``online`` runs a rule loop by loop for wall time and WISE under
+adaptive depth (through ``wise.runner``); ``tables`` the per-method summary, McNemar and depth vs
+difficulty.
+"""
