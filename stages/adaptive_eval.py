@@ -10,40 +10,17 @@ are then those of one core, steadier on a shared machine.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
-
 from pipelines.adaptive import run_adaptive_eval
-from wise.looped.recipe import load_retrofit_params
+from stages.retrofit_cli import run_stage
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads on a CPU (0: torch's default); see the module doc")
-    args = ap.parse_args(argv)
-    try:
-        params = load_retrofit_params(args.params)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"adaptive_eval: {err}", file=sys.stderr)
-        return 2
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    threads = torch.get_num_threads()
-    if device == "cpu" and args.threads > 0:
-        torch.set_num_threads(args.threads)
-    try:
-        result = run_adaptive_eval(params, device=device)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"adaptive_eval: {err}", file=sys.stderr)
-        return 1
-    finally:
-        torch.set_num_threads(threads)
-    print(result["markdown"])
-    return 0
+    code, _, result = run_stage("adaptive_eval", __doc__, lambda p, device: run_adaptive_eval(p, device=device), argv)
+    if code == 0:
+        print(result["markdown"])
+    return code
 
 
 if __name__ == "__main__":

@@ -13,38 +13,18 @@ embedded retrofit: ~7 ms on one thread, 14-140 ms on two, with another process b
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
-
 from pipelines.halting import run_train_halting
-from wise.looped.recipe import load_retrofit_params
+from stages.retrofit_cli import run_stage
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads on a CPU (0: torch's default); see the module doc")
-    args = ap.parse_args(argv)
-    try:
-        params = load_retrofit_params(args.params)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"train_halting: {err}", file=sys.stderr)
-        return 2
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    threads = torch.get_num_threads()
-    if device == "cpu" and args.threads > 0:
-        torch.set_num_threads(args.threads)
-    try:
-        card = run_train_halting(params, device=device)
-    finally:
-        torch.set_num_threads(threads)
-    print(f"train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
-          f"best fixed depth (held-out accuracy) = {card['best_fixed_depth']} -> {params.halting_out()}")
-    return 0
+    code, params, card = run_stage("train_halting", __doc__, lambda p, device: run_train_halting(p, device=device), argv)
+    if code == 0:
+        print(f"train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
+              f"best fixed depth (held-out accuracy) = {card['best_fixed_depth']} -> {params.halting_out()}")
+    return code
 
 
 if __name__ == "__main__":
