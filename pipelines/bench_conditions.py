@@ -10,13 +10,16 @@ the whole recurrence over prompt + prefix (``generation: rerun`` without a share
 each condition's late steps and a K/V-cached decode. Both run the same examples in this process on
 the params' model, dtype, device and backend. Prints seconds per (example × condition) per
 condition and path, and last ``speedup=<float> agree=<fraction of (example, condition)
-predictions equal>``.
+predictions equal>``. ``--skip-today`` times the new path only (after one untimed warm-up run),
+for a quick look at where one condition's time goes; its last line then reads ``speedup=nan
+agree=nan``.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -62,6 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=None, help="prompt budget (default: the longest in params)")
     ap.add_argument("--n", type=int, default=4, help="examples")
     ap.add_argument("--json", default=None, help="also write the measurements here")
+    ap.add_argument("--skip-today", action="store_true", help="time the new path only (no speedup)")
     args = ap.parse_args(argv)
     p = load_params(args.params, check_model=args.source is None)
     if args.source:
@@ -79,12 +83,16 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats()
     old = {c: 0.0 for c in names}
     new = {c: 0.0 for c in ("prefix", *names)}
-    alone = {"full": 0.0, "wise": 0.0}
+    alone = {c: {"total": 0.0, "prefix": 0.0, "late": 0.0} for c in ("full", "wise")}
     same = 0
+    if args.skip_today:  # what today's path would have compiled and cached (kernels, schedules)
+        r = rows[0]
+        evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings,
+                         state_seed(r["example_id"], p.recurrence.init_seed), max_new, stop, "cached")
     for r in rows:
         seed = state_seed(r["example_id"], p.recurrence.init_seed)
         before = {}
-        for c in names:  # today: each condition alone, re-running the recurrence per token
+        for c in ([] if args.skip_today else names):  # today: each condition alone, re-running per token
             start = clock(device)
             before[c] = evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new,
                                          stop, "rerun", share_prefix=False)[c]
@@ -92,14 +100,18 @@ def main(argv=None) -> int:
         profile = {}
         after = evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings, seed, max_new, stop,
                                  "cached", profile=profile)
-        for key, secs in profile.items():
-            new[key] += secs
-        same += sum(before[c].tokens == after[c].tokens for c in names)
+        for key in new:
+            new[key] += profile[key]
+        same += sum(before[c].tokens == after[c].tokens for c in before)
         for c in ("full", "wise"):  # each alone on the new path: what one condition costs by itself
             if c in names:
+                own = {}
                 start = clock(device)
-                evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new, stop, "cached")
-                alone[c] += clock(device) - start
+                evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new, stop,
+                                 "cached", profile=own)
+                alone[c]["total"] += clock(device) - start
+                alone[c]["prefix"] += own["prefix"]
+                alone[c]["late"] += own[f"{c}:late"]
     n, k = len(rows), len(names)
     old_total, new_total = sum(old.values()), sum(new.values())
     print(f"bench_conditions: {p.model.source} ({p.model.dtype}, {device}"
@@ -110,12 +122,15 @@ def main(argv=None) -> int:
     print("| --- | --- | --- |")
     print(f"| shared prefix (steps 1..t_d, once) | – | {new['prefix'] / n:.3f} |")
     for c in names:
-        print(f"| {c} | {old[c] / n:.3f} | {new[c] / n:.3f} |")
-    print(f"| **per example × condition** | **{old_total / (n * k):.3f}** | **{new_total / (n * k):.3f}** |")
-    speedup, agree = old_total / new_total, same / (n * k)
+        print(f"| {c} | {'–' if args.skip_today else f'{old[c] / n:.3f}'} | {new[c] / n:.3f} |")
+    today = "–" if args.skip_today else f"**{old_total / (n * k):.3f}**"
+    print(f"| **per example × condition** | {today} | **{new_total / (n * k):.3f}** |")
+    speedup, agree = (math.nan, math.nan) if args.skip_today else (old_total / new_total, same / (n * k))
     if "full" in names and "wise" in names:
-        print(f"new path, one condition alone (its own prefix): full {alone['full'] / n:.3f} s, "
-              f"wise {alone['wise'] / n:.3f} s per example")
+        print("new path, one condition alone (its own prefix), s per example: " + "; ".join(
+            f"{c} {a['total'] / n:.3f} (steps 1..t_d {a['prefix'] / n:.3f}"
+            f"{' with discovery' if c == 'wise' else ''}, late steps {a['late'] / n:.3f}, "
+            f"gold rows + decoding {(a['total'] - a['prefix'] - a['late']) / n:.3f})" for c, a in alone.items()))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     print(f"K/V cache per example (steps 1..t_d shared + one condition's late steps at a time): "
           f"{kv_bytes / 2**30:.2f} GiB; peak GPU memory: {'n/a' if peak is None else f'{peak:.1f} GiB'}")

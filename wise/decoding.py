@@ -60,7 +60,9 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
     """Every condition of one example (`seed` = ``state_seed`` of the example). share_prefix=False
     (rerun only) runs each condition's passes on their own, as separate runs would: the same
     numbers, more work (the benchmark's "today" path). `profile` (cached only) receives the seconds
-    of the shared prefix ("prefix") and of each condition's fork."""
+    of the shared prefix ("prefix"), of each condition's fork (its share of its group's) and, as
+    "<condition>:late", the part of the fork spent in the late steps over the prompt (the rest is
+    the gold answer's rows and decoding)."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
     if max_new_tokens < 1 or not answer_ids:
@@ -131,6 +133,7 @@ def _cached(model, prompt, answer, conds, settings, seed, max_new, stop, profile
             lates = [run_late(model, prefix, "truncate", settings, cache=True)]
         else:
             lates = run_late_batch(model, prefix, group, settings, cache=True)
+        late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
         ctxs = [DecodeContext(model, prefix, late, settings) for late in lates]
         last = torch.cat([ctx.last_logits() for ctx in ctxs])
         # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails)
@@ -161,6 +164,7 @@ def _cached(model, prompt, answer, conds, settings, seed, max_new, stop, profile
             secs = (_clock(model.device) - start) / len(group)
             for c in group:
                 profile[c] = secs
+                profile[f"{c}:late"] = late_secs  # of which the late steps over the prompt
     return {c: out[c] for c in conds}
 
 
@@ -178,7 +182,9 @@ def _groups(model, prefix: Prefix, conds, settings: WiseSettings) -> list[list[s
         item = prefix.state.element_size()
         kv = (settings.steps - settings.discovery_step) * cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
         frozen = cfg.n_core * cfg.heads * n * n * 4 if "freeze_a" in rest else 0
-        free = torch.cuda.mem_get_info(model.device)[0]
+        # memory the caching allocator holds but no tensor uses is free for these caches too
+        free = (torch.cuda.mem_get_info(model.device)[0] + torch.cuda.memory_reserved(model.device)
+                - torch.cuda.memory_allocated(model.device))
         size = max(1, min(len(rest), int(0.5 * free - frozen) // max(1, kv + 2 * n * cfg.hidden * item)))
     return groups + [rest[i:i + size] for i in range(0, len(rest), size)]
 
