@@ -10,7 +10,6 @@ replay did); WISE under adaptive depth for the rules that read only the state, o
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
@@ -20,11 +19,6 @@ from pipelines import paths, schemas
 from pipelines.artifacts import write_json, write_parquet, write_text
 from pipelines.halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
 from wise.looped.recipe import RetrofitParams
-
-
-def _sha256(path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _check_card(card: dict, params: RetrofitParams, weights_id: str) -> None:
@@ -131,19 +125,18 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
 def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.adaptive_report import adaptive_markdown, notes_from_card
     from pipelines.report import f, table
-    from pipelines.run_spec import code_version
+    from pipelines.run_spec import code_version, file_sha256, weights_id as weights_id_of
     from wise.adaptive import tables
     from wise.adaptive.heads import WEIGHTS, load_heads
     from wise.adaptive.rules import method_rules
-    from wise.looped.evaluate import checkpoint_fingerprint
 
     heads, card = load_heads(params.halting_out())
     h, ad = params.halting, params.adaptive
     folder, config, model, tok, special = load_model(params, h.variant, device)
-    weights_id = "sha256:" + checkpoint_fingerprint(folder)
+    weights_id = weights_id_of(str(folder))
     _check_card(card, params, weights_id)
     spec = {"model": folder, "weights_id": weights_id, "base_sha256": config.base_sha256,
-            "heads_id": "sha256:" + _sha256(Path(params.halting_out()) / WEIGHTS), "dtype": params.dtype,
+            "heads_id": "sha256:" + file_sha256(Path(params.halting_out()) / WEIGHTS), "dtype": params.dtype,
             "device": str(device), "threads": torch.get_num_threads(), **code_version(), "pool": h.pool,
             "t_min": h.t_min, "t_max": h.t_max, "delta": h.delta}
     rows = rows_of(params, tok, special, "test", params.eval.n, params.eval.seed)

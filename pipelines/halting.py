@@ -79,7 +79,7 @@ def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
     from wise.adaptive import heads as H
     from wise.adaptive import rules as R
     from wise.adaptive.trajectory import stacked
-    from wise.looped.evaluate import checkpoint_fingerprint
+    from pipelines.run_spec import weights_id
 
     h = params.halting
     folder, config, model, tok, special = load_model(params, h.variant, device)
@@ -112,7 +112,7 @@ def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
     for r in selection:
         r.update(reference_nll=ref_nll, reference_T=ref_T, tolerance=h.nll_tolerance)
 
-    card = {"variant": h.variant, "model": folder, "weights_id": "sha256:" + checkpoint_fingerprint(folder),
+    card = {"variant": h.variant, "model": folder, "weights_id": weights_id(str(folder)),
             "base_sha256": config.base_sha256, "params": json.loads(json.dumps(dataclasses.asdict(h))),
             "data": data_keys(params), "dtype": params.dtype, "device": str(device), "threads": torch.get_num_threads(),
             "t_min": h.t_min, "t_max": h.t_max, "pool": h.pool, "delta": h.delta, "seed": h.seed,

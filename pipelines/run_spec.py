@@ -37,7 +37,7 @@ def wise_settings(p: Params) -> WiseSettings:
                         backend=p.conditions.backend)
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -53,12 +53,12 @@ def weights_id(source: str, revision: str | None = None) -> str:
     added = folder / "retrofit.safetensors"
     if added.is_file():  # a RecurTrace retrofit: its added weights and the base they sit on
         base = json.loads((folder / "config.json").read_text()).get("base_sha256", "")
-        listing = f"{_file_sha256(added)}  retrofit.safetensors\n{base}  base\n"
+        listing = f"{file_sha256(added)}  retrofit.safetensors\n{base}  base\n"
         return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
     files, weight_map = weight_files(folder)
     if weight_map is None:
-        return f"sha256:{_file_sha256(files[0])}"
-    listing = "".join(f"{_file_sha256(f)}  {f.name}\n" for f in sorted(files, key=lambda f: f.name))
+        return f"sha256:{file_sha256(files[0])}"
+    listing = "".join(f"{file_sha256(f)}  {f.name}\n" for f in sorted(files, key=lambda f: f.name))
     return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
 
 

@@ -17,7 +17,7 @@ from stages.retrofit_cli import run_stage
 
 
 def main(argv=None) -> int:
-    code, _, result = run_stage("adaptive_eval", __doc__, lambda p, device: run_adaptive_eval(p, device=device), argv)
+    code, _, result = run_stage("adaptive_eval", __doc__, run_adaptive_eval, argv)
     if code == 0:
         print(result["markdown"])
     return code

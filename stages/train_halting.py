@@ -20,7 +20,7 @@ from stages.retrofit_cli import run_stage
 
 
 def main(argv=None) -> int:
-    code, params, card = run_stage("train_halting", __doc__, lambda p, device: run_train_halting(p, device=device), argv)
+    code, params, card = run_stage("train_halting", __doc__, run_train_halting, argv)
     if code == 0:
         print(f"train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
               f"best fixed depth (held-out accuracy) = {card['best_fixed_depth']} -> {params.halting_out()}")
