@@ -6,8 +6,9 @@
 
 "Today" is the path the conditions stage had: every condition on its own, each new token re-running
 the whole recurrence over prompt + prefix (``generation: rerun`` without a shared prefix). "New" is
-``wise.decoding.evaluate_example`` with ``generation: cached``: steps 1..t_d once per example, then
-each condition's late steps and a K/V-cached decode. Both run the same examples in this process on
+``wise.decoding.evaluate_examples`` with ``generation: cached`` on all the examples at once, as a
+conditions-stage work item runs them: steps 1..t_d once per example, then the late steps and a
+K/V-cached decode of every (example, condition) row of equal-length prompts as one batch. Both run the same examples in this process on
 the params' model, dtype, device and backend. Prints seconds per (example × condition) per
 condition and path, and last ``speedup=<float> agree=<fraction of (example, condition)
 predictions equal>``. ``--skip-today`` times the new path only (after one untimed warm-up run),
@@ -33,8 +34,9 @@ from pipelines.dryrun import DEFAULT_TOKENIZER, build_example
 from pipelines.params import load_params
 from pipelines.pool import ModelWorker
 from wise.data.tokenizer import load_tokenizer
-from wise.decoding import evaluate_example
+from wise.decoding import evaluate_example, evaluate_examples
 from wise.runner import state_seed
+from wise.support import density
 
 
 def examples(p, model, n: int, context: int | None) -> list[dict]:
@@ -84,25 +86,27 @@ def main(argv=None) -> int:
     old = {c: 0.0 for c in names}
     new = {c: 0.0 for c in ("prefix", *names)}
     alone = {c: {"total": 0.0, "prefix": 0.0, "late": 0.0} for c in ("full", "wise")}
-    same = 0
     if args.skip_today:  # what today's path would have compiled and cached (kernels, schedules)
         r = rows[0]
         evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings,
                          state_seed(r["example_id"], p.recurrence.init_seed), max_new, stop, "cached")
-    for r in rows:
-        seed = state_seed(r["example_id"], p.recurrence.init_seed)
+    seeds = [state_seed(r["example_id"], p.recurrence.init_seed) for r in rows]
+    befores = []
+    for r, seed in zip(rows, seeds):  # today: each condition alone, re-running the recurrence per token
         before = {}
-        for c in ([] if args.skip_today else names):  # today: each condition alone, re-running per token
+        for c in ([] if args.skip_today else names):
             start = clock(device)
             before[c] = evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new,
                                          stop, "rerun", share_prefix=False)[c]
             old[c] += clock(device) - start
-        profile = {}
-        after = evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings, seed, max_new, stop,
-                                 "cached", profile=profile)
-        for key in new:
-            new[key] += profile[key]
-        same += sum(before[c].tokens == after[c].tokens for c in before)
+        befores.append(before)
+    profile = {}  # new: every example in one call, as the conditions stage's work items run
+    afters = evaluate_examples(model, [(r["token_ids"], r["answer_ids"], seed) for r, seed in zip(rows, seeds)],
+                               names, settings, max_new, stop, "cached", profile=profile)
+    for key in new:
+        new[key] += profile[key]
+    same = sum(before[c].tokens == after[c].tokens for before, after in zip(befores, afters) for c in before)
+    for r, seed in zip(rows, seeds):
         for c in ("full", "wise"):  # each alone on the new path: what one condition costs by itself
             if c in names:
                 own = {}
@@ -131,6 +135,9 @@ def main(argv=None) -> int:
             f"{c} {a['total'] / n:.3f} (steps 1..t_d {a['prefix'] / n:.3f}"
             f"{' with discovery' if c == 'wise' else ''}, late steps {a['late'] / n:.3f}, "
             f"gold rows + decoding {(a['total'] - a['prefix'] - a['late']) / n:.3f})" for c, a in alone.items()))
+    if "wise" in names:  # what the kernel's late steps can save depends on it
+        dens = [density(a["wise"].layouts) for a in afters]
+        print(f"WISE late support density (kept causal blocks / causal blocks): {sum(dens) / len(dens):.3f}")
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     print(f"K/V cache per example (steps 1..t_d shared + one condition's late steps at a time): "
           f"{kv_bytes / 2**30:.2f} GiB; peak GPU memory: {'n/a' if peak is None else f'{peak:.1f} GiB'}")

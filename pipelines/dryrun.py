@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     # One work item with every condition, as the conditions stage sends it: one shared prefix.
     ctx = {**base, "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
            "stop_ids": stop, "generation": p.conditions.generation}
-    out, secs, peak = timed(lambda: worker.run("conditions", item, ctx), device)
+    batch, secs, peak = timed(lambda: worker.run("conditions", {"examples": [item]}, ctx), device)
+    out = batch["examples"][0]
     hashes = {row["state_hash_td"] for row in out["rows"]}
     generated = {row["condition"]: len(row["prediction_ids"]) for row in out["rows"]}
     phases.append({"phase": "conditions", "seconds": round(secs, 2), "peak_gib": peak, "generated": generated})

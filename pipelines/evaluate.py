@@ -1,6 +1,7 @@
 """The conditions stage: every condition on every example, scored, paired against Full.
 
-Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
+Work items are up to ``conditions.batch_examples`` examples of one prompt length, decoded as one
+batch (``wise.decoding.evaluate_examples``). Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
 normalisation), classifies answer changes versus Full, joins the support metrics of the supports
 stage, and checks pairing: all conditions of an example must reach t_d in the same state, and
 each run's late support must be the one derived from the Full trace (an error naming the example
@@ -35,20 +36,31 @@ def run_condition_stage(p: Params) -> None:
     for r in read_parquet(paths.SUPPORT_LAYOUTS).to_pylist():
         layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
     text = model_text(p.model.source, p.model.revision)
-    items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
-             for r in cohort]
+    items = work_items(cohort, p.conditions.batch_examples if p.conditions.generation == "cached" else 1)
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
                "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
                "generation": p.conditions.generation,
                "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
-        outputs = pool.map("conditions", items, context, desc="conditions")
+        batches = pool.map("conditions", items, context, desc="conditions")
+    by_id = {out["example_id"]: {**out, "worker": batch["worker"]} for batch in batches for out in batch["examples"]}
+    outputs = [by_id[r["example_id"]] for r in cohort]
     rows = result_rows(p, cohort, outputs, support, layouts, text.tokenizer)
     write_parquet(rows, paths.CONDITION_RESULTS, schemas.CONDITION_RESULTS)
     mismatched = [f"{r['example_id']}/{r['condition']}" for r in rows if r["support_matches_trace"] is False]
     if mismatched:
         print(f"conditions: {len(mismatched)} row(s) kept with support_matches_trace = false "
               f"(conditions.allow_support_mismatch), left out of the statistics: {', '.join(mismatched[:10])}")
+
+
+def work_items(cohort: list[dict], batch: int) -> list[dict]:
+    """Work items of up to `batch` examples whose prompts have one length (the generation engine
+    decodes such examples as one batch), in the cohort's order of first appearance."""
+    by_length: dict[int, list[dict]] = {}
+    for r in cohort:
+        by_length.setdefault(len(r["token_ids"]), []).append(
+            {"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]})
+    return [{"examples": group[i:i + batch]} for group in by_length.values() for i in range(0, len(group), batch)]
 
 
 def result_rows(p: Params, cohort: list[dict], outputs: list[dict], support: dict, layouts: dict, tok) -> list[dict]:

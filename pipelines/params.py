@@ -80,6 +80,9 @@ class ConditionParams:
     max_new_tokens: int = 8
     backend: str = "reference"  # late attention: reference | gather | kernel | flex
     generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
+    # cached: examples whose prompts have one length go to a worker together, up to this many, and
+    # are decoded as one batch (GPU memory may split it further)
+    batch_examples: int = 8
     # A run whose support differs from the one the supports stage derived from the trace fails the
     # stage; true keeps such rows, flagged (support_matches_trace = false), out of the statistics.
     allow_support_mismatch: bool = False
@@ -280,6 +283,8 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
              p.conditions.backend, "must be reference, gather, kernel or flex")
     _require(p.conditions.generation in ("cached", "rerun"), "conditions.generation",
              p.conditions.generation, "must be cached or rerun")
+    _require(p.conditions.batch_examples >= 1, "conditions.batch_examples", p.conditions.batch_examples,
+             "must be >= 1")
     _require(p.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", p.model.dtype,
              "must be float32, bfloat16 or float16")
     _require(p.model.device in ("auto", "cpu", "cuda"), "model.device", p.model.device, "must be auto, cpu or cuda")

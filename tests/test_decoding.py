@@ -6,7 +6,7 @@ import torch
 from wise.calibration import CONDITIONS
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.tokenizer import load_tokenizer
-from wise.decoding import evaluate_example
+from wise.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights, load_checkpoint
 from wise.models.construct import build_chain_model
 from wise.runner import WiseSettings, initial_state, state_seed
@@ -87,3 +87,32 @@ def test_cached_and_rerun_agree_on_the_trained_model():
     model = load_checkpoint("data/models/wise-small")
     tok = load_tokenizer("data/models/wise-small")
     assert agreement(model, tok, "synthhop", 256, 6, 4) >= 0.95
+
+
+def test_examples_decoded_together_give_the_numbers_of_each_alone(tiny):
+    # three prompts of one length (answers of two lengths: two gold batches) and one of another
+    exs = [(ids_of(48, 20), ids_of(3, 30), 5), (ids_of(48, 21), ids_of(2, 31), 6),
+           (ids_of(48, 22), ids_of(3, 32), 7), (ids_of(33, 23), ids_of(4, 33), 8)]
+    together = evaluate_examples(tiny, exs, CONDITIONS, SETTINGS, 4, {1}, "cached")
+    for (prompt, answer, seed), runs in zip(exs, together):
+        alone = evaluate_example(tiny, prompt, answer, CONDITIONS, SETTINGS, seed, 4, {1}, "cached")
+        for c in CONDITIONS:
+            assert runs[c].tokens == alone[c].tokens, c
+            assert runs[c].gold_logprob == pytest.approx(alone[c].gold_logprob, abs=1e-5), c
+            assert runs[c].state_hash == alone[c].state_hash
+            assert (runs[c].layouts is None) == (alone[c].layouts is None)
+            if runs[c].layouts is not None:
+                assert torch.equal(runs[c].layouts, alone[c].layouts)
+    # different examples really did differ (the batch kept each example's own prompt and seed)
+    assert len({r["full"].state_hash for r in together}) == len(exs)
+
+
+def test_rows_decoded_together_keep_their_own_supports(tiny):
+    """Each condition of a batch attends through its own late support: swapping in another
+    condition's rows changes the answers' log-probs (the batch does not mix rows up)."""
+    prompt, answer = ids_of(70, 40), ids_of(4, 41)
+    batch = evaluate_example(tiny, prompt, answer, CONDITIONS, SETTINGS, 3, 4, {1}, "cached")
+    for c in CONDITIONS:
+        alone = evaluate_example(tiny, prompt, answer, [c], SETTINGS, 3, 4, {1}, "cached")[c]
+        assert batch[c].tokens == alone.tokens and batch[c].gold_logprob == pytest.approx(alone.gold_logprob, abs=1e-5)
+    assert len({round(batch[c].gold_logprob, 4) for c in CONDITIONS}) > 2

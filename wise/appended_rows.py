@@ -1,5 +1,6 @@
-"""Rows appended after a cached prompt (``wise.decoding``'s cached mode): their tails of keys and
-values, and their attention against the prompt's caches under each condition.
+"""Rows appended after cached prompts (``wise.decoding``'s cached mode), for a batch of
+(example, condition) rows at once: their caches, their tails of keys and values, and their
+attention against the prompts' caches under each row's condition.
 
 A new row's late support is the row of its query block in the prompt's support, unioned with the
 support its own query row discovers: its own block masses (one row, so |I_q| = 1) at step 1 and over
@@ -7,10 +8,15 @@ the discovery window, through the condition's rule (WISE: the union of η-mass s
 window; Static-95: the step-1 support at 0.95; MassMatched / SizeMatched: the step-1 ranking cut at
 the mass / size of its WISE row; Freeze-A: its own step-t_d weights inside its WISE row,
 renormalised). Rows added later to the same block union into that block's row.
+
+Attention of the new rows is computed here rather than through SDPA: the scores against the
+prompt's cache (shared by every condition of an example at steps 1..t_d) and against the tail are
+two matrix products whose fp32 scores are joined before one softmax, so no cache is copied to
+append a row, every row of a batch goes through the same few launches, and the probabilities the
+rows' own discovery needs come out of the same pass. Scores and the probability-weighted sums
+accumulate in fp32 from operands in the model's dtype, as a flash kernel does.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,34 +32,6 @@ def last_row(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, dtype=torch.long, device=device), torch.tensor([n - 1], device=device)
 
 
-@dataclass
-class Tail:
-    """Rows appended after the prompt: ids, per (step, layer) keys/values, final states, and per
-    layer the key blocks their own discovery added to each query block's row."""
-
-    ids: list[int] = field(default_factory=list)
-    kv: dict = field(default_factory=dict)  # (step, layer) -> (k, v) [1, Hkv, r, d]
-    states: torch.Tensor | None = None  # [1, r, h] after the last step
-    blocks: dict = field(default_factory=dict)  # (layer, query block) -> bool [H, M]
-
-
-class DecodeContext:
-    """A condition's prompt pass (its prefix and late steps, with caches) that new rows extend."""
-
-    def __init__(self, model, prefix: Prefix, late: Late, settings: WiseSettings):
-        self.model, self.prefix, self.late, self.s = model, prefix, late, settings
-        self.n = prefix.ids.shape[1]
-        self.coda_kv: list | None = None  # the prompt rows' coda keys/values under this condition
-
-    def last_logits(self) -> torch.Tensor:
-        """Logits [1, vocab] of the prompt's last row (keeping the coda's keys for new rows)."""
-        at = last_row(self.n, self.late.state.device)
-        if own_architecture(self.model) and self.prefix.prelude_kv is not None:
-            logits, self.coda_kv = readout_recording(self.model, self.late.state, self.prefix.rope, at)
-            return logits
-        return self.model.readout(self.late.state, self.prefix.rope, at=at)
-
-
 def own_architecture(model) -> bool:
     """The project's RecurrentDepthModel: its prelude and coda blocks can be run row by row against
     cached keys (other models, e.g. wise.looped, recompute them over the whole sequence)."""
@@ -62,150 +40,283 @@ def own_architecture(model) -> bool:
     return isinstance(model, RecurrentDepthModel)
 
 
-class AppendAttention:
-    """attend(q, k, v) of a prelude/coda block for r new rows after cached keys [C, Hkv, N0, d]."""
-
-    def __init__(self, cached: tuple[torch.Tensor, torch.Tensor]):
-        self.cached = cached
-
-    def __call__(self, q, k, v):
-        self.kv = (k, v)
-        K, V = torch.cat([self.cached[0], k], 2), torch.cat([self.cached[1], v], 2)
-        heads, r, N = q.shape[1], q.shape[2], K.shape[2]
-        mask = None
-        if r > 1:
-            mask = (torch.arange(N, device=q.device)[None, :] <= torch.arange(N - r, N, device=q.device)[:, None])
-            mask = mask[None, None]
-        return F.scaled_dot_product_attention(q, repeat_kv(K, heads), repeat_kv(V, heads), attn_mask=mask)
+_OUT_DTYPE_OK: dict[tuple, bool] = {}
 
 
-def stacked(parts: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+def bmm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for 3-d operands, accumulated and returned in fp32 (half operands stay half where the
+    device's matmul can write fp32 directly; otherwise they are upcast)."""
+    if a.dtype == torch.float32:
+        return torch.bmm(a, b.float())
+    key = (a.device.type, a.dtype)
+    if _OUT_DTYPE_OK.get(key, a.device.type == "cuda"):
+        try:
+            out = torch.bmm(a, b, out_dtype=torch.float32)
+            _OUT_DTYPE_OK[key] = True
+            return out
+        except (RuntimeError, TypeError, NotImplementedError):
+            _OUT_DTYPE_OK[key] = False
+    return torch.bmm(a.float(), b.float())
 
 
-def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
-    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+def _rows_x_shared(x: torch.Tensor, kv_heads: int, m: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """x [b, H, r, ·] (b rows of one example) against one example's m [Hkv, N, d]: one product
+    over all b rows (query heads grouped onto their kv head) -> [b, H, r, N] (scores, transpose)
+    or [b, H, r, d] (weighted values)."""
+    b, H, r, w = x.shape
+    g = H // kv_heads
+    xs = x.reshape(b, kv_heads, g * r, w).transpose(0, 1).reshape(kv_heads, b * g * r, w)
+    out = bmm_f32(xs, m.transpose(1, 2) if transpose else m)
+    return out.reshape(kv_heads, b, g * r, -1).transpose(0, 1).reshape(b, H, r, -1)
 
 
-class RowAttention:
-    """Attention of r new rows at positions start.. against the prompt's and the tail's keys."""
+def _rows_x_own(x: torch.Tensor, m: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """x [R, H, r, ·] against each row's own m [R, Hkv, N, d] -> [R, H, r, N or d]."""
+    R, H, r, w = x.shape
+    kv_heads = m.shape[1]
+    g = H // kv_heads
+    xs = x.reshape(R * kv_heads, g * r, w)
+    mm = m.reshape(R * kv_heads, m.shape[2], m.shape[3])
+    out = bmm_f32(xs, mm.transpose(1, 2) if transpose else mm)
+    return out.reshape(R, H, r, -1)
 
-    def __init__(self, ctx: DecodeContext, tail: Tail, start: int, r: int):
-        self.ctx, self.tail, self.start, self.r = ctx, tail, start, r
-        self.new_kv: dict = {}
-        self.masses: dict[int, dict[int, torch.Tensor]] = {}  # step -> layer -> [H, r, M] fp16
-        self.qk_td: dict[int, torch.Tensor] = {}  # layer -> step-t_d probs [H, r, N]
-        self.support: dict[int, torch.Tensor] = {}  # layer -> bool [H, r, N] token mask of late steps
-        self.frozen: dict[int, torch.Tensor] = {}  # layer -> Freeze-A weights [H, r, N]
-        self._causal_mask: torch.Tensor | None = None
-        s_ = ctx.s  # steps whose masses the rows' own supports need
-        self.record_steps = (set() if ctx.late.condition in SUPPORT_FREE else
-                             {1, *discovery_steps(s_.discovery_step, s_.window)})
 
-    def _keys(self, step, layer, k, v):
-        cache = self.ctx.prefix.kv if step <= self.ctx.s.discovery_step else self.ctx.late.kv
-        pk, pv = cache[(step, layer)]
-        parts_k, parts_v = [pk], [pv]
-        if (step, layer) in self.tail.kv:
-            tk, tv = self.tail.kv[(step, layer)]
-            parts_k.append(tk)
-            parts_v.append(tv)
-        self.new_kv[(step, layer)] = (k, v)
-        return torch.cat([*parts_k, k], 2), torch.cat([*parts_v, v], 2)
+class Cache:
+    """Keys and values of the prompts for one (step, layer) or prelude/coda layer, in parts: each
+    part is (k, v, rows, shared): one example's cache shared by a run of rows ([1, Hkv, n, d],
+    e.g. steps 1..t_d, the prelude) or the rows' own caches ([b, Hkv, n, d], e.g. one batch of late
+    steps, the coda); parts cover the group's rows in order."""
 
-    def _causal(self, N: int, device) -> torch.Tensor:
-        """bool [r, N]: new row i (position start + i) sees keys up to its own position."""
-        if self._causal_mask is None or self._causal_mask.shape[-1] != N:
-            pos = torch.arange(self.start, self.start + self.r, device=device)
-            self._causal_mask = torch.arange(N, device=device)[None, :] <= pos[:, None]
-        return self._causal_mask
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor, int, bool]]):
+        self.parts = parts
+        self.n = parts[0][0].shape[2]
 
-    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
-        s_ = self.ctx.s
-        K, V = self._keys(step, layer, k, v)
-        heads, N = q.shape[1], K.shape[2]
-        cond = self.ctx.late.condition
-        late = step > s_.discovery_step
-        if late and cond == "freeze_a":
-            w = self._frozen(layer)
-            return torch.matmul(w[None], repeat_kv(V, heads).float()).to(q.dtype)
-        Kr, Vr = repeat_kv(K, heads), repeat_kv(V, heads)
-        if not late and step in self.record_steps:
-            causal = self._causal(N, q.device)
-            scores = torch.matmul(q[0].float(), Kr[0].float().transpose(-1, -2)) * q.shape[-1] ** -0.5
-            probs = torch.softmax(scores.masked_fill(~causal[None], float("-inf")), dim=-1)  # [H, r, N]
-            self.masses.setdefault(step, {})[layer] = self._row_masses(probs)
-            if step == s_.discovery_step and cond == "freeze_a":
-                self.qk_td[layer] = probs
-        if late and cond != "full":
-            mask = self._support(layer) & self._causal(N, q.device)[None]
-        elif self.r == 1:
-            mask = None  # one new row sees every key
-        else:
-            mask = self._causal(N, q.device)[None].expand(heads, -1, -1)
-        # In the model's dtype, as its own attention runs (the prompt's rows attend in it too).
-        return F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=None if mask is None else mask[None])
+    @classmethod
+    def own(cls, k: torch.Tensor, v: torch.Tensor) -> "Cache":
+        return cls([(k, v, k.shape[0], False)])
 
-    def _row_masses(self, probs: torch.Tensor) -> torch.Tensor:
-        """Each row's own block masses [H, r, M] (one query row: |I_q| = 1), rounded to fp16 as
-        the prompt's discovery masses are."""
-        B = self.ctx.s.block_size
-        H, r, N = probs.shape
-        M = -(-N // B)
-        padded = F.pad(probs, (0, M * B - N))
-        return padded.reshape(H, r, M, B).sum(-1).to(torch.float16)
+    def _apply(self, x: torch.Tensor, values: bool) -> torch.Tensor:
+        out, a = [], 0
+        for k, v, rows, shared in self.parts:
+            m = v if values else k
+            xs = x[a:a + rows]
+            if shared:
+                out.append(_rows_x_shared(xs, m.shape[1], m[0], transpose=not values))
+            else:
+                out.append(_rows_x_own(xs, m, transpose=not values))
+            a += rows
+        return out[0] if len(out) == 1 else torch.cat(out)
 
-    def _own_blocks(self, layer: int) -> torch.Tensor:
-        """bool [H, r, M]: each new row's own late support, from its own discovery masses."""
-        s_ = self.ctx.s
-        window = discovery_steps(s_.discovery_step, s_.window)
-        H, r, M = self.masses[1][layer].shape
-        out = torch.zeros(H, r, M, dtype=torch.bool, device=self.masses[1][layer].device)
-        for i in range(r):
-            q = (self.start + i) // s_.block_size
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        return self._apply(q, values=False)
 
-            def square(m):  # the row's masses as row q of a [1, H, M, M] mass tensor
-                sq = torch.zeros(1, H, M, M, dtype=torch.float32, device=m.device)
-                sq[0, :, q] = m[:, i].float()
-                return sq
+    def weighted(self, p: torch.Tensor) -> torch.Tensor:
+        return self._apply(p, values=True)
 
-            d = DiscoveryMasses(step1=square(self.masses[1][layer]),
-                                window=[square(self.masses[t][layer]) for t in window])
-            out[:, i] = condition_support(self.ctx.late.condition, d, s_.eta)[0, :, q]
+    def select(self, idx: list[int]) -> "Cache":
+        """The cache of rows idx (ascending): shared parts kept, own parts sliced."""
+        parts, a = [], 0
+        for k, v, rows, shared in self.parts:
+            mine = [i - a for i in idx if a <= i < a + rows]
+            if mine:
+                if shared:
+                    parts.append((k, v, len(mine), True))
+                elif mine == list(range(mine[0], mine[0] + len(mine))):
+                    parts.append((k[mine[0]:mine[0] + len(mine)], v[mine[0]:mine[0] + len(mine)], len(mine), False))
+                else:
+                    parts.append((k[mine], v[mine], len(mine), False))
+            a += rows
+        return Cache(parts)
+
+
+def attend_rows(q, k, v, cache: Cache, tail: tuple | None, bias: torch.Tensor | None):
+    """Softmax attention of new rows q [R, H, r, d] over the prompt's cache, the tail's keys and
+    their own k/v [R, Hkv, r, d]; bias [R, H, r, N] (0 / -inf) or None (causal among the new rows
+    only). Returns (out [R, H, r, d] in q's dtype, probs [R, H, r, N] fp32, values-of-tail)."""
+    n0 = cache.n
+    tk, tv = (k, v) if tail is None else (torch.cat([tail[0], k], 2), torch.cat([tail[1], v], 2))
+    scores = torch.cat([cache.scores(q), _rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
+    r = q.shape[2]
+    if bias is not None:
+        scores = scores + bias
+    elif r > 1:
+        N = scores.shape[-1]
+        causal = torch.arange(N, device=q.device)[None, :] <= torch.arange(N - r, N, device=q.device)[:, None]
+        scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.softmax(scores, dim=-1), n0, tv
+
+
+def weighted_sum(probs: torch.Tensor, cache: Cache, tv: torch.Tensor, n0: int, dtype) -> torch.Tensor:
+    p = probs.to(tv.dtype)
+    return (cache.weighted(p[..., :n0]) + _rows_x_own(p[..., n0:], tv, transpose=False)).to(dtype)
+
+
+def row_masses(probs: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each row's own block masses [R, H, r, M] (one query row: |I_q| = 1), rounded to fp16 as the
+    prompt's discovery masses are."""
+    R, H, r, N = probs.shape
+    M = -(-N // block_size)
+    return F.pad(probs, (0, M * block_size - N)).reshape(R, H, r, M, block_size).sum(-1).to(torch.float16)
+
+
+def own_blocks(condition: str, masses: dict, settings: WiseSettings, start: int) -> torch.Tensor:
+    """bool [L, R, H, r, M]: each new row's own late support under `condition`, from its own masses
+    (masses[step] [L, R, H, r, M]): row i's masses become query row q_i of a square mass tensor,
+    so the support rules apply exactly as to the prompt's rows."""
+    s_ = settings
+    L, R, H, r, M = masses[1].shape
+    q = torch.tensor([(start + i) // s_.block_size for i in range(r)], device=masses[1].device)
+
+    def square(m):  # [L, R, H, r, M] -> [L*R*r, H, M, M] with row q_i filled
+        rows = m.float().permute(0, 1, 3, 2, 4)  # [L, R, r, H, M]
+        sq = torch.zeros(L, R, r, H, M, M, device=m.device)
+        idx = q.view(1, 1, r, 1, 1, 1).expand(L, R, r, H, 1, M)
+        sq.scatter_(4, idx, rows.unsqueeze(4))
+        return sq.reshape(L * R * r, H, M, M)
+
+    d = DiscoveryMasses(step1=square(masses[1]),
+                        window=[square(masses[t]) for t in discovery_steps(s_.discovery_step, s_.window)])
+    layout = condition_support(condition, d, s_.eta).reshape(L, R, r, H, M, M)
+    idx = q.view(1, 1, r, 1, 1, 1).expand(L, R, r, H, 1, M)
+    return layout.gather(4, idx).squeeze(4).permute(0, 1, 3, 2, 4)  # [L, R, H, r, M]
+
+
+class Tails:
+    """Rows appended after the prompts of a row group: ids per row, per (step, layer) (and
+    ("prelude"/"coda", i)) keys and values [R, Hkv, t, d], final states [R, t, h], and per query
+    block the key blocks its rows' own discovery added, bool [R, L, H, M]."""
+
+    def __init__(self, rows: int):
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.kv: dict = {}
+        self.states: torch.Tensor | None = None
+        self.blocks: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids[0])
+
+    def select(self, idx: torch.Tensor) -> "Tails":
+        out = Tails(0)
+        keep = idx.tolist()
+        out.ids = [list(self.ids[i]) for i in keep]
+        out.kv = {key: (k[idx], v[idx]) for key, (k, v) in self.kv.items()}
+        out.states = None if self.states is None else self.states[idx]
+        out.blocks = {q: b[idx] for q, b in self.blocks.items()}
         return out
 
-    def _support(self, layer: int) -> torch.Tensor:
-        """bool [H, r, N]: key tokens each new row may attend in late steps: its block's row in
-        the prompt's support, unioned with the own supports of the rows added to that block."""
-        if layer in self.support:
-            return self.support[layer]
-        s_ = self.ctx.s
-        B = s_.block_size
-        own = self._own_blocks(layer)  # [H, r, M]
-        H, r, M = own.shape
-        layout = self.ctx.late.layouts[layer]  # [H, Mp, Mp] of the prompt
-        rows = []
-        for i in range(r):
-            q = (self.start + i) // B
-            key = (layer, q)
-            acc = self.tail.blocks.get(key)
-            if acc is not None and acc.shape[-1] < M:  # the sequence grew by a block since
-                acc = F.pad(acc, (0, M - acc.shape[-1]))
-            acc = own[:, i] if acc is None else acc | own[:, i]
-            if q < layout.shape[1]:
-                acc = acc.clone()
-                acc[:, :layout.shape[2]] |= layout[:, q]
-            self.tail.blocks[key] = acc
-            rows.append(acc)
-        blocks = torch.stack(rows, dim=1)  # [H, r, M]
-        N = self.start + r
-        self.support[layer] = blocks.repeat_interleave(B, dim=-1)[..., :N]
-        return self.support[layer]
 
-    def _frozen(self, layer: int) -> torch.Tensor:
-        """Freeze-A for new rows: own step-t_d probabilities inside the late support, renormalised."""
-        if layer not in self.frozen:
-            w = self.qk_td[layer] * self._support(layer)
-            self.frozen[layer] = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
-        return self.frozen[layer]
+class RowGroup:
+    """(example, condition) rows whose prompts have one length, decoded together: the prompt
+    caches of steps 1..t_d and of the prelude are kept per example, those of the late steps and of
+    the coda per row; rows are ordered example by example."""
 
+    def __init__(self, model, settings: WiseSettings, prefixes: list[Prefix], lates: list[Late],
+                 example_of: list[int]):
+        if any(p.ids.shape[1] != prefixes[0].ids.shape[1] for p in prefixes):
+            raise ValueError("a row group needs prompts of one length")
+        if sorted(example_of) != list(example_of):
+            raise ValueError("a row group's rows go example by example")
+        self.model, self.s = model, settings
+        self.prefixes, self.lates, self.example_of = prefixes, lates, list(example_of)
+        self.conditions = [late.condition for late in lates]
+        self.n = prefixes[0].ids.shape[1]
+        self.truncate = self.conditions[0] == "truncate"
+        if any((c == "truncate") != self.truncate for c in self.conditions):
+            raise ValueError("truncate rows (no late steps) are decoded apart from the others")
+        self.fast = own_architecture(model) and prefixes[0].prelude_kv is not None
+        self.coda: list[Cache] | None = None  # per coda layer, the rows' own, from last_logits
+        self._late: dict = {}
+
+    # -- caches --------------------------------------------------------------------------------
+    def segments(self) -> list[tuple[int, int]]:
+        """Each example's run of rows (a, b)."""
+        out, a = [], 0
+        for j in range(len(self.prefixes)):
+            b = a + self.example_of.count(j)
+            out.append((a, b))
+            a = b
+        return out
+
+    def _per_example(self, kvs: list[tuple]) -> Cache:
+        return Cache([(k, v, b - a, True) for (k, v), (a, b) in zip(kvs, self.segments())])
+
+    def early(self, step: int, layer: int) -> Cache:
+        return self._per_example([p.kv[(step, layer)] for p in self.prefixes])
+
+    def prelude(self, i: int) -> Cache:
+        return self._per_example([p.prelude_kv[i] for p in self.prefixes])
+
+    def runs(self) -> list[tuple[int, int]]:
+        """Runs of rows (i, j) that are consecutive rows of one late batch (a row of its own otherwise)."""
+        out, i = [], 0
+        while i < len(self.lates):
+            first, j = self.lates[i], i + 1
+            if first.batch is not None:
+                while (j < len(self.lates) and self.lates[j].batch is first.batch
+                       and self.lates[j].batch_index == first.batch_index + (j - i)):
+                    j += 1
+            out.append((i, j))
+            i = j
+        return out
+
+    def late(self, step: int, layer: int) -> Cache:
+        """Rows of a run share their batch's tensors (views)."""
+        key = (step, layer)
+        if key not in self._late:
+            parts = []
+            for i, j in self.runs():
+                first = self.lates[i]
+                if first.batch is not None:
+                    k, v = first.batch[key]
+                    a = first.batch_index
+                    k, v = k[a:a + j - i], v[a:a + j - i]
+                else:
+                    k, v = first.kv[key]
+                parts.append((k, v, j - i, False))
+            self._late[key] = Cache(parts)
+        return self._late[key]
+
+    def seeds(self) -> list[int]:
+        return [p.seed for p in self.prefixes]
+
+    def states(self) -> torch.Tensor:
+        return torch.cat([l.state for l in self.lates])
+
+    def last_logits(self) -> torch.Tensor:
+        """Logits [R, vocab] of each row's prompt's last row (keeping the coda's keys), run by run
+        (one run's prompts at a time stay within the CPU's caches)."""
+        rope = self.prefixes[0].rope
+        logits, coda = [], []
+        for i, j in self.runs():
+            states = torch.cat([late.state for late in self.lates[i:j]])
+            at = (torch.arange(j - i, device=states.device), torch.full((j - i,), self.n - 1, device=states.device))
+            if self.fast:
+                out, kvs = readout_recording(self.model, states, rope, at)
+                coda.append(kvs)
+            else:
+                out = self.model.readout(states, rope, at=at)
+            logits.append(out)
+        if self.fast:
+            self.coda = [Cache([(kvs[layer][0], kvs[layer][1], kvs[layer][0].shape[0], False) for kvs in coda])
+                         for layer in range(len(coda[0]))]
+        return torch.cat(logits)
+
+    def layouts(self) -> torch.Tensor:
+        """The prompt's late supports bool [L, R, H, Mp, Mp] (all false for support-free rows)."""
+        shape = next((l.layouts.shape for l in self.lates if l.layouts is not None), None)
+        if shape is None:
+            return None
+        return torch.stack([torch.zeros(shape, dtype=torch.bool, device=self.lates[0].state.device)
+                            if l.layouts is None else l.layouts.to(self.lates[0].state.device)
+                            for l in self.lates], dim=1)
+
+    def select(self, idx: list[int]) -> "RowGroup":
+        """The group of rows idx (ascending): caches sliced, examples without rows dropped."""
+        keep_ex = sorted({self.example_of[i] for i in idx})
+        remap = {e: j for j, e in enumerate(keep_ex)}
+        out = RowGroup(self.model, self.s, [self.prefixes[e] for e in keep_ex], [self.lates[i] for i in idx],
+                       [remap[self.example_of[i]] for i in idx])
+        out._late = {key: c.select(idx) for key, c in self._late.items()}
+        if self.coda is not None:
+            out.coda = [c.select(idx) for c in self.coda]
+        return out

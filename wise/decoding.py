@@ -20,10 +20,12 @@ steps from there. Two ways to continue a sequence (``conditions.generation``):
 Because a row's initial state depends only on (example, position), the prompt's states are the same
 in every pass, so cached Full equals rerun Full up to floating-point summation order.
 
-In cached mode the conditions of an example run as one batch (``run_late_batch``, ``extend_batch``):
-their late steps, the gold answer's rows and every generated token go through each layer's dense
-work once for all conditions, each row attending through its own condition; the group is split
-when its caches would not fit in half the free GPU memory.
+In cached mode the (example, condition) rows of examples whose prompts have one length run as one
+batch (``evaluate_examples``; ``wise.runner.run_late_rows``, ``wise.appended_rows.RowGroup``): their
+late steps, the gold answers' rows and every generated token go through each layer's dense work
+once for all rows, each row attending through its own condition; a batch is split (by examples,
+then by conditions) when its caches would not fit in half the free GPU memory. Rows whose answer
+has ended ride along, their outputs unused, until the last row of the batch stops.
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from wise.appended_rows import (SUPPORT_FREE, AppendAttention, DecodeContext, RowAttention, Tail, last_row,
-                                own_architecture, stacked)
-from wise.runner import PerCondition, Prefix, WiseSettings, initial_state, run_late, run_late_batch, run_prefix
+from wise.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
+from wise.extension import extend
+from wise.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
 
 GENERATION_MODES = ("cached", "rerun")
 
@@ -53,6 +55,13 @@ def _mean_logprob(logits: torch.Tensor, targets: list[int]) -> float:
     return float(logp.gather(-1, torch.tensor(targets, device=logp.device)[:, None]).mean())
 
 
+@dataclass(frozen=True)
+class Example:
+    prompt: list[int]
+    answer: list[int]
+    seed: int  # ``state_seed`` of the example
+
+
 @torch.no_grad()
 def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, settings: WiseSettings,
                      seed: int, max_new_tokens: int, stop_ids, generation: str = "cached",
@@ -65,18 +74,49 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
     the gold answer's rows and decoding)."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
+    if generation == "cached" and not share_prefix:
+        raise ValueError("cached decoding always shares the prompt's prefix")
+    if generation == "rerun" and not share_prefix:
+        ex = _example(prompt_ids, answer_ids, seed, max_new_tokens)
+        args = (model, ex.prompt, ex.answer)
+        return {c: _rerun(*args, [c], settings, seed, max_new_tokens, set(stop_ids))[c] for c in conditions}
+    return evaluate_examples(model, [(prompt_ids, answer_ids, seed)], conditions, settings, max_new_tokens,
+                             stop_ids, generation, profile=profile)[0]
+
+
+def _example(prompt_ids, answer_ids, seed, max_new_tokens) -> Example:
     if max_new_tokens < 1 or not answer_ids:
         raise ValueError("need max_new_tokens >= 1 and a non-empty answer")
     prompt = [int(i) for i in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
-    args = (model, prompt, list(answer_ids), list(conditions), settings, seed, max_new_tokens, set(stop_ids))
-    if generation == "cached":
-        if not share_prefix:
-            raise ValueError("cached decoding always shares the prompt's prefix")
-        return _cached(*args, profile=profile)
-    if share_prefix:
-        return _rerun(*args)
-    runs = {c: _rerun(*args[:3], [c], *args[4:])[c] for c in conditions}
-    return runs
+    return Example(prompt, [int(i) for i in answer_ids], int(seed))
+
+
+@torch.no_grad()
+def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_new_tokens: int, stop_ids,
+                      generation: str = "cached", profile: dict | None = None) -> list[dict[str, ConditionRun]]:
+    """Every condition of several examples, each given as (prompt ids, answer ids, seed); results in
+    their order. Cached: examples whose prompts have one length are decoded as one batch of
+    (example, condition) rows; every example keeps its own prefix and initial state, so its
+    numbers are those of a run on its own up to floating-point summation order. `profile` as for
+    ``evaluate_example``, summed over the examples."""
+    if generation not in GENERATION_MODES:
+        raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
+    exs = [_example(p, a, seed, max_new_tokens) for p, a, seed in examples]
+    conds, stop = list(conditions), set(stop_ids)
+    if generation == "rerun":
+        return [_rerun(model, ex.prompt, ex.answer, conds, settings, ex.seed, max_new_tokens, stop) for ex in exs]
+    out: list[dict | None] = [None] * len(exs)
+    by_length: dict[int, list[int]] = {}
+    for i, ex in enumerate(exs):
+        by_length.setdefault(len(ex.prompt), []).append(i)
+    for idx in by_length.values():
+        # equal answer lengths next to each other: the gold rows of a run of them are one batch
+        idx = sorted(idx, key=lambda i: len(exs[i].answer))
+        for chunk in _example_chunks(model, [exs[i] for i in idx], conds, settings):
+            runs = _cached(model, [exs[idx[j]] for j in chunk], conds, settings, max_new_tokens, stop, profile)
+            for j, r in zip(chunk, runs):
+                out[idx[j]] = r
+    return out
 
 
 def _prefix(model, seq, conds, settings, seed, cache=False) -> Prefix:
@@ -121,138 +161,118 @@ def _clock(device) -> float:
     return time.perf_counter()
 
 
-def _cached(model, prompt, answer, conds, settings, seed, max_new, stop, profile=None) -> dict[str, ConditionRun]:
+def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=None) -> list[dict[str, ConditionRun]]:
     start = _clock(model.device) if profile is not None else 0.0
-    prefix = _prefix(model, prompt, conds, settings, seed, cache=True)
+    prefixes = [_prefix(model, ex.prompt, conds, settings, ex.seed, cache=True) for ex in exs]
     if profile is not None:
-        profile["prefix"] = _clock(model.device) - start
-    out = {}
-    for group in _groups(model, prefix, conds, settings):
+        profile["prefix"] = profile.get("prefix", 0.0) + _clock(model.device) - start
+    out: list[dict] = [{} for _ in exs]
+    for group in _condition_groups(model, prefixes, conds, settings):
         start = _clock(model.device) if profile is not None else 0.0
+        rows = [(j, c) for j in range(len(exs)) for c in group]
         if group == ["truncate"]:
-            lates = [run_late(model, prefix, "truncate", settings, cache=True)]
-        else:
-            lates = run_late_batch(model, prefix, group, settings, cache=True)
+            lates = [run_late(model, prefixes[j], "truncate", settings, cache=True) for j, _ in rows]
+        elif model.device.type == "cuda":
+            lates = run_late_rows(model, [(prefixes[j], c) for j, c in rows], settings, cache=True)
+        else:  # several prompts' rows at once fall out of the CPU's caches (2x slower at 2048 tokens)
+            lates = [late for j in range(len(exs))
+                     for late in run_late_rows(model, [(prefixes[j], c) for c in group], settings, cache=True)]
         late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
-        ctxs = [DecodeContext(model, prefix, late, settings) for late in lates]
-        last = torch.cat([ctx.last_logits() for ctx in ctxs])
-        # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails)
-        gold = [[last[i:i + 1]] for i in range(len(group))]
-        if len(answer) > 1:
-            rows = extend_batch(ctxs, [Tail() for _ in group], [answer[:-1]] * len(group))
-            for i in range(len(group)):
-                gold[i].append(rows[i])
-        tokens = {c: [] for c in group}
-        tails = {c: Tail() for c in group}
-        token = {c: int(last[i].argmax()) for i, c in enumerate(group)}
-        active = list(range(len(group)))
-        while active:  # every condition of the group one token further per pass
-            active = [i for i in active if token[group[i]] not in stop]
-            for i in active:
-                tokens[group[i]].append(token[group[i]])
-            active = [i for i in active if len(tokens[group[i]]) < max_new]
-            if not active:
-                break
-            logits = extend_batch([ctxs[i] for i in active], [tails[group[i]] for i in active],
-                                  [[token[group[i]]] for i in active])
-            for j, i in enumerate(active):
-                token[group[i]] = int(logits[j, -1].argmax())
-        for i, (c, late) in enumerate(zip(group, lates)):
-            out[c] = ConditionRun(c, tokens[c], _mean_logprob(torch.cat(gold[i]), answer), prefix.state_hash,
-                                  late.layouts)
+        rg = RowGroup(model, settings, prefixes, lates, [j for j, _ in rows])
+        tokens, gold = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop)
+        for i, ((j, c), late) in enumerate(zip(rows, lates)):
+            out[j][c] = ConditionRun(c, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[j].state_hash,
+                                     late.layouts)
         if profile is not None:
             secs = (_clock(model.device) - start) / len(group)
             for c in group:
-                profile[c] = secs
-                profile[f"{c}:late"] = late_secs  # of which the late steps over the prompt
-    return {c: out[c] for c in conds}
+                profile[c] = profile.get(c, 0.0) + secs
+                profile[f"{c}:late"] = profile.get(f"{c}:late", 0.0) + late_secs  # the late steps over the prompts
+    return [{c: o[c] for c in conds} for o in out]
 
 
-def _groups(model, prefix: Prefix, conds, settings: WiseSettings) -> list[list[str]]:
+def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop) -> tuple[list, list]:
+    """Greedy tokens and gold-answer logits of every row of a group."""
+    R = len(answers)
+    last = group.last_logits()
+    # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails), one
+    # batch per run of rows with answers of one length (contiguous: examples are sorted by it)
+    gold = [[last[i:i + 1]] for i in range(R)]
+    i = 0
+    while i < R:
+        j = i
+        while j < R and len(answers[j]) == len(answers[i]):
+            j += 1
+        if len(answers[i]) > 1:
+            rows = extend(group.select(list(range(i, j))), Tails(j - i), [answers[k][:-1] for k in range(i, j)])
+            for k in range(i, j):
+                gold[k].append(rows[k - i])
+        i = j
+    tokens: list[list[int]] = [[] for _ in range(R)]
+    token = last.argmax(-1).tolist()
+    done = [False] * R
+    tails = Tails(R)
+    while True:
+        for k in range(R):
+            if not done[k]:
+                if token[k] in stop:
+                    done[k] = True
+                else:
+                    tokens[k].append(token[k])
+                    done[k] = len(tokens[k]) >= max_new
+        if all(done):
+            break
+        logits = extend(group, tails, [[t] for t in token])  # rows already done ride along
+        token = logits[:, -1].argmax(-1).tolist()
+    return tokens, [torch.cat(g) for g in gold]
+
+
+def _cache_bytes(model, settings: WiseSettings, n: int, conds) -> tuple[int, int, int]:
+    """(prompt caches of steps 1..t_d and the prelude per example, late caches and states per
+    row, Freeze-A's n x n weights per row) in bytes."""
+    cfg = model.config
+    item = next(model.parameters()).element_size()
+    per_step = cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
+    prefix = settings.discovery_step * per_step
+    row = (settings.steps - settings.discovery_step) * per_step + 2 * n * cfg.hidden * item
+    frozen = cfg.n_core * cfg.heads * n * n * 4
+    return prefix, row, frozen
+
+
+def _free_bytes(device) -> int:
+    # memory the caching allocator holds but no tensor uses is free for these caches too
+    return (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+            - torch.cuda.memory_allocated(device))
+
+
+CPU_BATCH_BYTES = 2 * 2**30  # the caches of one batch on the CPU
+
+
+def _example_chunks(model, exs: list[Example], conds, settings: WiseSettings) -> list[list[int]]:
+    """Examples (of one prompt length) decoded together: as many as fit, with all their rows, in
+    half the free GPU memory (CPU_BATCH_BYTES on the CPU); at least one."""
+    if len(exs) == 1:
+        return [[0]]
+    prefix, row, frozen = _cache_bytes(model, settings, len(exs[0].prompt), conds)
+    rows = sum(c != "truncate" for c in conds)
+    per_example = 2 * prefix + rows * row + (frozen if "freeze_a" in conds else 0)
+    budget = 0.5 * _free_bytes(model.device) if model.device.type == "cuda" else CPU_BATCH_BYTES
+    size = max(1, int(budget) // max(1, per_example))
+    return [list(range(i, min(i + size, len(exs)))) for i in range(0, len(exs), size)]
+
+
+def _condition_groups(model, prefixes: list[Prefix], conds, settings: WiseSettings) -> list[list[str]]:
     """Conditions decoded together: truncate alone (it has no late steps); the others in groups
-    whose late caches (keys and values of T - t_d steps, Freeze-A's n x n weights) fit in half the
-    free GPU memory (all at once on the CPU)."""
+    whose late caches (keys and values of T - t_d steps, Freeze-A's n x n weights) for every
+    example fit in half the free GPU memory (all at once on the CPU)."""
     rest = [c for c in conds if c != "truncate"]
     groups = [["truncate"]] if "truncate" in conds else []
     if not rest:
         return groups
     size = len(rest)
     if model.device.type == "cuda":
-        cfg, n = model.config, prefix.ids.shape[1]
-        item = prefix.state.element_size()
-        kv = (settings.steps - settings.discovery_step) * cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
-        frozen = cfg.n_core * cfg.heads * n * n * 4 if "freeze_a" in rest else 0
-        # memory the caching allocator holds but no tensor uses is free for these caches too
-        free = (torch.cuda.mem_get_info(model.device)[0] + torch.cuda.memory_reserved(model.device)
-                - torch.cuda.memory_allocated(model.device))
-        size = max(1, min(len(rest), int(0.5 * free - frozen) // max(1, kv + 2 * n * cfg.hidden * item)))
+        _, row, frozen = _cache_bytes(model, settings, prefixes[0].ids.shape[1], conds)
+        E = len(prefixes)
+        budget = int(0.5 * _free_bytes(model.device) - (E * frozen if "freeze_a" in rest else 0))
+        size = max(1, min(len(rest), budget // max(1, E * row)))
     return groups + [rest[i:i + size] for i in range(0, len(rest), size)]
-
-
-def extend_batch(ctxs: list["DecodeContext"], tails: list["Tail"], new_ids: list[list[int]]) -> torch.Tensor:
-    """Run each condition's `new_ids` (equal lengths) as rows after its prompt and tail, as one
-    batch; returns logits [C, r, vocab] and appends the rows to the tails."""
-    ctx0 = ctxs[0]
-    model, s_ = ctx0.model, ctx0.s
-    r = len(new_ids[0])
-    if any(len(t.ids) != len(tails[0].ids) for t in tails) or any(len(x) != r for x in new_ids):
-        raise ValueError("a batched extension needs tails and new rows of equal lengths")
-    start = ctx0.n + len(tails[0].ids)
-    prompt = ctx0.prefix.ids[0].tolist()
-    ids = torch.tensor([[*prompt, *t.ids, *x] for t, x in zip(tails, new_ids)], device=model.device)
-    rope = model.rotary(ids.shape[1])
-    rope_new = rope.rows(start, ids.shape[1])
-    C = len(ctxs)
-    fast = own_architecture(model) and ctx0.prefix.prelude_kv is not None
-    new_prelude, new_coda = [], []
-    if fast:  # the new rows alone, against each layer's cached keys
-        e = model.transformer.wte(ids[:, start:]) * model.config.embed_scale
-        for i, block in enumerate(model.transformer.prelude):
-            pk, pv = ctx0.prefix.prelude_kv[i]
-            tail_kv = [t.kv[("prelude", i)] for t in tails] if tails[0].ids else None
-            cached = (pk.expand(C, -1, -1, -1), pv.expand(C, -1, -1, -1))
-            if tail_kv:
-                tk, tv = stacked(tail_kv)
-                cached = (torch.cat([cached[0], tk], 2), torch.cat([cached[1], tv], 2))
-            attend = AppendAttention(cached)
-            e = block(e, rope_new, attend)
-            new_prelude.append(attend.kv)
-    else:
-        e = model.embed(ids, rope)[:, start:]
-    x = initial_state(model, e[:1], ctx0.prefix.seed, start=start).expand(C, -1, -1)
-    attends = [RowAttention(ctx, tail, start, r) for ctx, tail in zip(ctxs, tails)]
-    last = s_.discovery_step if ctx0.late.condition == "truncate" else s_.steps
-    seam = PerCondition(attends)
-    for t in range(1, last + 1):
-        x = model.core_step(x, e, t, rope_new, seam)
-    states = [x[i:i + 1] if t.states is None else torch.cat([t.states, x[i:i + 1]], dim=1)
-              for i, t in enumerate(tails)]
-    if fast:
-        tr = model.transformer
-        y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
-        for i, block in enumerate(tr.coda):
-            parts = [ctx.coda_kv[i] for ctx in ctxs]
-            cached = stacked(parts)
-            if tails[0].ids:
-                tk, tv = stacked([t.kv[("coda", i)] for t in tails])
-                cached = (torch.cat([cached[0], tk], 2), torch.cat([cached[1], tv], 2))
-            attend = AppendAttention(cached)
-            y = block(y, rope_new, attend)
-            new_coda.append(attend.kv)
-        logits = model.lm_head(tr.ln_f(y)).float()
-    else:
-        every = torch.cat([torch.cat([ctx.late.state, st], dim=1) for ctx, st in zip(ctxs, states)])
-        rows = torch.arange(start, ids.shape[1], device=x.device).repeat(C)
-        batch = torch.arange(C, device=x.device).repeat_interleave(r)
-        logits = model.readout(every, rope, at=(batch, rows)).view(C, r, -1)
-    for c, (tail, attend) in enumerate(zip(tails, attends)):
-        for name, kvs in (("prelude", new_prelude), ("coda", new_coda)):
-            for i, (k, v) in enumerate(kvs):
-                attend.new_kv[(name, i)] = (k[c:c + 1], v[c:c + 1])
-    for tail, st, attend, extra in zip(tails, states, attends, new_ids):
-        tail.ids += list(extra)
-        tail.states = st
-        for key, (k, v) in attend.new_kv.items():
-            old = tail.kv.get(key)
-            tail.kv[key] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
-    return logits

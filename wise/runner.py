@@ -13,6 +13,7 @@ is the example's seed.
 
 With ``cache=True`` both functions keep the keys and values of every (step, core layer), which
 ``wise.decoding`` extends token by token instead of re-running the recurrence over the prompt.
+``run_late_rows`` runs the late steps of several (prefix, condition) rows as one batch.
 """
 from __future__ import annotations
 
@@ -64,19 +65,29 @@ _ROWS: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 _ROWS_KEPT = 4
 
 
-def _state_rows(seed: int, std: float, h: int, stop: int) -> torch.Tensor:
+def _draw_rows(seed: int, std: float, h: int, start: int, stop: int) -> torch.Tensor:
+    out = torch.empty(stop - start, h)
+    for j, i in enumerate(range(start, stop)):
+        g = torch.Generator().manual_seed(_hash63(f"{seed}|{i}"))
+        nn.init.trunc_normal_(out[j], mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
+    return out
+
+
+def _state_rows(seed: int, std: float, h: int, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop-1: from the kept rows of this example where they reach, else drawn (only
+    the missing ones: each row has its own generator)."""
     key = (seed, std, h)
-    have = _ROWS.pop(key, torch.empty(0, h))
+    have = _ROWS.pop(key, None)
+    if have is None and start > 0:  # e.g. a new token of an example whose prompt rows were evicted
+        return _draw_rows(seed, std, h, start, stop)
+    if have is None:
+        have = torch.empty(0, h)
     if have.shape[0] < stop:
-        more = torch.empty(stop - have.shape[0], h)
-        for j, i in enumerate(range(have.shape[0], stop)):
-            g = torch.Generator().manual_seed(_hash63(f"{seed}|{i}"))
-            nn.init.trunc_normal_(more[j], mean=0.0, std=std, a=-3 * std, b=3 * std, generator=g)
-        have = torch.cat([have, more])
+        have = torch.cat([have, _draw_rows(seed, std, h, have.shape[0], stop)])
     _ROWS[key] = have
     while len(_ROWS) > _ROWS_KEPT:
         _ROWS.popitem(last=False)
-    return have
+    return have[start:stop]
 
 
 def initial_state(model, e: torch.Tensor, seed: int, start: int = 0) -> torch.Tensor:
@@ -86,7 +97,7 @@ def initial_state(model, e: torch.Tensor, seed: int, start: int = 0) -> torch.Te
     numbers."""
     c = model.config
     n, h = e.shape[1], e.shape[2]
-    rows = _state_rows(seed, c.init_state_std, h, start + n)[start:start + n]
+    rows = _state_rows(seed, c.init_state_std, h, start, start + n)
     return (rows * c.init_state_scale).to(device=e.device, dtype=e.dtype)[None]
 
 
@@ -107,7 +118,7 @@ class _Record:
     """attend(q, k, v) of a prelude/coda block over a whole sequence: causal, keeps k/v."""
 
     def __call__(self, q, k, v):
-        self.kv = (k, v)
+        self.kv = (k.contiguous(), v.contiguous())
         return causal_attention(q, k, v)
 
 
@@ -193,6 +204,8 @@ class Late:
     layouts: torch.Tensor | None  # late support [L, H, M, M] (None: full / truncate)
     kv: dict | None = None  # (step, layer) -> (k, v) for the late steps when cached
     frozen: list | None = None  # Freeze-A's weights [L][H, n, n]
+    batch: dict | None = None  # run_late_rows: the batch's (step, layer) -> (k, v) [R, ...]; this is row batch_index
+    batch_index: int = 0
 
 
 def late_policy(prefix: Prefix, condition: str, settings: WiseSettings):
@@ -226,37 +239,74 @@ def run_late(model, prefix: Prefix, condition: str, settings: WiseSettings, *, c
 
 
 class PerCondition:
-    """Attention seam of a batch whose rows are the conditions of one example: row i goes through
-    policies[i] (each sees a batch of one, as when run alone)."""
+    """Attention seam of a batch whose rows have their own policies: row i goes through
+    policies[i] (each sees a batch of one, as when run alone); rows without a policy (None: Full)
+    attend causally, together in one call."""
 
     def __init__(self, policies):
-        self.policies = policies
+        self.policies = list(policies)
+        self.free = [i for i, p in enumerate(self.policies) if p is None]
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
-        return torch.cat([p(q[i:i + 1], k[i:i + 1], v[i:i + 1], step=step, layer=layer)
-                          for i, p in enumerate(self.policies)])
+        if len(self.free) == len(self.policies):
+            return causal_attention(q, k, v)
+        if len(self.policies) == 1:
+            return self.policies[0](q, k, v, step=step, layer=layer)
+        out = torch.empty_like(q)
+        if self.free:
+            idx = torch.tensor(self.free, device=q.device)
+            out[idx] = causal_attention(q[idx], k[idx], v[idx])
+        for i, p in enumerate(self.policies):
+            if p is not None:
+                out[i:i + 1] = p(q[i:i + 1], k[i:i + 1], v[i:i + 1], step=step, layer=layer)
+        return out
 
 
-def run_late_batch(model, prefix: Prefix, conditions, settings: WiseSettings, *, cache: bool = False) -> list[Late]:
-    """run_late for several conditions at once: their late steps as one batch (the dense work of
-    every layer batched, each row's attention through its own condition). Truncate has no late
-    steps and is handled alone."""
-    conditions = list(conditions)
-    if "truncate" in conditions:
+class _BatchKV:
+    """Seam around another that keeps the whole batch's keys and values per (step, layer)."""
+
+    def __init__(self, inner):
+        self.inner, self.kv = inner, {}
+
+    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
+        # contiguous [R, Hkv, n, d]: appended rows read every row's keys in one product, and the
+        # projection's q is not kept alive by views of k and v
+        self.kv[(step, layer)] = (k.contiguous(), v.contiguous())
+        return self.inner(q, k, v, step=step, layer=layer)
+
+
+def run_late_rows(model, rows, settings: WiseSettings, *, cache: bool = False) -> list[Late]:
+    """The late steps of several (prefix, condition) rows at once (prefixes of one length, e.g.
+    the conditions of several examples): the dense work of every layer batched, each row attending
+    through its own condition. Truncate has no late steps and is handled alone."""
+    rows = list(rows)
+    if any(c == "truncate" for _, c in rows):
         raise ValueError("truncate has no late steps: run it with run_late")
-    seams, info = [], []
-    for c in conditions:
+    n = rows[0][0].ids.shape[1]
+    if any(p.ids.shape[1] != n for p, _ in rows):
+        raise ValueError("batched late steps need prefixes of one length")
+    policies, info = [], []
+    for prefix, c in rows:
         policy, layouts, frozen = late_policy(prefix, c, settings)
-        seams.append(KVRecorder(policy))
+        policies.append(policy)
         info.append((layouts, frozen))
-    b = len(conditions)
-    s = prefix.state.expand(b, -1, -1)
-    e = prefix.e.expand(b, -1, -1)
-    batch = PerCondition(seams)
+    b = len(rows)
+    prefixes = list({id(p): p for p, _ in rows}.values())
+
+    def stacked(attr):
+        if len(prefixes) == 1:
+            return getattr(prefixes[0], attr).expand(b, -1, -1)
+        return torch.cat([getattr(p, attr) for p, _ in rows])
+
+    s, e = stacked("state"), stacked("e")
+    seam = _BatchKV(PerCondition(policies))
     for t in range(settings.discovery_step + 1, settings.steps + 1):
-        s = model.core_step(s, e, t, prefix.rope, batch)
-    return [Late(c, s[i:i + 1], layouts, seam.kv if cache else None, frozen)
-            for i, (c, seam, (layouts, frozen)) in enumerate(zip(conditions, seams, info))]
+        s = model.core_step(s, e, t, rows[0][0].rope, seam)
+    out = []
+    for i, ((prefix, c), (layouts, frozen)) in enumerate(zip(rows, info)):
+        kv = {key: (k[i:i + 1], v[i:i + 1]) for key, (k, v) in seam.kv.items()} if cache else None
+        out.append(Late(c, s[i:i + 1], layouts, kv, frozen, seam.kv if cache else None, i))
+    return out
 
 
 @dataclass

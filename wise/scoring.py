@@ -18,10 +18,12 @@ from typing import Sequence
 
 from wise.calibration import Settings, expected_outcome, parse_layout
 from wise.data.probes import Prompt
-from wise.decoding import evaluate_example
+from wise.decoding import evaluate_examples
 from wise.metrics import ANSWER_SOURCES, answer_source, exact_match, f1
 from wise.models.recurrent import RecurrentDepthModel
 from wise.runner import WiseSettings, state_seed
+
+SCORE_BATCH = 32  # prompts handed to the engine at once
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,13 @@ def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], conte
     settings = full_settings(steps) if condition == "full" else settings
     if settings is None or settings.steps != steps:
         raise ValueError(f"condition {condition!r} needs WiseSettings with steps={steps}")
+    examples = [(p.ids, tok.encode(" " + p.answers[0], add_special_tokens=False).ids,
+                 state_seed(p.example_id, init_seed)) for p in prompts]
     outs = []
-    for p in prompts:
-        gold = tok.encode(" " + p.answers[0], add_special_tokens=False).ids
-        runs = evaluate_example(model, p.ids, gold, [condition], settings, state_seed(p.example_id, init_seed),
-                                max_new_tokens, stop, "cached")
-        outs.append(runs[condition].tokens)
+    for i in range(0, len(examples), SCORE_BATCH):  # prompts of one length in a slice decode as one batch
+        runs = evaluate_examples(model, examples[i:i + SCORE_BATCH], [condition], settings, max_new_tokens, stop,
+                                 "cached")
+        outs += [r[condition].tokens for r in runs]
     ems, f1s = [], []
     kinds: dict[str, list[float]] = {}
     sources = dict.fromkeys(ANSWER_SOURCES, 0)

@@ -1,0 +1,43 @@
+"""The conditions stage's work items: examples of one prompt length go to a worker together, and a
+batched item gives each example the rows it gets alone."""
+import pytest
+import torch
+
+from pipelines.evaluate import work_items
+from pipelines.tasks.conditions import run_conditions
+from wise.calibration import CONDITIONS
+from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
+from wise.runner import WiseSettings
+
+
+def row(i, n):
+    ids = torch.randint(3, 2048, (n,), generator=torch.Generator().manual_seed(i)).tolist()
+    return {"example_id": f"ex{i}", "token_ids": ids, "answer_ids": ids[:2], "benchmark": "x"}
+
+
+def test_work_items_group_prompts_of_one_length_up_to_the_batch_size():
+    cohort = [row(i, n) for i, n in enumerate([40, 41, 40, 40, 41, 40, 39])]
+    items = work_items(cohort, 3)
+    assert [[e["example_id"] for e in it["examples"]] for it in items] == [
+        ["ex0", "ex2", "ex3"], ["ex5"], ["ex1", "ex4"], ["ex6"]]
+    assert all(len({len(e["token_ids"]) for e in it["examples"]}) == 1 for it in items)
+    assert [len(it["examples"]) for it in work_items(cohort, 1)] == [1] * len(cohort)
+    assert set(items[0]["examples"][0]) == {"example_id", "token_ids", "answer_ids"}  # only what workers need
+
+
+def test_a_batched_item_gives_every_example_its_own_rows():
+    cfg = RecurrentConfig.from_name("tiny-random").replace(mean_recurrence=8)
+    model = init_weights(RecurrentDepthModel(cfg), seed=0).eval()
+    settings = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
+    context = {"settings": settings.__dict__, "init_seed": 0, "conditions": list(CONDITIONS), "max_new_tokens": 3,
+               "stop_ids": [1], "generation": "cached"}
+    cohort = [row(i, 48) for i in range(3)]
+    (item,) = work_items(cohort, 8)
+    batched = run_conditions(model, item, context)["examples"]
+    assert [b["example_id"] for b in batched] == ["ex0", "ex1", "ex2"]
+    for b, alone_item in zip(batched, work_items(cohort, 1)):
+        (alone,) = run_conditions(model, alone_item, context)["examples"]
+        for x, y in zip(b["rows"], alone["rows"]):
+            assert (x["condition"], x["prediction_ids"], x["state_hash_td"], x["layout_bits"]) == (
+                y["condition"], y["prediction_ids"], y["state_hash_td"], y["layout_bits"])
+            assert x["gold_logprob"] == pytest.approx(y["gold_logprob"], abs=1e-5)
