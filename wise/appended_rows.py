@@ -156,7 +156,8 @@ def row_masses(probs: torch.Tensor, block_size: int) -> torch.Tensor:
     prompt's discovery masses are."""
     R, H, r, N = probs.shape
     M = -(-N // block_size)
-    return F.pad(probs, (0, M * block_size - N)).reshape(R, H, r, M, block_size).sum(-1).to(torch.float16)
+    padded = probs if M * block_size == N else F.pad(probs, (0, M * block_size - N))
+    return padded.reshape(R, H, r, M, block_size).sum(-1).to(torch.float16)
 
 
 def own_blocks(condition: str, masses: dict, settings: WiseSettings, start: int) -> torch.Tensor:
@@ -165,7 +166,7 @@ def own_blocks(condition: str, masses: dict, settings: WiseSettings, start: int)
     so the support rules apply exactly as to the prompt's rows."""
     s_ = settings
     L, R, H, r, M = masses[1].shape
-    q = torch.tensor([(start + i) // s_.block_size for i in range(r)], device=masses[1].device)
+    q = torch.div(torch.arange(start, start + r, device=masses[1].device), s_.block_size, rounding_mode="floor")
 
     def square(m):  # [L, R, H, r, M] -> [L*R*r, H, M, M] with row q_i filled
         rows = m.float().permute(0, 1, 3, 2, 4)  # [L, R, r, H, M]
@@ -226,6 +227,11 @@ class RowGroup:
         self.fast = own_architecture(model) and prefixes[0].prelude_kv is not None
         self.coda: list[Cache] | None = None  # per coda layer, the rows' own, from last_logits
         self._late: dict = {}
+        self._layouts: torch.Tensor | None = None
+        dev = lates[0].state.device  # row indices made once (a host-to-device copy waits for the GPU)
+        self.rows_of = {c: torch.tensor([i for i, x in enumerate(self.conditions) if x == c], device=dev)
+                        for c in dict.fromkeys(self.conditions)}
+        self.free = torch.tensor([c in SUPPORT_FREE for c in self.conditions], device=dev)
 
     # -- caches --------------------------------------------------------------------------------
     def segments(self) -> list[tuple[int, int]]:
@@ -303,6 +309,11 @@ class RowGroup:
 
     def layouts(self) -> torch.Tensor:
         """The prompt's late supports bool [L, R, H, Mp, Mp] (all false for support-free rows)."""
+        if self._layouts is None:
+            self._layouts = self._stacked_layouts()
+        return self._layouts
+
+    def _stacked_layouts(self) -> torch.Tensor:
         shape = next((l.layouts.shape for l in self.lates if l.layouts is not None), None)
         if shape is None:
             return None

@@ -38,10 +38,8 @@ class _CoreRows:
         self.g, self.tails, self.start, self.r = group, tails, start, r
         self.new_kv: dict = {}
         conds = group.conditions
-        dev = group.lates[0].state.device
         self.supported = [i for i, c in enumerate(conds) if c not in SUPPORT_FREE]
-        self.freeze = torch.tensor([i for i, c in enumerate(conds) if c == "freeze_a"], dtype=torch.long,
-                                   device=dev)
+        self.freeze = group.rows_of.get("freeze_a", torch.empty(0, dtype=torch.long))
         s_ = group.s
         self.record = {1, *discovery_steps(s_.discovery_step, s_.window)} if self.supported else set()
         self.masses: dict[int, dict[int, torch.Tensor]] = {}  # step -> layer -> [R, H, r, M] fp16
@@ -79,7 +77,7 @@ class _CoreRows:
         R, H = m1.shape[0], m1.shape[1]
         own = torch.zeros(R, L, H, r, M, dtype=torch.bool, device=m1.device)
         for cond in dict.fromkeys(g.conditions[i] for i in self.supported):
-            rows = torch.tensor([i for i, c in enumerate(g.conditions) if c == cond], device=m1.device)
+            rows = g.rows_of[cond]
             masses = {t: torch.stack([by_layer[l][rows] for l in range(L)]) for t, by_layer in self.masses.items()}
             own[rows] = own_blocks(cond, masses, s_, self.start).transpose(0, 1)
         layouts = g.layouts().transpose(0, 1)  # [R, L, H, Mp, Mp]
@@ -98,8 +96,7 @@ class _CoreRows:
             self.tails.blocks[q] = acc
             rows_support.append(acc)
         tokens = torch.stack(rows_support, dim=3).repeat_interleave(B, dim=-1)[..., :N]
-        free = torch.tensor([c in SUPPORT_FREE for c in g.conditions], device=m1.device)
-        tokens = tokens | free[:, None, None, None, None]
+        tokens = tokens | g.free[:, None, None, None, None]
         pos = torch.arange(self.start, N, device=m1.device)
         causal = torch.arange(N, device=m1.device)[None, :] <= pos[:, None]
         self.allowed = tokens & causal

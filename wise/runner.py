@@ -246,6 +246,7 @@ class PerCondition:
     def __init__(self, policies):
         self.policies = list(policies)
         self.free = [i for i, p in enumerate(self.policies) if p is None]
+        self._idx: torch.Tensor | None = None
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
         if len(self.free) == len(self.policies):
@@ -254,7 +255,9 @@ class PerCondition:
             return self.policies[0](q, k, v, step=step, layer=layer)
         out = torch.empty_like(q)
         if self.free:
-            idx = torch.tensor(self.free, device=q.device)
+            if self._idx is None or self._idx.device != q.device:  # made once: a host-to-device copy waits for the GPU
+                self._idx = torch.tensor(self.free, device=q.device)
+            idx = self._idx
             out[idx] = causal_attention(q[idx], k[idx], v[idx])
         for i, p in enumerate(self.policies):
             if p is not None:
