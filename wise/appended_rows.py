@@ -91,10 +91,6 @@ class Cache:
         self.parts = parts
         self.n = parts[0][0].shape[2]
 
-    @classmethod
-    def own(cls, k: torch.Tensor, v: torch.Tensor) -> "Cache":
-        return cls([(k, v, k.shape[0], False)])
-
     def _apply(self, x: torch.Tensor, values: bool) -> torch.Tensor:
         out, a = [], 0
         for k, v, rows, shared in self.parts:
@@ -113,18 +109,13 @@ class Cache:
     def weighted(self, p: torch.Tensor) -> torch.Tensor:
         return self._apply(p, values=True)
 
-    def select(self, idx: list[int]) -> "Cache":
-        """The cache of rows idx (ascending): shared parts kept, own parts sliced."""
+    def rows(self, i: int, j: int) -> "Cache":
+        """The cache of rows i..j-1: shared parts kept, own parts sliced (views)."""
         parts, a = [], 0
         for k, v, rows, shared in self.parts:
-            mine = [i - a for i in idx if a <= i < a + rows]
-            if mine:
-                if shared:
-                    parts.append((k, v, len(mine), True))
-                elif mine == list(range(mine[0], mine[0] + len(mine))):
-                    parts.append((k[mine[0]:mine[0] + len(mine)], v[mine[0]:mine[0] + len(mine)], len(mine), False))
-                else:
-                    parts.append((k[mine], v[mine], len(mine), False))
+            lo, hi = max(i, a) - a, min(j, a + rows) - a
+            if lo < hi:
+                parts.append((k, v, hi - lo, True) if shared else (k[lo:hi], v[lo:hi], hi - lo, False))
             a += rows
         return Cache(parts)
 
@@ -167,18 +158,16 @@ def own_blocks(condition: str, masses: dict, settings: WiseSettings, start: int)
     s_ = settings
     L, R, H, r, M = masses[1].shape
     q = torch.div(torch.arange(start, start + r, device=masses[1].device), s_.block_size, rounding_mode="floor")
+    idx = q.view(1, 1, r, 1, 1, 1).expand(L, R, r, H, 1, M)  # row q_i of each square
 
     def square(m):  # [L, R, H, r, M] -> [L*R*r, H, M, M] with row q_i filled
-        rows = m.float().permute(0, 1, 3, 2, 4)  # [L, R, r, H, M]
         sq = torch.zeros(L, R, r, H, M, M, device=m.device)
-        idx = q.view(1, 1, r, 1, 1, 1).expand(L, R, r, H, 1, M)
-        sq.scatter_(4, idx, rows.unsqueeze(4))
+        sq.scatter_(4, idx, m.float().permute(0, 1, 3, 2, 4).unsqueeze(4))
         return sq.reshape(L * R * r, H, M, M)
 
     d = DiscoveryMasses(step1=square(masses[1]),
                         window=[square(masses[t]) for t in discovery_steps(s_.discovery_step, s_.window)])
     layout = condition_support(condition, d, s_.eta).reshape(L, R, r, H, M, M)
-    idx = q.view(1, 1, r, 1, 1, 1).expand(L, R, r, H, 1, M)
     return layout.gather(4, idx).squeeze(4).permute(0, 1, 3, 2, 4)  # [L, R, H, r, M]
 
 
@@ -195,15 +184,6 @@ class Tails:
 
     def __len__(self) -> int:
         return len(self.ids[0])
-
-    def select(self, idx: torch.Tensor) -> "Tails":
-        out = Tails(0)
-        keep = idx.tolist()
-        out.ids = [list(self.ids[i]) for i in keep]
-        out.kv = {key: (k[idx], v[idx]) for key, (k, v) in self.kv.items()}
-        out.states = None if self.states is None else self.states[idx]
-        out.blocks = {q: b[idx] for q, b in self.blocks.items()}
-        return out
 
 
 class RowGroup:
@@ -232,10 +212,14 @@ class RowGroup:
         self.rows_of = {c: torch.tensor([i for i, x in enumerate(self.conditions) if x == c], device=dev)
                         for c in dict.fromkeys(self.conditions)}
         self.free = torch.tensor([c in SUPPORT_FREE for c in self.conditions], device=dev)
+        self._segments, self._runs = self._example_runs(), self._late_runs()
 
     # -- caches --------------------------------------------------------------------------------
     def segments(self) -> list[tuple[int, int]]:
         """Each example's run of rows (a, b)."""
+        return self._segments
+
+    def _example_runs(self) -> list[tuple[int, int]]:
         out, a = [], 0
         for j in range(len(self.prefixes)):
             b = a + self.example_of.count(j)
@@ -254,6 +238,9 @@ class RowGroup:
 
     def runs(self) -> list[tuple[int, int]]:
         """Runs of rows (i, j) that are consecutive rows of one late batch (a row of its own otherwise)."""
+        return self._runs
+
+    def _late_runs(self) -> list[tuple[int, int]]:
         out, i = [], 0
         while i < len(self.lates):
             first, j = self.lates[i], i + 1
@@ -321,13 +308,12 @@ class RowGroup:
                             if l.layouts is None else l.layouts.to(self.lates[0].state.device)
                             for l in self.lates], dim=1)
 
-    def select(self, idx: list[int]) -> "RowGroup":
-        """The group of rows idx (ascending): caches sliced, examples without rows dropped."""
-        keep_ex = sorted({self.example_of[i] for i in idx})
-        remap = {e: j for j, e in enumerate(keep_ex)}
-        out = RowGroup(self.model, self.s, [self.prefixes[e] for e in keep_ex], [self.lates[i] for i in idx],
-                       [remap[self.example_of[i]] for i in idx])
-        out._late = {key: c.select(idx) for key, c in self._late.items()}
+    def rows(self, i: int, j: int) -> "RowGroup":
+        """The group of rows i..j-1: caches sliced (views), examples without rows dropped."""
+        keep_ex = sorted(set(self.example_of[i:j]))
+        out = RowGroup(self.model, self.s, [self.prefixes[e] for e in keep_ex], self.lates[i:j],
+                       [e - keep_ex[0] for e in self.example_of[i:j]])
+        out._late = {key: c.rows(i, j) for key, c in self._late.items()}
         if self.coda is not None:
-            out.coda = [c.select(idx) for c in self.coda]
+            out.coda = [c.rows(i, j) for c in self.coda]
         return out

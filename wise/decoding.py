@@ -204,7 +204,7 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop) -> tu
         while j < R and len(answers[j]) == len(answers[i]):
             j += 1
         if len(answers[i]) > 1:
-            rows = extend(group.select(list(range(i, j))), Tails(j - i), [answers[k][:-1] for k in range(i, j)])
+            rows = extend(group.rows(i, j), Tails(j - i), [answers[k][:-1] for k in range(i, j)])
             for k in range(i, j):
                 gold[k].append(rows[k - i])
         i = j
