@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Callable
 
+from pipelines.failures import log_failure, one_line
 from pipelines.params import Params, ParamsError, load_params
 from pipelines.preflight import check_compute_here, check_weights
 
@@ -33,6 +34,11 @@ def stage_main(name: str, run: Callable[[Params], None], argv: list[str] | None 
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    run(params)
+    try:
+        run(params)
+    except Exception as exc:  # one line here, the whole traceback (Ray's remote one too) in the log
+        log = log_failure(name, exc)
+        print(f"{one_line(name, exc)} (traceback: {log})", file=sys.stderr)
+        return 1
     print(f"{name}: done in {time.perf_counter() - start:.1f} s")
     return 0

@@ -52,8 +52,10 @@ def _actor_hex(actor) -> str:
 
 
 def item_id(item: Any, index: int) -> str:
-    """How errors name a work item: its example id, else its position."""
-    return str(item.get("example_id")) if isinstance(item, dict) and "example_id" in item else f"#{index}"
+    """How errors name a work item: its example id(s) (``pipelines.work.example_ids``)."""
+    from pipelines.work import example_ids
+
+    return example_ids(item, index)
 
 
 class ModelWorker:
