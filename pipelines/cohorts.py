@@ -121,7 +121,8 @@ def build_cohort(p: Params) -> list[dict]:
                       "evidence does not fit")
             rows += [cohort_row(ex.example_id, bench, budget, var, tok, bos, eos, c.prompt_style)
                      for budget, var in sorted(cv.variants.items())]
-    if not rows:
-        raise ValueError("cohorts: no example fits any of cohorts.context_lengths "
-                         f"{list(c.context_lengths)}")
+    empty = [n for n in c.context_lengths if not any(r["context_length"] == n for r in rows)]
+    if empty:  # a length with no rows would vanish from every table without a word
+        raise ValueError(f"cohorts: cohorts.context_lengths {empty} fit no example of {list(c.benchmarks)} "
+                         "(question and evidence are never cut)")
     return rows

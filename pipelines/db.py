@@ -1,19 +1,23 @@
-"""DuckDB over every stage's Parquet: stable view names, relative paths, locked-down readers.
+"""DuckDB over every stage's Parquet: stable view names, read-only readers.
 
-Views store paths relative to the project root and every connection sets ``file_search_path`` to
-that root, so the database file keeps working when the checkout moves.
+Readers (``connect()``, the SQL CLI, the statistics stage's queries) are in-memory DuckDB
+connections whose views read the artifacts through ``pipelines.readonly_fs`` (``wisedata://...``,
+the project's ``data/`` folder, read-only). DuckDB's own file access is off (``enable_external_access
+= false``, no allowed folder) and the configuration is locked, so no statement, from the CLI or the
+Python API, can write, overwrite or delete a file, or read one outside ``data/``: ``COPY ... TO``,
+``EXPORT DATABASE``, a partitioned ``COPY`` with ``OVERWRITE``, ``ATTACH`` (and ``CREATE TABLE``
+in an attached file), ``read_csv('/etc/passwd')`` and extension installs fail with a permission
+error (DuckDB's ``allowed_directories`` would open ``data/`` for writing too, so it is not used).
 
-Readers (``connect(read_only=True)``) are read-only *and* fenced in: DuckDB may touch files only
-under the project's ``data/`` folder (what the views read), external access is off for everything
-else (``read_csv('/etc/passwd')``, ``COPY ... TO '/tmp/x'``, ``ATTACH``, extension installs fail
-with a permission error) and the configuration is locked, so SQL cannot switch it back.
+``data/wise.duckdb`` is published once per statistics run by ``publish_database`` for other tools
+(the DuckDB CLI, notebooks): the same views with paths relative to the project root, built under a
+temporary name and renamed over the old file only when complete. It is not a DVC output (DuckDB
+writes a random database id into its header, so it differs byte-wise on every build) and is not
+locked down: whoever opens it with plain ``duckdb`` has DuckDB's full file access.
 
-``data/wise.duckdb`` is published once per statistics run by ``publish_database``: built under a
-temporary name and renamed over the old file only when complete, summary views included. A reader
-therefore sees the old database or the new one, never a missing or half-built one (open
-connections keep reading the old file's inode). The file is not a DVC output: DuckDB writes a
-random database id into its header, so it differs byte-wise on every build and would change
-``dvc.lock`` each run; it holds only view definitions, rebuilt from the Parquet outputs.
+A stage rewrites its outputs in place (dvc.yaml declares them ``persist``, so DVC never deletes them
+first) by atomic renames, so a view never points at a missing file while a stage reruns: a query
+reads the previous output or the new one.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pathlib import Path
 import duckdb
 
 from pipelines import paths
+from pipelines.readonly_fs import PREFIX, ReadOnlyDataFS
 from wise.atomic_files import atomic_path
 
 # Derived views: SQL over the base views. `paired` joins each condition to Full on the example.
@@ -48,65 +53,16 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _data_dir(root: Path) -> str:
-    return (root.resolve() / paths.DATA).as_posix().rstrip("/") + "/"
-
-
-def _require_root_cwd(root: Path) -> None:
-    # DuckDB checks a relative path against the allowed folders as seen from the working directory
-    # (before file_search_path applies), so the views' relative paths pass only when the process
-    # runs in the project root; allowing a relative "data/" instead would open the data/ of
-    # whatever folder the process runs in.
-    if Path.cwd().resolve() != root.resolve():
-        raise RuntimeError(f"a locked-down DuckDB reader must run in the project root {root} "
-                           f"(the working directory is {Path.cwd()})")
-
-
-def _lock_down(con: duckdb.DuckDBPyConnection, root: Path) -> None:
-    """Allow file access under ``<root>/data/`` only, then lock the configuration."""
-    _require_root_cwd(root)
-    con.execute(f"SET allowed_directories = [{_sql_text(_data_dir(root))}]")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-
-
-def _check_locked(con: duckdb.DuckDBPyConnection, root: Path) -> None:
-    # file_search_path is per connection and cannot be set once locked; the relative paths then
-    # resolve from the working directory, which must be the project root.
-    _require_root_cwd(root)
-    got = {k: con.execute(f"SELECT current_setting('{k}')").fetchone()[0]
-           for k in ("enable_external_access", "allowed_directories")}
-    if got["enable_external_access"] or _data_dir(root) not in got["allowed_directories"]:
-        raise RuntimeError(f"the DuckDB instance of this database is locked with other settings: {got}")
-
-
-def connect(db_path: str | Path | None = None, read_only: bool = True,
-            root: Path | None = None) -> duckdb.DuckDBPyConnection:
-    """A connection to ``data/wise.duckdb`` (or ``db_path``); readers are locked down (above)."""
-    root = root or project_root()
-    db = Path(db_path) if db_path else root / paths.DUCKDB
-    if read_only and not db.is_file():
-        raise FileNotFoundError(f"{db} does not exist yet: run `dvc repro` (the statistics stage writes it)")
-    con = duckdb.connect(str(db), read_only=read_only)
-    if read_only and con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
-        # DuckDB shares one database instance among a process's connections to the same file, so
-        # a second reader finds the first one's locked settings: check them instead of setting.
-        _check_locked(con, root)
-        return con
-    con.execute(f"SET file_search_path = {_sql_text(root.as_posix())}")
-    if read_only:
-        _lock_down(con, root)
-    return con
-
-
-def create_views(con: duckdb.DuckDBPyConnection, root: Path) -> set[str]:
-    """One view per existing Parquet artifact (plus the derived views); returns their names."""
+def create_views(con: duckdb.DuckDBPyConnection, root: Path, prefix: str = "") -> set[str]:
+    """One view per existing Parquet artifact (plus the derived views); returns their names.
+    ``prefix`` replaces ``data/`` in the views' paths (the readers' ``wisedata://``)."""
     present = set()
     for name, rel in paths.VIEWS.items():
         # A glob (the sweeps) becomes one view over all matching files, unioned by column name.
         if any(root.glob(rel.as_posix())):
+            where = prefix + rel.relative_to(paths.DATA).as_posix() if prefix else rel.as_posix()
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
-                        f"read_parquet({_sql_text(rel.as_posix())}, union_by_name = true)")
+                        f"read_parquet({_sql_text(where)}, union_by_name = true)")
             present.add(name)
     if "results" in present:
         for name, sql in DERIVED_VIEWS.items():
@@ -115,15 +71,26 @@ def create_views(con: duckdb.DuckDBPyConnection, root: Path) -> set[str]:
     return present
 
 
-def connect_views(root: Path | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory, locked-down database with the views over what exists now: what a stage
-    queries while it runs, without publishing anything."""
-    root = root or project_root()
+def connect(root: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-only reader: an in-memory database with the views over what exists now, reading
+    ``data/`` through the read-only file system and nothing else (module docstring)."""
+    root = (root or project_root()).resolve()
     con = duckdb.connect(":memory:")
-    con.execute(f"SET file_search_path = {_sql_text(root.as_posix())}")
-    _lock_down(con, root)
-    create_views(con, root)
+    try:
+        con.register_filesystem(ReadOnlyDataFS(root / paths.DATA))
+        con.execute(f"SET allowed_directories = [{_sql_text(PREFIX)}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        create_views(con, root, prefix=PREFIX)
+    except BaseException:
+        con.close()
+        raise
     return con
+
+
+def connect_views(root: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """What a stage queries while it runs (the statistics stage): the same reader as ``connect``."""
+    return connect(root)
 
 
 def publish_database(root: Path | None = None) -> Path:

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from pipelines.params import ComputeParams, ModelParams
+from pipelines.preflight import check_compute
 
 _CACHE_VARS = {
     "HF_HOME": ".cache/huggingface",
@@ -51,8 +52,10 @@ def _actor_hex(actor) -> str:
 
 
 def item_id(item: Any, index: int) -> str:
-    """How errors name a work item: its example id, else its position."""
-    return str(item.get("example_id")) if isinstance(item, dict) and "example_id" in item else f"#{index}"
+    """How errors name a work item: its example id(s) (``pipelines.work.example_ids``)."""
+    from pipelines.work import example_ids
+
+    return example_ids(item, index)
 
 
 class ModelWorker:
@@ -181,6 +184,13 @@ class WorkerPool:
         gpus = torch.cuda.device_count() if self.model.device != "cpu" else 0
         ray = start_ray(self.compute, num_cpus=None if self.compute.ray_address else os.cpu_count())
         cluster_gpus = int(ray.cluster_resources().get("GPU", 0)) if self.model.device != "cpu" else 0
+        try:  # an actor that cannot be scheduled would wait forever
+            check_compute(self.compute, {"CPU": ray.cluster_resources().get("CPU", 0), "GPU": cluster_gpus},
+                          "the Ray cluster" if self.compute.ray_address else "this machine")
+        except ValueError:
+            if not self.compute.ray_address:
+                ray.shutdown()
+            raise
         n = _auto_workers(self.compute, self.n_items, cluster_gpus or gpus)
         use_gpu = bool(cluster_gpus) and self.model.device != "cpu"
         opts = {"num_cpus": self.compute.cpus_per_worker}

@@ -16,6 +16,17 @@ TASKS: dict[str, str] = {
 }
 
 
+def example_ids(item: Any, index: int) -> str:
+    """How errors name a work item: its example id, the ids of the examples it batches (the
+    conditions stage), else its position."""
+    if isinstance(item, dict) and "example_id" in item:
+        return str(item["example_id"])
+    batch = item.get("examples") if isinstance(item, dict) else None
+    if isinstance(batch, list) and batch and all(isinstance(e, dict) and "example_id" in e for e in batch):
+        return ", ".join(str(e["example_id"]) for e in batch)
+    return f"#{index} (a work item without example ids)"
+
+
 def get_task(name: str) -> Callable[[Any, dict, dict], dict]:
     if name not in TASKS:
         raise KeyError(f"unknown work item kind {name!r}; known: {sorted(TASKS)}")

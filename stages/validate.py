@@ -9,7 +9,9 @@ edited keys. Checked: every section and key of pipelines.params (present, typed,
 relations between keys), the model's positions and the kernel backend where the model can be read
 now (the calibration model is checked from `calibration:`, which builds it later), `train:`
 (every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
-(every key of wise.looped.recipe.RetrofitParams, as the RecurTrace stages read it).
+(every key of wise.looped.recipe.RetrofitParams, as the RecurTrace stages read it), and before
+any work (pipelines.preflight): the compute request against this machine, the model's weight files
+(not truncated), and every context length against the generated benchmarks' prompts.
 """
 import argparse
 import dataclasses
@@ -21,6 +23,8 @@ import yaml
 from pipelines import paths
 from pipelines.artifacts import write_text
 from pipelines.params import ParamsError, load_params
+from pipelines.preflight import (check_compute_here, check_context_lengths, check_weights,
+                                 prompt_tokenizer)
 from wise.training import TrainConfig
 
 STAMP_TEXT = ("params checked by stages/validate.py before any other stage ran; the content never "
@@ -89,9 +93,15 @@ def main(argv=None) -> int:
         name = ((raw.get("retrofit") or {}).get("name") if isinstance(raw, dict) else None) or ""
         built = {paths.CALIBRATION_MODEL, *(Path("data/models") / f"{name}-{v}" for v in ("lma", "plain"))}
         check_model = source is not None and Path(str(source)) not in built
-        load_params(args.params, check_model=check_model)
+        params = load_params(args.params, check_model=check_model)
         check_train(raw, args.params)
         check_retrofit(raw, args.params)
+        check_compute_here(params)
+        if check_model:
+            check_weights(params.model.source)
+        tok = prompt_tokenizer(params)
+        if tok is not None:
+            check_context_lengths(params, tok)
     except (ParamsError, FileNotFoundError, yaml.YAMLError) as exc:
         print(f"validate: {exc}", file=sys.stderr)
         return 2

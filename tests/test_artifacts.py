@@ -123,3 +123,25 @@ def test_csv_quotes_fields_that_hold_a_comma_or_a_quote(tmp_path):
         back = list(csv.DictReader(f))
     assert back == [{"label": "wise, B=32", "x": "0.5", "note": 'say "hi"'},
                     {"label": "full", "x": "nan", "note": ""}]
+
+
+def test_outputs_get_ordinary_permissions_even_from_private_writers(tmp_path):
+    # safetensors' save_file and mkstemp create 0600 files; the wise-chain model was written so.
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    from wise.atomic_files import atomic_path, current_umask
+    from wise.models.chain_card import write_chain_checkpoint
+    from wise.models.construct import ChainSpec
+
+    with atomic_path(tmp_path / "w.safetensors") as tmp:
+        save_file({"a": torch.zeros(2)}, str(tmp))
+    folder = write_chain_checkpoint(tmp_path / "wise-chain", ChainSpec(code_pairs=4, max_refine=2, max_positions=256))
+    want = 0o666 & ~current_umask()
+    modes = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777)
+             for p in [tmp_path / "w.safetensors", *folder.iterdir()]}
+    assert "wise-chain/model.safetensors" in modes and "wise-chain/tokenizer.json" in modes
+    assert set(modes.values()) == {oct(want)}, modes
+    assert os.stat(folder).st_mode & 0o777 == 0o777 & ~current_umask()

@@ -1,6 +1,7 @@
-"""DuckDB readers: the SQL CLI and `connect(read_only=True)` answer every view but refuse files
-outside data/ and any write; `publish_database` replaces data/wise.duckdb atomically, so a reader
-polling it while the statistics step publishes always gets answers."""
+"""DuckDB readers: the SQL CLI and `connect()` answer every view but refuse files outside data/
+and every write form (the file system is compared byte for byte afterwards); the CLI streams rows
+and caps them; `publish_database` replaces data/wise.duckdb atomically, so a reader polling it
+while the statistics step publishes always gets answers."""
 import threading
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from pipelines import paths
 from pipelines.artifacts import write_parquet
-from pipelines.db import connect, connect_views, publish_database
+from pipelines.db import connect, publish_database
 from pipelines.query import main as query_main
 
 
@@ -30,59 +31,127 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_views_answer_and_outside_files_and_writes_are_refused(project, capsys):
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# Every way of writing through SQL: each must leave every file as it was, from the CLI and from
+# the Python API (the CLI refuses them by statement type first; the connection refuses them itself).
+WRITES = [
+    "COPY (SELECT 7) TO 'data/x.csv'",
+    "COPY results TO 'wisedata://x.csv'",
+    "COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) TO 'data/conditions/results.parquet' (FORMAT parquet)",
+    "COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) TO 'wisedata://conditions/results.parquet' (FORMAT parquet)",
+    "EXPLAIN ANALYZE COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) TO 'data/conditions/results.parquet' (FORMAT parquet)",
+    "EXPLAIN ANALYZE COPY (SELECT * REPLACE (1.0 AS em) FROM results) TO 'wisedata://conditions/results.parquet' (FORMAT parquet)",
+    "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'data/sweeps' (FORMAT parquet, PARTITION_BY axis, OVERWRITE true)",
+    "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'wisedata://sweeps' (FORMAT parquet, PARTITION_BY axis, OVERWRITE true)",
+    "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'wisedata://' (FORMAT parquet, PARTITION_BY axis, OVERWRITE_OR_IGNORE true)",
+    "EXPORT DATABASE 'data/export'",
+    "EXPORT DATABASE 'wisedata://export'",
+    "ATTACH 'data/new.duckdb' AS n",
+    "ATTACH 'data/wise.duckdb' AS w",
+    "ATTACH 'wisedata://new.duckdb' AS n",
+    "ATTACH 'data/new.duckdb' AS n; CREATE TABLE n.t AS SELECT * FROM results",
+    "INSTALL httpfs",
+]
+
+
+def test_views_answer_and_every_write_form_leaves_the_files_unchanged(project, capsys):
     outside = project.parent / f"{project.name}-outside.csv"
     outside.write_text("a,b\n1,2\n")
     assert query_main(["SELECT count(*) AS n FROM results"]) == 0
     assert "6" in capsys.readouterr().out
     for sql in ("SELECT * FROM paired WHERE condition = 'wise'", "SELECT * FROM sweeps",
-                "SELECT * FROM condition_summary", "EXPLAIN SELECT * FROM results"):
+                "SELECT * FROM condition_summary", "EXPLAIN SELECT * FROM results",
+                "FROM results LIMIT 1", "DESCRIBE results"):
         assert query_main(["--json", sql]) == 0, sql
     capsys.readouterr()
-    # Reads outside data/ and writes anywhere fail with a message, and nothing is written.
-    target = project.parent / f"{project.name}-x.csv"
-    for sql, why in ((f"COPY results TO '{target}'", "read-only"),
-                     ("COPY results TO 'data/results.csv'", "read-only"),
-                     (f"SELECT * FROM read_csv('{outside}')", "disabled by configuration"),
-                     ("SELECT * FROM read_csv('/etc/passwd')", "disabled by configuration"),
-                     (f"SELECT * FROM read_csv('data/../../{outside.name}')", "disabled by configuration"),
-                     (f"ATTACH '{project.parent / 'other.duckdb'}'", "read-only")):
+    before = snapshot(project)
+    for sql in WRITES:
         assert query_main([sql]) == 1, sql
-        assert why in capsys.readouterr().err, sql
-    assert not target.exists() and not (project / "data/results.csv").exists()
+        err = capsys.readouterr().err
+        assert "read-only" in err and len(err.strip().splitlines()) == 1, (sql, err)
+    for sql in (f"SELECT * FROM read_csv('{outside}')", "SELECT * FROM read_csv('/etc/passwd')",
+                f"SELECT * FROM read_csv('data/../../{outside.name}')",
+                f"SELECT * FROM read_csv('wisedata://../../{outside.name}')"):
+        assert query_main([sql]) == 1, sql
+        assert "disabled by configuration" in capsys.readouterr().err, sql
+    assert snapshot(project) == before
+    assert not (project.parent / "export").exists()
 
 
-def test_locked_reader_connection_cannot_be_unlocked(project):
-    con = connect(read_only=True)
+def test_python_api_reader_cannot_write_or_delete_any_file(project):
+    before = snapshot(project)
+    con = connect()
     try:
         assert con.execute("SELECT count(*) FROM results").fetchone()[0] == 6
-        with pytest.raises(duckdb.PermissionException):
-            con.execute(f"COPY results TO '{project.parent / 'y.csv'}'")
+        for sql in WRITES:
+            with pytest.raises(duckdb.Error):
+                con.execute(sql)
+            assert snapshot(project) == before, sql
         with pytest.raises(duckdb.PermissionException):
             con.execute("SELECT * FROM read_csv('/etc/passwd')")
         with pytest.raises(duckdb.InvalidInputException, match="locked"):
             con.execute("SET enable_external_access = true")
         with pytest.raises(duckdb.InvalidInputException, match="locked"):
             con.execute("SET allowed_directories = ['/']")
-        second = connect(read_only=True)  # the same DuckDB instance: its settings are checked
-        assert second.execute("SELECT count(*) FROM sweeps").fetchone()[0] == 1
-        second.close()
+        assert con.execute("SELECT avg(em) FROM results WHERE condition = 'wise'").fetchone()[0] == 0.5
     finally:
         con.close()
-    mem = connect_views(project)
-    try:
-        assert mem.execute("SELECT count(*) FROM paired").fetchone()[0] == 6
-        with pytest.raises(duckdb.PermissionException):
-            mem.execute("SELECT * FROM read_csv('/etc/passwd')")
-    finally:
-        mem.close()
+    assert snapshot(project) == before
 
 
-def test_query_cli_without_database_builds_the_views_in_memory(project, capsys):
+def test_the_readers_file_system_refuses_every_method_that_is_not_a_read(project):
+    from pipelines.readonly_fs import READ_METHODS, ReadOnlyDataFS, ReadOnlyError, refused_methods
+
+    fs = ReadOnlyDataFS(project / "data")
+    assert fs.cat_file("conditions/results.parquet")[:4] == b"PAR1"
+    refused = refused_methods()
+    assert {"rm", "rm_file", "mv", "mkdir", "makedirs", "touch", "pipe", "put", "cp_file", "get",
+            "write_text", "write_bytes", "rmdir", "copy"} <= set(refused)
+    assert not set(refused) & READ_METHODS
+    for mode in ("wb", "ab", "r+b", "xb"):
+        with pytest.raises(ReadOnlyError):
+            fs.open("conditions/results.parquet", mode)
+    with pytest.raises(ReadOnlyError):
+        fs.rm("conditions", recursive=True)
+    with pytest.raises(ValueError, match="escapes"):
+        fs.cat_file("../params.yaml")
+    assert (project / "data/conditions/results.parquet").is_file()
+
+
+def test_query_cli_streams_and_caps_rows(project, capsys):
+    assert query_main(["SELECT * FROM range(5000)"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip().endswith("(1000 rows, more left out)") and "--limit" in out.err
+    assert query_main(["--limit", "3", "--csv", "SELECT * FROM range(10)"]) == 0
+    assert capsys.readouterr().out.split() == ["range", "0", "1", "2"]
+    assert query_main(["--limit", "0", "--json", "SELECT * FROM range(2500)"]) == 0
+    import json
+
+    assert len(json.loads(capsys.readouterr().out)) == 2500
+
+
+def test_query_cli_memory_stays_bounded_on_a_large_result(project):
+    # Ten million rows used to be fetched whole (GBs) before a line was printed.
+    import subprocess
+    import sys
+
+    code = ("import resource, sys; from pipelines.query import main; "
+            "rc = main(['SELECT * FROM range(10000000)']); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr); sys.exit(rc)")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stderr.strip().splitlines()[-1]) < 600, proc.stderr  # MB
+
+
+def test_query_cli_without_database_file_reads_the_outputs(project, capsys):
     (project / paths.DUCKDB).unlink()
     assert query_main(["SELECT count(*) AS n FROM results"]) == 0
-    out = capsys.readouterr()
-    assert "6" in out.out and "not found" in out.err
+    assert "6" in capsys.readouterr().out
     assert not (project / paths.DUCKDB).exists()  # a reader never writes the database
 
 
@@ -106,7 +175,8 @@ def test_readers_get_answers_while_the_database_is_republished(project):
     thread.start()
     try:
         while not stop.is_set():
-            con = connect(read_only=True)  # a new reader each time: it opens whichever file is there
+            con = duckdb.connect(str(project / paths.DUCKDB), read_only=True)  # a tool's plain reader
+            con.execute(f"SET file_search_path = '{project}'")
             try:
                 n = con.execute("SELECT count(*) FROM results").fetchone()[0]
                 m = con.execute("SELECT count(*) FROM condition_summary").fetchone()[0]

@@ -6,6 +6,10 @@ temporary's name says whose it is, so the next write of the same artifact remove
 of writers that are no longer alive (``kill -9`` during a stage leaves one behind) and leaves those
 of live writers alone. The ignore files (.gitignore, .dvcignore) match ``.*.tmp-*`` everywhere
 under ``data/``.
+
+The renamed file gets the mode a plain ``open()`` would give it (0666 minus the umask, e.g.
+0644): some writers create their file private (safetensors' ``save_file`` and ``mkstemp`` give
+0600), and an artifact nobody else can read breaks a shared checkout or a cluster's workers.
 """
 from __future__ import annotations
 
@@ -61,6 +65,26 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (/proc), else by setting it back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def ordinary_mode(path: str | os.PathLike) -> None:
+    """Give ``path`` the mode a plain ``open()`` (``mkdir`` for a folder) would: 0666 (0777)
+    minus the umask."""
+    path = Path(path)
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~current_umask())
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """``with atomic_path(p) as tmp: write(tmp)``: on success ``tmp`` replaces ``p``; on an error
@@ -72,6 +96,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp.unlink(missing_ok=True)
     try:
         yield tmp
+        if tmp.exists():
+            ordinary_mode(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from wise.atomic_files import write_bytes_atomic
 
 SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
@@ -56,10 +57,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, text.encode("utf-8"))  # ordinary permissions (mkstemp's are 0600)
 
 
 def save_tokenizer(tok: Tokenizer, path: str | os.PathLike, max_length: int = 4096) -> Path:
