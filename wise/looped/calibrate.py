@@ -172,11 +172,13 @@ def matched_mcnemar(decisions: dict, test) -> dict:
     return out
 
 
-def run_cell(p: CellParams, log=print) -> dict:
-    """Everything one (seed, n) cell measures, with its expected values (see the module doc)."""
+def run_cell(p: CellParams, log=print, looped=None, lma=None) -> dict:
+    """Everything one (seed, n) cell measures, with its expected values (see the module doc).
+    `looped`: (plain looping of the base, the latched base looped), default built here; `lma`: a
+    trained LMA retrofit of the base (default: trained here when p.lma_steps > 0, else none)."""
     from wise.looped.known_runs import batched_trajectories
 
-    plain, latched = models(p.base_seed)
+    plain, latched = looped or models(p.base_seed)
     sizes = {"test": p.n, "train": p.fit_n, "validation": p.fit_n}
     sets = {(split, variant): items_and_rows(p, split, variant, sizes[split] if variant == "mixed" else p.bimodal_n)
             for split in sizes for variant in ("mixed", "bimodal")}
@@ -187,15 +189,15 @@ def run_cell(p: CellParams, log=print) -> dict:
         traj[name] = batched_trajectories(model, test_rows, p.t_max)
         fixed += fixed_rows(test_items, traj[name], overshoot, name, p.t_max)
         log(f"  {name}: fixed-depth trajectories of {len(test_rows)} test items")
-    lma = None
-    if p.lma_steps > 0:
+    if lma is None and p.lma_steps > 0:
         from wise.looped.latch import build_retrofit, train_latch
 
         lma = build_retrofit(True, seed=p.seed, base_seed=p.base_seed)
         lma_log = train_latch(lma, *sets[("train", "mixed")], p.lma_steps, seed=p.seed, t_max=p.t_max, **p.lma)
+        log(f"  lma: trained {lma_log['steps']} steps in {lma_log['seconds']:.0f} s")
+    if lma is not None:
         traj["lma"] = batched_trajectories(lma, test_rows, p.t_max)
         fixed += fixed_rows(test_items, traj["lma"], False, "lma", p.t_max)
-        log(f"  lma: trained {lma_log['steps']} steps in {lma_log['seconds']:.0f} s")
     latch_rows = [r for r in fixed if r["T"] == p.t_max and r["reachable"] and r["depth"] < p.t_max]
     lma_latch = (sum(r["correct"] for r in latch_rows if r["model"] == "lma") /
                  max(1, sum(r["model"] == "lma" for r in latch_rows))) if lma is not None else math.nan

@@ -42,8 +42,8 @@ class CellParams:
     margin: float = 0.01  # tau, lambda: smallest validation mean loops with accuracy within this of the curve's best
     tau_grid: tuple = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95)  # halting head: stop when p_continue < tau
     confidence_grid: tuple = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)  # confidence: stop when the least top-1 >= lambda
-    act_costs: tuple = (0.0, 0.001, 0.01, 0.1)  # ACT ponder cost (one head per value; the middle one is tabled)
-    pondernet_betas: tuple = (0.0, 0.01, 0.1, 1.0)  # PonderNet KL weight (one head per value)
+    act_costs: tuple = (0.0, 0.01, 0.1)  # ACT ponder cost (one head per value; the middle one is tabled)
+    pondernet_betas: tuple = (0.0, 0.1, 1.0)  # PonderNet KL weight (one head per value)
     pondernet_prior: float = 0.25
     act_epsilon: float = 0.01
     head_steps: int = 300  # full-batch Adam steps per head

@@ -22,12 +22,15 @@ import numpy as np
 import torch
 
 
+LMA_SHAPE = {"window": 3, "lma_heads": 2, "lma_head_dim": 16, "gate_hidden": 16}  # W = 3 as the paper
+
+
 def build_retrofit(use_lma: bool, seed: int = 0, overshoot: bool = True, base_seed: int = 0, **fields):
     from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base
     from wise.looped.model import build_looped
 
     base, _ = build_chain_base(ChainBaseSpec(seed=base_seed, overshoot=overshoot))
-    lma = {"window": 3, "lma_heads": 2, "lma_head_dim": 16, "gate_hidden": 16} if use_lma else {}
+    lma = LMA_SHAPE if use_lma else {}
     return build_looped(base, use_lma=use_lma, block_start=HOP_LAYER, block_layers=1, seed=seed,
                         name="recurtrace-chain-" + ("lma" if use_lma else "plain"), **{**lma, **fields})
 
@@ -64,6 +67,8 @@ def train_latch(model, items, rows, steps: int, seed: int = 0, rows_per_step: in
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=lr)
+    # linear decay to a tenth: the answer loss is noisy from step to step (each draws its own T)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - 0.9 * min(1.0, i / max(1, steps)))
     rng = np.random.default_rng(seed)
     start, curve = time.perf_counter(), []
     for step in range(steps):
@@ -76,6 +81,7 @@ def train_latch(model, items, rows, steps: int, seed: int = 0, rows_per_step: in
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        sched.step()
         curve.append(float(loss.detach()))
         if log is not None and (step + 1) % 25 == 0:
             log(f"  latch step {step + 1}/{steps}: loss {np.mean(curve[-25:]):.4f} (T={T})")
