@@ -11,12 +11,11 @@ pinned block), and runs one cell (``wise.looped.calibrate.run_cell``) per seed. 
     chosen.parquet    per (seed, variant, method) at its chosen knob: measured, expected, McNemar
     summary.parquet   per seed: the CLI's summary line
     probe.parquet     the probe's table
-    lma.json          the LMA retrofit's training log (when retrofit.calibration.lma_steps > 0)
 
 With ``lma_steps > 0`` the LMA retrofit is trained once (the first seed's train items; CPU) and
-saved as a retrofit checkpoint ``data/models/<name>-lma`` with its recipe; a later run keeps a
-checkpoint whose recipe matches. Every cell then measures that retrofit on its own test items.
-    calibrated.md     the report's section (measured beside expected, spread over seeds)
+saved as a retrofit checkpoint ``data/models/<name>-lma`` with its recipe (train_recipe.json) and
+training log (train_log.json); a later run keeps a checkpoint whose recipe matches. Every cell then measures that retrofit on its own test items.
+    <name>/calibrated.md   the report's section (measured beside expected, spread over seeds)
     calibrated.json   headline metrics (dvc metrics show)
     figures/          accuracy vs T (plain, LMA, ideal, expected); accuracy vs mean loops per method
 """
@@ -154,7 +153,7 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
     items, rows = items_and_rows(replace(c, seed=seed), "train", "mixed", c.fit_n)
     train_log = train_latch(model, items, rows, c.lma_steps, seed=seed, t_max=c.t_max, log=log, **c.lma)
     save_retrofit(model, out, tokenizer_from=base_folder)
-    write_json(train_log, out_dir(params) / "lma.json")
+    write_json(train_log, out / "train_log.json")
     write_json(recipe, out / "train_recipe.json")
     return model
 

@@ -3,20 +3,22 @@
     python -m wise.looped.calibrate --seed S --n N
 
 builds ``recurtrace-chain`` (``wise.looped.chain_base``; overshooting and latched), draws N
-known-depth items per split (``wise.looped.known_depth``: train, validation, test; mixed depths,
-and the bimodal d in {1, 6} variant), and measures on the test items of seed S:
+known-depth test items (``wise.looped.known_depth``; mixed depths), ``--fit-n`` train and validation
+items, and the bimodal d in {1, 6} variant's three splits, and measures on the test items of seed S:
 
 - fixed@T accuracy of the base's own looping (the retrofit at initialisation, no memory: plain
-  looping), of the latched base (the ideal) and, with ``--lma-steps``, of an LMA retrofit trained on
-  the CPU (only the added modules, variable depth; ``wise.looped.latch``), each against
+  looping), of the latched base (the ideal) and of the LMA retrofit (``--lma``: the checkpoint the
+  stage recurtrace_calibrated trained on the CPU, only the added modules, variable depth,
+  ``wise.looped.latch``; or ``--lma-steps N`` trains a fresh one), each against
   ``wise.looped.calibration`` (fixed_mismatch counts the (item, T) cells that disagree);
 - every halting method on the loops of the latched model (or of the LMA retrofit when it latches):
   the oracle-distilled head (τ), confidence (λ), ACT (ponder cost), PonderNet (β): a curve of
   accuracy vs mean loops over each knob; the stability rule, the loss oracle and the correctness
   ceiling; the head's AUC against the oracle labels; exact McNemar of each method at its chosen
   knob against the fixed depth of matched mean loops. τ and λ are chosen on the validation items:
-  the smallest mean depth whose accuracy is within ``--margin`` of the best on that curve (the
-  paper's "smallest mean depth without losing accuracy", with the tolerance stated).
+  the smallest mean depth whose accuracy is within ``margin`` (retrofit.calibration.margin) of the
+  best on that curve (the paper's "smallest mean depth without losing accuracy", with the
+  tolerance stated).
 
 It prints per method measured and expected accuracy and mean loops, and ends with the line
 ``fixed_mismatch=.. lma_latch=.. plain_after_d=.. head_auc=.. oracle_gap=..``.
@@ -26,7 +28,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -273,16 +276,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="seeds the items (and the LMA training)")
     ap.add_argument("--n", type=int, default=500, help="test items (mixed depths)")
-    ap.add_argument("--fit-n", type=int, default=200, help="train and validation items (the heads, tau, lambda)")
+    ap.add_argument("--fit-n", type=int, default=100, help="train and validation items (the heads, tau, lambda)")
     ap.add_argument("--bimodal-n", type=int, default=100, help="items per split of the bimodal variant")
-    ap.add_argument("--lma-steps", type=int, default=0, help="train an LMA retrofit this many steps (CPU)")
+    ap.add_argument("--lma", default="data/models/recurtrace-chain-lma",
+                    help="the LMA retrofit checkpoint to measure (stage recurtrace_calibrated); skipped when absent")
+    ap.add_argument("--lma-steps", type=int, default=0, help="train a fresh LMA retrofit this many steps instead (CPU)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    lma = None
+    if args.lma_steps == 0 and Path(args.lma).is_dir():
+        from wise.looped.checkpoint import load_retrofit
+
+        lma = load_retrofit(args.lma)
     cell = run_cell(CellParams(seed=args.seed, n=args.n, fit_n=args.fit_n, bimodal_n=args.bimodal_n,
                                lma_steps=args.lma_steps),
-                    log=lambda m: print(m, file=sys.stderr, flush=True))
+                    log=lambda m: print(m, file=sys.stderr, flush=True), lma=lma)
     print("\n".join(report_lines(cell)))
     print(summary_line(cell["summary"]))
     return 0

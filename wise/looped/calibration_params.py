@@ -30,7 +30,7 @@ class CellParams:
     name: str = "recurtrace-chain"  # data/models/<name> (the constructed base), data/retrofit/<name>/
     base_seed: int = 0  # the constructed base's code-frequency search
     n: int = 500  # test items (mixed depths): every table and curve is measured on them
-    fit_n: int = 200  # train items (the heads learn) and validation items (tau, lambda are chosen), mixed
+    fit_n: int = 100  # train items (the heads learn) and validation items (tau, lambda are chosen), mixed
     bimodal_n: int = 100  # items per split (train, validation, test) of the bimodal variant (d in {1, 6})
     context: int = 96  # tokens per prompt (the chain's facts, then distractor chains)
     max_hops: int = 6  # L in 1..max_hops
@@ -46,11 +46,11 @@ class CellParams:
     pondernet_betas: tuple = (0.0, 0.1, 1.0)  # PonderNet KL weight (one head per value)
     pondernet_prior: float = 0.25
     act_epsilon: float = 0.01
-    head_steps: int = 300  # full-batch Adam steps per head
+    head_steps: int = 200  # full-batch Adam steps per head
     head_lr: float = 0.05
     head_l2: float = 0.001
-    lma_steps: int = 0  # LMA latch training steps on the CPU (0: none)
-    lma: dict = field(default_factory=dict)  # wise.looped.latch.train_latch options (rows_per_step, lr, time_limit_s)
+    lma_steps: int = 300  # LMA latch training steps on the CPU (0: none)
+    lma: dict = field(default_factory=lambda: {"rows_per_step": 16, "lr": 0.01})  # wise.looped.latch.train_latch options
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(self.seeds))
