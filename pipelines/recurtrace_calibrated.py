@@ -172,8 +172,9 @@ def run(params: RetrofitParams, log=print) -> dict:
     _, rows = items_and_rows(replace(c, seed=0), "validation", "mixed", 16)
     probe = block_distances(base, [_probe_batch(rows)], 1, min_prefix=1, min_suffix=1)
     picked = next(r["start"] for r in probe if r["chosen"])
-    if picked != HOP_LAYER:
-        raise RuntimeError(f"the angular-distance probe picked layer {picked}, not the hop layer {HOP_LAYER}")
+    if picked != c.block_start or picked != HOP_LAYER:
+        raise RuntimeError(f"the angular-distance probe picked layer {picked}, not the pinned block "
+                           f"retrofit.calibration.block_start = {c.block_start} (the hop layer {HOP_LAYER})")
     plain = build_looped(base, use_lma=False, block_start=HOP_LAYER, block_layers=1, name=f"{c.name}-plain")
     latched = models(c.base_seed)[1]
     lma = ensure_lma(params, folder, log) if c.lma_steps > 0 else None

@@ -29,6 +29,7 @@ class CellParams:
     seeds: tuple = (0, 1, 2)  # the stage runs one cell per seed (spread across seeds)
     name: str = "recurtrace-chain"  # data/models/<name> (the constructed base), data/retrofit/<name>/
     base_seed: int = 0  # the constructed base's code-frequency search
+    block_start: int = 3  # the looped block: the hop layer (the stage checks that the probe picks it)
     n: int = 500  # test items (mixed depths): every table and curve is measured on them
     fit_n: int = 100  # train items (the heads learn) and validation items (tau, lambda are chosen), mixed
     bimodal_n: int = 100  # items per split (train, validation, test) of the bimodal variant (d in {1, 6})
@@ -59,6 +60,7 @@ class CellParams:
         _need(len(self.seeds) > 0 and all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds),
               self, "seeds", "must be a non-empty list of integers")
         _need(bool(self.name) and "/" not in self.name, self, "name", "must be a plain folder name")
+        _need(self.block_start == 3, self, "block_start", "must be 3: the constructed base's hop layer")
         _need(self.n >= 1, self, "n", "must be >= 1")
         _need(self.fit_n >= 1, self, "fit_n", "must be >= 1")
         _need(self.bimodal_n >= 1, self, "bimodal_n", "must be >= 1")
