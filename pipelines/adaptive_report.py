@@ -52,7 +52,7 @@ def adaptive_markdown(summary: Sequence[dict], depth: Sequence[dict], wise: Sequ
     by = {(r["benchmark"], r["method"]): r for r in summary}
     L = [f"{heading} RecurTrace — adaptive depth", "",
          f"`{notes['model']}` on the test rows of the fixed-depth table ({notes['n']} per benchmark); budget "
-         f"T_max={notes['t_max']}, floor T_min={notes['t_min']} (halting head, confidence, token mismatch; ACT and "
+         f"T_max={notes['t_max']}, floor T_min={notes['t_min']} (halting head, confidence, stability; ACT and "
          f"PonderNet run without it). Halting head p_t = σ(wᵀz_t + b) on the block state pooled over the prompt "
          f"({notes['pool']}), trained with the retrofit frozen on the loss-improvement oracle "
          f"y_t = 1[min_(t'>t) L_t' < L_t − {notes['delta']:g}]; stop when p_t < τ.", "",

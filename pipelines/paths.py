@@ -29,6 +29,8 @@ ADAPTIVE_WISE = RETROFIT_DIR / "adaptive_wise.parquet"
 ADAPTIVE_WISE_SUMMARY = RETROFIT_DIR / "adaptive_wise_summary.parquet"
 ADAPTIVE_MD = RETROFIT_DIR / "adaptive.md"
 ADAPTIVE_JSON = RETROFIT_DIR / "adaptive.json"
+# the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
+RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
 
 # DuckDB view name -> Parquet file. Names and columns are documented in README.md.
 VIEWS = {

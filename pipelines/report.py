@@ -314,6 +314,8 @@ def build_markdown(p: Params, d: dict) -> str:
         L += [paper.pointer("context scaling on HotpotQA, N=30 per length", "CONTEXT_SCALING",
                             cmp["context"]), ""]
     L += [f"![density vs context]({d['figures']['context']})", ""]
+    if d.get("recurtrace_calibrated"):  # RecurTrace opens with measured beside expected
+        L += ["## RecurTrace with known answers (stage recurtrace_calibrated)", "", d["recurtrace_calibrated"], ""]
     if d.get("adaptive"):
         L += adaptive_section(d["adaptive"], d["figures"]["adaptive"], f, table)
     return "\n".join(L)

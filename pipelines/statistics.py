@@ -161,6 +161,9 @@ def run_statistics(p: Params) -> None:
         sweeps = sweep_summary(con, p)
         timing = query_rows(con, "SELECT * FROM timing ORDER BY label, n, block_size")
         adaptive = adaptive_data(con)
+        md = paths.RECURTRACE_CALIBRATED_MD  # its figure links, relative to data/report/
+        calibrated = md.read_text().replace("](figures/", f"](../{md.parent.relative_to(paths.DATA).as_posix()}/figures/") \
+            if md.is_file() else None
     finally:
         con.close()
     summary = summarise(rows, p)
@@ -190,7 +193,8 @@ def run_statistics(p: Params) -> None:
     facts = model_facts(p.model.source)
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
-                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive},
+                     "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive,
+                     "recurtrace_calibrated": calibrated},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

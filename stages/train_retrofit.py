@@ -43,10 +43,14 @@ def main(argv=None) -> int:
                          f"a CPU) and {out} does not hold this recipe. Revert your `retrofit:` edits, run "
                          "this stage on a GPU machine, or pass --device cpu to force it.")
     device = "cuda" if args.device == "auto" else args.device
-    if args.what == "base":
-        summary = ensure_base(params, out, device=device, retrain=True)
-    else:
-        summary = ensure_retrofit(params, args.what, out, device=device, retrain=True)
+    try:
+        if args.what == "base":
+            summary = ensure_base(params, out, device=device, retrain=True)
+        else:  # the retrofit's size is checked against retrofit.max_added_fraction before training
+            summary = ensure_retrofit(params, args.what, out, device=device, retrain=True)
+    except ValueError as err:  # a params value the base reveals to be wrong (it names the key)
+        print(f"train_retrofit {args.what}: {err}", file=sys.stderr)
+        return 2
     print(f"train_retrofit {args.what}: {out}: {summary}", flush=True)
     return 0
 

@@ -176,7 +176,7 @@ def test_halting_obeys_t_min_and_t_max(model):
             assert d == R.Decision(3, 3)
         # the floor applies to the other floored rules too; the token-mismatch oracle looks one loop ahead
         assert R.replay(R.Confidence(0.0, 3), tr).depth == 3
-        d = R.replay(R.TokenMismatch(2), tr)
+        d = R.replay(R.Stability(2), tr)
         assert d.computed in (d.depth + 1, 5) and d.depth >= 2
 
 

@@ -91,7 +91,7 @@ def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
     summary = pq.read_table(run / "data/retrofit/adaptive_summary.parquet").to_pylist()
     methods = {r["method"] for r in examples}
     assert methods == {"fixed@1", "fixed@2", "fixed@3", "fixed@4", "halting", "confidence", "act", "pondernet",
-                       "token_mismatch", "oracle_correct"}
+                       "stability", "oracle_correct"}
     assert all(r["weights_id"].startswith("sha256:") and r["device"] == "cpu" for r in examples)
     for s in (r for r in summary if r["benchmark"] == "all"):
         a = {r["example_id"]: r["correct"] for r in examples if r["method"] == s["method"]}

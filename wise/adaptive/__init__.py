@@ -4,7 +4,7 @@
 loop (the pooled block state, the answer's loss, correctness, confidence, predicted tokens);
 ``heads`` holds the linear halting heads (oracle-distilled, ACT, PonderNet) and their training;
 ``rules`` the depth rules (fixed, the halting head, CALM confidence, ACT, PonderNet, the
-token-mismatch and correctness oracles), replayed on trajectories or driven loop by loop, and the
+stability rule (token mismatch, no gold) and the correctness oracle), replayed on trajectories or driven loop by loop, and the
 held-out threshold selection; ``online`` runs a rule loop by loop for wall time and WISE under
 adaptive depth (through ``wise.runner``); ``tables`` the per-method summary, McNemar and depth vs
 difficulty.

@@ -13,7 +13,7 @@ both take the same decisions. Heads are evaluated on one state vector at a time 
 | confidence | the least top-1 probability over the answer's tokens ≥ λ (CALM-style) | t_min |
 | act | Σ_{j≤t} h_j ≥ 1 − ε (ACT's halting units) | none |
 | pondernet | u_t < λ_t, u_t a uniform draw seeded by (seed, example, t) (PonderNet's sampling) | none |
-| token_mismatch | loop t+1 predicts the same tokens as loop t (stops at t, computed t+1) | t_min |
+| stability | loop t+1 predicts the same tokens as loop t (stops at t, computed t+1); no gold answer | t_min |
 | oracle_correct | loop t's answer is right (needs the gold answer: a ceiling) | none |
 
 ACT and PonderNet run without the floor: the point is to measure whether their penalty / prior
@@ -122,10 +122,14 @@ class PonderNet:
 
 
 @dataclass(frozen=True)
-class TokenMismatch:
+class Stability:
+    """The token-mismatch rule of the RecurTrace baselines: stop once the answer stops changing.
+    It reads no gold answer (so it is a rule, not an oracle): it cannot tell an answer that more
+    depth would still improve from one that has settled early, or wrong."""
+
     t_min: int
-    name = "token_mismatch"
-    kind = "oracle"
+    name = "stability"
+    kind = "adaptive"
     needs_readout = True
     needs_state = False
     threshold = None
@@ -232,5 +236,5 @@ def method_rules(heads: dict[str, LinearHead], card: dict) -> list:
             Confidence(card["confidence_threshold"], t_min),
             ACT(heads["act"], card["act_epsilon"]),
             PonderNet(heads["pondernet"], card["seed"]),
-            TokenMismatch(t_min),
+            Stability(t_min),
             OracleCorrect()]

@@ -11,7 +11,7 @@ the sequence is ``prompt + gold continuation`` and, after loop t,
   alone: there every answer starts with the same space token (the project's BPE), predicted with
   probability > 0.9999 at every loop. Teacher-forced like everything here: whenever greedy
   decoding emits the gold answer these are exactly its tokens' confidences;
-- pred: the argmax token at each continuation position (the token-mismatch oracle's "answer");
+- pred: the argmax token at each continuation position (what the stability rule compares);
 - gold_logprob: the log-probability of each continuation token (ACT's output mixture);
 - z: the pooled block state, the halting heads' input: the hidden state h after loop t averaged
   over the prompt's positions (``pool="mean"``) or taken at the last prompt position

@@ -11,12 +11,15 @@ before any work starts; a bad value raises ``ValueError`` naming the key
                          and the held-out choice of their thresholds
       adaptive:          the adaptive-depth evaluation on eval's test rows: wall time, WISE under
                          adaptive depth
+      calibration:       the calibrated case on the constructed base (wise/looped/calibration_params.py)
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from wise.looped.calibration_params import CellParams
 
 DTYPES = ("float32", "bfloat16", "float16")
 # synthchain as pure pointer chasing (no successor refinement) over chains of 1..4 hops: with the
@@ -329,6 +332,7 @@ class RetrofitParams:
     base_train: BaseTraining = field(default_factory=BaseTraining)
     halting: HaltingParams = field(default_factory=HaltingParams)
     adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
+    calibration: CellParams = field(default_factory=CellParams)
 
     def __post_init__(self) -> None:
         s = "retrofit"
@@ -366,7 +370,7 @@ class RetrofitParams:
     def recipe(self, variant: str) -> dict:
         """What a retrofit checkpoint of `variant` was trained from (its train_recipe.json)."""
         d = dataclasses.asdict(self)
-        for key in ("eval", "base_train", "halting", "adaptive"):  # downstream of the checkpoint
+        for key in ("eval", "base_train", "halting", "adaptive", "calibration"):  # not the checkpoint's
             d.pop(key)
         if variant == "plain":  # the memory's shape does not change a plain retrofit
             for key in ("window", "lma_heads", "lma_head_dim", "gate_hidden", "gamma_init", "gate_bias_init"):

@@ -1,0 +1,150 @@
+"""The RecurTrace calibrated case: the constructed Llama base, its known-depth items, and every
+measured number against the value derived from the items alone (wise.looped.calibration).
+
+The planted faults (oracle labels shifted one loop, the head reading the wrong pooled row, the
+LMA gate forced shut) must each make a check fail: ``checks`` returns the failed checks, and the
+mutation tests assert it is not empty under each fault.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from wise.looped import calibration as C
+from wise.looped import known_runs
+from wise.looped.calibrate import CellParams, items_and_rows, run_cell
+from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base, save_chain_base
+from wise.looped.known_depth import make_items
+
+SMALL = dict(n=60, fit_n=60, bimodal_n=40, lma_steps=0)  # the LMA retrofit: its own test below
+
+
+def checks(cell: dict) -> list[str]:
+    """The calibrated case's claims on a cell; the names of those that fail."""
+    s, mix = cell["summary"], cell["chosen"]["mixed"]
+    failed = []
+    if s["fixed_mismatch"] != 0:
+        failed.append(f"fixed_mismatch={s['fixed_mismatch']}")
+    for variant, ch in cell["chosen"].items():
+        for method in ("oracle", "oracle_correct", "confidence", "stability"):
+            r = ch[method]
+            if abs(r["accuracy"] - r["expected_accuracy"]) > 1e-9 or abs(r["mean_loops"] - r["expected_mean_loops"]) > 1e-9:
+                failed.append(f"{variant} {method} measured != expected")
+    if not (abs(mix["halting"]["accuracy"] - mix["oracle"]["expected_accuracy"]) <= 0.02
+            and mix["halting"]["mean_loops"] - mix["oracle"]["expected_mean_loops"] <= 0.5):
+        failed.append("halting head not within 0.5 loops of the oracle at equal accuracy")
+    if not s["head_auc"] >= 0.95:
+        failed.append(f"head_auc={s['head_auc']}")
+    act = [r["mean_loops"] for r in cell["points"] if r["variant"] == "bimodal" and r["method"] == "act" and r["value"] > 0]
+    if not min(act) <= 2.05:  # collapse: every item stopped by loop 2, the deep mode (d = 6) abandoned
+        failed.append("ACT did not collapse on the bimodal items")
+    if s["plain_after_d"] != 0:
+        failed.append("plain looping kept answers past d")
+    if not math.isnan(s["lma_latch"]) and not s["lma_latch"] > s["plain_after_d"] + 0.2:
+        failed.append(f"lma_latch={s['lma_latch']} not above plain")
+    return failed
+
+
+@functools.lru_cache(maxsize=None)
+def _cell(**kw) -> dict:
+    return run_cell(CellParams(seed=0, **kw), log=lambda m: None)
+
+
+def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from wise.looped.base import fingerprint, load_base
+    from wise.looped.model import build_looped, check_safe_floor
+
+    folder = save_chain_base(tmp_path / "recurtrace-chain")
+    base = load_base(folder)
+    assert isinstance(base, LlamaForCausalLM)
+    assert "constructed" in (folder / "README.md").read_text() and "not trained" in (folder / "README.md").read_text()
+    assert fingerprint(folder)
+    built, _ = build_chain_base()
+    for (name, a), b in zip(built.state_dict().items(), base.state_dict().values()):
+        assert torch.equal(a, b), name
+    check_safe_floor(build_looped(base, use_lma=True, block_start=HOP_LAYER, block_layers=1))
+
+
+def test_probe_picks_the_hop_layer():
+    from pipelines.recurtrace_calibrated import _probe_batch
+    from wise.looped.probe import block_distances
+
+    base, _ = build_chain_base()
+    _, rows = items_and_rows(CellParams(n=16), "validation", "mixed", 16)
+    table = block_distances(base, [_probe_batch(rows)], 1, min_prefix=1, min_suffix=1)
+    assert [r["start"] for r in table if r["chosen"]] == [HOP_LAYER]
+
+
+def test_items_have_the_stated_depths():
+    items = make_items("test", 0, "mixed", 400, 96)
+    assert {it.depth for it in items} <= set(range(1, 9)) and {it.hops for it in items} == set(range(1, 7))
+    assert 0.12 < sum(not it.reachable for it in items) / len(items) < 0.28
+    bim = make_items("test", 0, "bimodal", 200, 96)
+    assert {it.depth for it in bim} == {1, 6}
+    assert make_items("test", 0, "mixed", 5, 96) == items[:5]  # a pure function of (split, seed, variant, index)
+    with pytest.raises(ValueError, match="variant"):
+        make_items("test", 0, "trimodal", 5, 96)
+
+
+@pytest.mark.parametrize("overshoot", [True, False])
+def test_fixed_depth_matches_the_construction(overshoot):
+    from wise.looped.calibrate import models
+
+    model = models()[0 if overshoot else 1]
+    items, rows = items_and_rows(CellParams(n=40), "test", "mixed", 40)
+    trajs = known_runs.batched_trajectories(model, rows, 8)
+    bad = [(it.example_id, T) for it, tr in zip(items, trajs) for T in range(1, 9)
+           if tr.signals[T - 1].correct != C.correct(it, T, overshoot)]
+    assert bad == []
+    assert any(C.correct(it, it.depth, overshoot) for it in items)
+
+
+def test_the_cell_meets_its_expected_values():
+    assert checks(_cell(**SMALL)) == []
+
+
+@pytest.mark.parametrize("fault", ["oracle_labels_shifted", "head_reads_wrong_row"])
+def test_planted_faults_fail_the_checks(fault, monkeypatch):
+    import wise.adaptive.heads as H
+
+    if fault == "oracle_labels_shifted":
+        original = H.oracle_labels
+
+        def shifted(losses, delta):
+            labels = original(losses, delta)
+            return labels[1:] + [0]  # continue one loop less than the oracle says
+        monkeypatch.setattr(H, "oracle_labels", shifted)
+    else:
+        monkeypatch.setattr(known_runs, "POOLED_ROW", -2)  # the "Answer" row: no pointer, no flags
+    cell = run_cell(CellParams(seed=0, **SMALL), log=lambda m: None)
+    assert checks(cell) != []
+
+
+LMA_CHECKPOINT = "data/models/recurtrace-chain-lma"  # stage recurtrace_calibrated (committed)
+
+
+def latch_accuracy(model, n: int = 60) -> float:
+    """Accuracy after t_max = 8 loops on the reachable test items with d < 8."""
+    items, rows = items_and_rows(CellParams(seed=0), "test", "mixed", n)
+    trajs = known_runs.batched_trajectories(model, rows, 8)
+    sel = [tr for it, tr in zip(items, trajs) if it.reachable and it.depth < 8]
+    return sum(tr.signals[7].correct for tr in sel) / len(sel)
+
+
+@pytest.mark.parametrize("gate", ["open", "forced_shut"])
+def test_lma_retrofit_latches_unless_its_gate_is_shut(gate, monkeypatch):
+    from wise.looped.calibrate import models
+    from wise.looped.checkpoint import load_retrofit
+    from wise.looped.lma import LoopMemoryAttention
+
+    lma = load_retrofit(LMA_CHECKPOINT)
+    plain = latch_accuracy(models()[0])
+    if gate == "forced_shut":
+        monkeypatch.setattr(LoopMemoryAttention, "forward", lambda self, memory, distance: torch.zeros_like(memory[:, :, 0]))
+    latched = latch_accuracy(lma) > plain + 0.2
+    assert latched == (gate == "open")

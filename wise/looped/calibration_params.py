@@ -1,0 +1,91 @@
+"""Typed params of the RecurTrace calibrated case (``retrofit.calibration`` in params.yaml; read by
+``wise.looped.recipe.RetrofitParams`` like every other ``retrofit:`` key, so the validate stage
+checks them): the constructed base, the known-depth items, the halting heads and their knobs, the
+LMA latch training, and the seeds of the cells. A bad value raises ``ValueError`` naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SECTION = "retrofit.calibration"
+
+
+def _need(ok: bool, obj: Any, key: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"{SECTION}.{key} = {getattr(obj, key)!r}: {why}")
+
+
+def _grid(obj, key: str, low: float, high: float | None) -> None:
+    grid = getattr(obj, key)
+    _need(len(grid) > 0 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and low <= x
+                                and (high is None or x <= high) for x in grid), obj, key,
+          f"must be a non-empty list of numbers in [{low}, {'inf' if high is None else high}]")
+
+
+@dataclass(frozen=True)
+class CellParams:
+    seed: int = 0  # items of the cell (train / validation / test) and the LMA training draws
+    seeds: tuple = (0, 1, 2)  # the stage runs one cell per seed (spread across seeds)
+    name: str = "recurtrace-chain"  # data/models/<name> (the constructed base), data/retrofit/<name>/
+    base_seed: int = 0  # the constructed base's code-frequency search
+    block_start: int = 3  # the looped block: the hop layer (the stage checks that the probe picks it)
+    n: int = 500  # test items (mixed depths): every table and curve is measured on them
+    fit_n: int = 100  # train items (the heads learn) and validation items (tau, lambda are chosen), mixed
+    bimodal_n: int = 100  # items per split (train, validation, test) of the bimodal variant (d in {1, 6})
+    context: int = 96  # tokens per prompt (the chain's facts, then distractor chains)
+    max_hops: int = 6  # L in 1..max_hops
+    max_refine: int = 2  # m in 0..max_refine
+    unreachable: float = 0.2  # share of items with a hop fact removed
+    t_min: int = 1  # floor of the halting head, confidence and stability rules
+    t_max: int = 8  # budget
+    delta: float = 0.01  # oracle margin (nats per answer token)
+    margin: float = 0.01  # tau, lambda: smallest validation mean loops with accuracy within this of the curve's best
+    tau_grid: tuple = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95)  # halting head: stop when p_continue < tau
+    confidence_grid: tuple = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)  # confidence: stop when the least top-1 >= lambda
+    act_costs: tuple = (0.0, 0.01, 0.1)  # ACT ponder cost (one head per value; the middle one is tabled)
+    pondernet_betas: tuple = (0.0, 0.1, 1.0)  # PonderNet KL weight (one head per value)
+    pondernet_prior: float = 0.25
+    act_epsilon: float = 0.01
+    head_steps: int = 200  # full-batch Adam steps per head
+    head_lr: float = 0.05
+    head_l2: float = 0.001
+    lma_steps: int = 300  # LMA latch training steps on the CPU (0: none)
+    lma: dict = field(default_factory=lambda: {"rows_per_step": 16, "lr": 0.01})  # wise.looped.latch.train_latch options
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        for key in ("tau_grid", "confidence_grid", "act_costs", "pondernet_betas"):
+            object.__setattr__(self, key, tuple(getattr(self, key)))
+        _need(len(self.seeds) > 0 and all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds),
+              self, "seeds", "must be a non-empty list of integers")
+        _need(bool(self.name) and "/" not in self.name, self, "name", "must be a plain folder name")
+        _need(self.block_start == 3, self, "block_start", "must be 3: the constructed base's hop layer")
+        _need(self.n >= 1, self, "n", "must be >= 1")
+        _need(self.fit_n >= 1, self, "fit_n", "must be >= 1")
+        _need(self.bimodal_n >= 1, self, "bimodal_n", "must be >= 1")
+        _need(1 <= self.max_hops <= 6, self, "max_hops", "must be in 1..6")
+        _need(0 <= self.max_refine <= 2, self, "max_refine", "must be in 0..2 (the base's counter)")
+        _need(self.context >= 8 + 5 * (self.max_hops + 1), self, "context",
+              "must hold the question and a chain of max_hops hops (8 + 5 (max_hops + 1) tokens)")
+        _need(self.context <= 512, self, "context", "must be <= 512 (the base's positions)")
+        _need(0 <= self.unreachable <= 1, self, "unreachable", "must be in [0, 1]")
+        _need(self.t_min >= 1, self, "t_min", "must be >= 1")
+        _need(self.t_max > self.t_min, self, "t_max", "must be > t_min")
+        _need(self.max_hops + self.max_refine <= self.t_max, self, "t_max", "must be >= max_hops + max_refine")
+        _need(self.delta >= 0, self, "delta", "must be >= 0")
+        _need(0 <= self.margin <= 1, self, "margin", "must be in [0, 1]")
+        _grid(self, "tau_grid", 0, 1)
+        _grid(self, "confidence_grid", 0, 1)
+        _grid(self, "act_costs", 0, None)
+        _grid(self, "pondernet_betas", 0, None)
+        _need(0 < self.pondernet_prior < 1, self, "pondernet_prior", "must be in (0, 1)")
+        _need(0 < self.act_epsilon < 1, self, "act_epsilon", "must be in (0, 1)")
+        _need(self.head_steps >= 1, self, "head_steps", "must be >= 1")
+        _need(self.head_lr > 0, self, "head_lr", "must be > 0")
+        _need(self.head_l2 >= 0, self, "head_l2", "must be >= 0")
+        _need(self.lma_steps >= 0, self, "lma_steps", "must be >= 0")
+        unknown = sorted(set(self.lma) - {"rows_per_step", "lr", "time_limit_s"})
+        _need(not unknown, self, "lma", f"unknown option(s) {unknown}; known: rows_per_step, lr, time_limit_s")
+        _need(all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in self.lma.values()),
+              self, "lma", "options must be numbers >= 0")
