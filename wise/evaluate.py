@@ -114,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--eta", type=float, default=0.95, help="η")
     ap.add_argument("--backend", default="reference", help="late sparse attention: reference | kernel | flex")
     ap.add_argument("--by-depth", action="store_true", help="also print EM per chain length L and per L + m")
+    ap.add_argument("--follow-hops", type=int, default=16,
+                    help="synthchain: two-token answers whose second token's chain has 1..N hops, as the "
+                         "default run asks them (0: one-token answers)")
     ap.add_argument("--prompt-style", default=None,
                     help="prompt format (default: the one the checkpoint was trained with, from its "
                          "train_recipe.json; else plain)")
@@ -172,8 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = model.config
 
     def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
+        options = {"follow_hops": args.follow_hops} if bench == "synthchain" else None
         return build_prompts(tok, bench, ctx, n, args.seed, cfg.max_positions, args.max_new_tokens,
-                             args.split, ask=args.ask, style=style)
+                             args.split, ask=args.ask, style=style, options=options)
 
     def cell(prompts, ctx, steps) -> Score:
         return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens)
