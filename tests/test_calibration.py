@@ -25,6 +25,7 @@ from wise.models.chain_card import write_chain_checkpoint
 from wise.models.construct import build_chain_model
 from wise.routing import MaskedSupportAttention
 from wise.runner import WiseSettings, run_condition, state_seed
+from wise.scoring import full_settings
 from wise.support import causal_attention_probs, num_blocks
 
 TOK = build_tokenizer()
@@ -115,27 +116,22 @@ def test_variants_are_nested_whole_chains_of_five_token_facts():
         assert lay.follow.hops == len(ex.meta["follow"]) - 1
 
 
-def greedy(model, ids, T, tokens=3):
-    seq = list(ids)
-    for _ in range(tokens):
-        with torch.no_grad():
-            logits = model(torch.tensor([seq]), T, generator=torch.Generator().manual_seed(1))
-        seq.append(int(logits[0, -1].argmax()))
-    return [TOK.id_to_token(i) for i in seq[len(ids):]]
-
-
 @pytest.mark.parametrize("budget", [256, 1024])
 def test_full_is_right_exactly_when_T_reaches_each_tokens_depth(model, budget):
-    """Token 1 after L + m steps, token 2 (its own row) after L2 more hops of its own; then EOS."""
-    for ex, ids, lay in prompts(8 if budget == 256 else 3, budget):
-        for T in (4, 8, 12, 32):
-            a1, a2, eos = greedy(model, ids, T)
-            assert (a1 == ex.answers[0].split()[0]) == (lay.hops + lay.refine <= T)
-            if a1 == ex.answers[0].split()[0]:
-                assert (a2 == ex.answers[0].split()[1]) == (lay.follow.hops <= T) and eos == "<eos>"
-    one = prompts(4, 256, follow_hops=0)  # one-token questions: the answer, then EOS
-    for ex, ids, lay in one:
-        assert greedy(model, ids, 32, 2) == [ex.answers[0], "<eos>"]
+    """Token 1 after L + m steps, token 2 (its own row) after L2 hops of its own; then EOS."""
+    cases = prompts(12 if budget == 256 else 4, budget)
+    for T in (4, 8, 12, 32):
+        got = engine_answers(model, cases, ["full"], full_settings(T))
+        for (ex, _, lay), g in zip(cases, got):
+            a1, a2 = ex.answers[0].split()
+            first = lay.hops + lay.refine <= T
+            expected = f"{a1} {a2}" if first and lay.follow.hops <= T else None
+            assert (g["full"] == expected) if expected else (g["full"].split()[0] == a1) == first, (T, g)
+    for ex, ids, lay in prompts(4, 256, follow_hops=0):  # one-token questions: the answer, then EOS
+        with torch.no_grad():
+            runs = evaluate_example(model, ids, TOK.encode(ex.answers[0], add_special_tokens=False).ids, ["full"],
+                                    WiseSettings(), state_seed(ex.example_id, 0), 3, {1}, "rerun")
+        assert [TOK.id_to_token(i) for i in runs["full"].tokens] == [ex.answers[0]]
 
 
 def test_each_head_puts_its_mass_where_the_construction_says(model):
