@@ -51,3 +51,27 @@ def oracle_for(source: str, tokenizer) -> Oracle | None:
 def settings_of(p) -> Settings:
     return Settings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step, window=p.wise.window,
                     block_size=p.wise.block_size, eta=p.wise.eta)
+
+
+def expected_table(p, cohort: list[dict], tokenizer) -> list[tuple[str, int, float]]:
+    """(condition, n, expected EM) over a cohort's synthchain rows under the params' settings."""
+    oracle, s = Oracle(tokenizer), settings_of(p)
+    rows = [r for r in cohort if r["benchmark"] == "synthchain"]
+    return [(c, len(rows), sum(oracle.em(r, c, s) for r in rows) / max(1, len(rows))) for c in p.conditions.names]
+
+
+def main() -> int:
+    """Print the expected EM per condition of the cohort the cohorts stage wrote (no model run)."""
+    from pipelines import paths
+    from pipelines.artifacts import read_parquet
+    from pipelines.params import load_params
+    from wise.data.synthchain import build_tokenizer
+
+    p = load_params(check_model=False)
+    for c, n, em in expected_table(p, read_parquet(paths.COHORT).to_pylist(), build_tokenizer()):
+        print(f"{c:13s} {n:4d}  {em:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,25 +1,35 @@
 """The calibration model wise-chain on synthchain: measured answers, attention and convergence steps
-equal what the construction predicts (wise.calibration), example by example, for every condition;
-and a deliberately broken method (the working set of steps 1-4 instead of 9-12) is caught."""
+equal what the construction predicts (wise.calibration), example by example, for every condition,
+on the engine the conditions stage and `python -m wise.evaluate` run (cached, batched
+``evaluate_examples``: late steps batched, both answer tokens decoded through the appended rows'
+caches) and on ``run_condition``; and broken methods planted one at a time (``FAULTS``) are caught.
+"""
 import hashlib
 
 import pytest
 import torch
 
+import wise.appended_rows
+import wise.conditions
+import wise.extension
+import wise.routing
 import wise.runner
+import wise.support
 from wise.calibration import CONDITIONS, Settings, expected_outcome, expected_taus, parse_layout
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.synthchain import build_tokenizer, successor
+from wise.decoding import evaluate_example, evaluate_examples
 from wise.diagnostics import convergence_summary
 from wise.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
 from wise.models.construct import build_chain_model
 from wise.routing import MaskedSupportAttention
-from wise.decoding import evaluate_example
 from wise.runner import WiseSettings, run_condition, state_seed
+from wise.scoring import full_settings
 from wise.support import causal_attention_probs, num_blocks
 
 TOK = build_tokenizer()
+FOLLOW = {"follow_hops": 16}  # two-token answers, as the default run asks them
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +37,11 @@ def model():
     return build_chain_model()[0]
 
 
-def prompts(n: int, budget: int, seed: int = 11):
+def prompts(n: int, budget: int, seed: int = 11, **options):
     def count(text):
         return 1 + len(TOK.encode(text, add_special_tokens=False).ids)
 
-    examples = load_examples("synthchain", "test", n, seed)
+    examples = load_examples("synthchain", "test", n, seed, **(options or FOLLOW))
     out = []
     for ex, cv in zip(examples, build_cohort_variants(examples, [budget], count, seed)):
         ids = [0] + TOK.encode(format_prompt(cv.variants[budget]), add_special_tokens=False).ids
@@ -39,15 +49,30 @@ def prompts(n: int, budget: int, seed: int = 11):
     return out
 
 
-def answer(model, ex, ids, condition, settings):
+def settings_of(w: WiseSettings) -> Settings:
+    return Settings(w.steps, w.discovery_step, w.window, w.block_size, w.eta)
+
+
+def engine_answers(model, cases, conditions, settings: WiseSettings) -> list[dict[str, str]]:
+    """The conditions stage's path: every case and condition in one cached, batched call."""
+    examples = [(ids, TOK.encode(ex.answers[0], add_special_tokens=False).ids, state_seed(ex.example_id, 0))
+                for ex, ids, _ in cases]
+    runs = evaluate_examples(model, examples, list(conditions), settings, 3, {1})
+    return [{c: " ".join(TOK.id_to_token(i) for i in r[c].tokens) for c in conditions} for r in runs]
+
+
+def mismatches(model, cases, settings: WiseSettings, conditions=CONDITIONS):
+    s = settings_of(settings)
+    out = []
+    for (ex, _, lay), got in zip(cases, engine_answers(model, cases, conditions, settings)):
+        out += [(ex.example_id, c) for c in conditions
+                if (got[c] == ex.answers[0]) != expected_outcome(lay, c, s).correct]
+    return out
+
+
+def first_token(model, ex, ids, condition, settings):
     res = run_condition(model, torch.tensor(ids), condition, settings, state_seed(ex.example_id, 0))
     return TOK.id_to_token(int(res.logits[-1].argmax()))
-
-
-def mismatches(model, cases, settings: WiseSettings):
-    s = Settings(settings.steps, settings.discovery_step, settings.window, settings.block_size, settings.eta)
-    return [(ex.example_id, c) for ex, ids, lay in cases for c in CONDITIONS
-            if (answer(model, ex, ids, c, settings) == ex.answers[0]) != expected_outcome(lay, c, s).correct]
 
 
 def test_construction_is_deterministic(tmp_path):
@@ -58,16 +83,20 @@ def test_construction_is_deterministic(tmp_path):
 
 
 def test_synthchain_examples_follow_their_definition():
-    examples = load_examples("synthchain", "test", 300, 0)
-    assert examples[:50] == load_examples("synthchain", "test", 50, 0)  # a larger n extends a smaller one
+    examples = load_examples("synthchain", "test", 300, 0, **FOLLOW)
+    assert examples[:50] == load_examples("synthchain", "test", 50, 0, **FOLLOW)  # a larger n extends a smaller one
     assert {e.meta["hops"] for e in examples} == set(range(1, 17))
     assert {e.meta["refine"] for e in examples} == set(range(9))
-    train = {e.meta["world_seed"] for e in load_examples("synthchain", "train", 300, 0)}
+    assert {len(e.meta["follow"]) - 1 for e in examples} == set(range(17))  # L2 = 0 when a1 is the chain's end
+    train = {e.meta["world_seed"] for e in load_examples("synthchain", "train", 300, 0, **FOLLOW)}
     assert train.isdisjoint(e.meta["world_seed"] for e in examples)
-    for e in examples[:40]:
-        chain = e.meta["chain"]
-        assert len(chain) == e.meta["hops"] + 1 and e.answers == (successor(chain[-1], e.meta["refine"]),)
-        assert e.question == f"{chain[0]} +{e.meta['refine']} ?"
+    single = load_examples("synthchain", "test", 40, 0)  # one-token questions: the worlds they always had
+    for e, one in zip(examples[:40], single):
+        chain, path = e.meta["chain"], e.meta["follow"]
+        a1 = successor(chain[-1], e.meta["refine"])
+        assert len(chain) == e.meta["hops"] + 1 and e.answers == (f"{a1} {path[-1]}",)
+        assert path[0] == a1 and e.question == f"{chain[0]} +{e.meta['refine']} ??"
+        assert one.meta["chain"] == chain and one.answers == (a1,) and one.question == f"{chain[0]} +{e.meta['refine']} ?"
 
 
 def test_variants_are_nested_whole_chains_of_five_token_facts():
@@ -84,50 +113,74 @@ def test_variants_are_nested_whole_chains_of_five_token_facts():
                 seen.add(x)
                 x = targets[x]
         assert lay.hops == ex.meta["hops"] and lay.refine == ex.meta["refine"]
+        assert lay.follow.hops == len(ex.meta["follow"]) - 1
 
 
 @pytest.mark.parametrize("budget", [256, 1024])
-def test_full_is_right_exactly_when_T_reaches_L_plus_m(model, budget):
-    for ex, ids, lay in prompts(16 if budget == 256 else 4, budget):
-        for T in (4, 8, 12, 32):
-            with torch.no_grad():
-                logits = model(torch.tensor([ids]), T, generator=torch.Generator().manual_seed(1))
-            assert (TOK.id_to_token(int(logits[0, -1].argmax())) == ex.answers[0]) == (lay.hops + lay.refine <= T)
+def test_full_is_right_exactly_when_T_reaches_each_tokens_depth(model, budget):
+    """Token 1 after L + m steps, token 2 (its own row) after L2 hops of its own; then EOS."""
+    cases = prompts(12 if budget == 256 else 4, budget)
+    for T in (4, 8, 12, 32):
+        got = engine_answers(model, cases, ["full"], full_settings(T))
+        for (ex, _, lay), g in zip(cases, got):
+            a1, a2 = ex.answers[0].split()
+            first = lay.hops + lay.refine <= T
+            expected = f"{a1} {a2}" if first and lay.follow.hops <= T else None
+            assert (g["full"] == expected) if expected else (g["full"].split()[0] == a1) == first, (T, g)
+    for ex, ids, lay in prompts(4, 256, follow_hops=0):  # one-token questions: the answer, then EOS
+        with torch.no_grad():
+            runs = evaluate_example(model, ids, TOK.encode(ex.answers[0], add_special_tokens=False).ids, ["full"],
+                                    WiseSettings(), state_seed(ex.example_id, 0), 3, {1}, "rerun")
+        assert [TOK.id_to_token(i) for i in runs["full"].tokens] == [ex.answers[0]]
 
 
-def test_question_rows_put_their_mass_on_the_current_hop(model):
+def test_each_head_puts_its_mass_where_the_construction_says(model):
     ex, ids, lay = prompts(1, 1024, seed=3)[0]
+    seq = ids + [TOK.token_to_id(ex.answers[0].split()[0])]
+    row = len(ids)  # the first answer token's row
     seen = {}
 
     class Observer:
         def on_attention(self, step, layer, q, k, v, out):
-            probs = causal_attention_probs(q[0], k[0])[0]  # one head
-            seen[step] = probs[list(lay.question_rows)]
+            seen[(step, layer)] = causal_attention_probs(q[0], k[0])  # [H, n, n]
 
         def on_state(self, step, state):
             pass
 
     with torch.no_grad():
-        model(torch.tensor([ids]), 24, generator=torch.Generator().manual_seed(0), observer=Observer())
-    for step, rows in seen.items():
-        assert rows[:, lay.attended(step)].min() >= 0.99, step
+        model(torch.tensor([seq]), 24, generator=torch.Generator().manual_seed(0), observer=Observer())
+    for (step, layer), probs in seen.items():
+        chase = probs[0 if layer == 0 else 1]
+        if layer == 0:
+            assert chase[list(lay.question_rows), lay.attended(step)].min() >= 0.99, step
+        else:
+            assert chase[row, lay.follow.attended(step)] >= 0.99, step
+        other = [i for i in range(len(ids)) if i not in lay.question_rows]
+        assert chase[other, 0].min() >= 0.99  # rows that do not chase in a head attend BOS there
+        if layer == 0:
+            assert probs[1][:, 0].min() >= 0.99  # a head without a role attends BOS
+        else:  # the question rows split 3 : 1 between BOS and the +m row, the others attend BOS
+            split = probs[0][list(lay.question_rows)]
+            assert torch.allclose(split[:, 0], torch.full((4,), 0.75), atol=1e-6)
+            assert torch.allclose(split[:, lay.question_rows[0]], torch.full((4,), 0.25), atol=1e-6)
+            assert probs[0][other, 0].min() >= 0.99
 
 
 def test_greedy_answer_is_followed_by_eos(model):
     ex, ids, lay = prompts(1, 256, seed=5)[0]
-    answer = [TOK.token_to_id(ex.answers[0]), 1]
+    answer = TOK.encode(ex.answers[0], add_special_tokens=False).ids + [1]
     for generation in ("cached", "rerun"):
         runs = evaluate_example(model, ids, answer, ["full"], WiseSettings(), state_seed(ex.example_id, 0), 4, {1},
                                 generation)
-        assert [TOK.id_to_token(i) for i in runs["full"].tokens] == [ex.answers[0]]
-        assert runs["full"].gold_logprob > -1e-3  # the answer and its EOS are certain
+        assert " ".join(TOK.id_to_token(i) for i in runs["full"].tokens) == ex.answers[0]
+        assert runs["full"].gold_logprob > -1e-3  # both tokens and the EOS are certain
 
 
 def test_a_question_row_without_a_visible_fact_keeps_its_pointer(model):
     settings = WiseSettings()
-    for ex, ids, lay in prompts(8, 512, seed=2):
+    for ex, ids, lay in prompts(4, 512, seed=2):
         M = num_blocks(len(ids), 32)
-        only_bos = torch.zeros(1, 1, M, M, dtype=torch.bool)
+        only_bos = torch.zeros(2, 2, M, M, dtype=torch.bool)
         only_bos[..., 0] = True
         seed = state_seed(ex.example_id, 0)
         e_ids = torch.tensor(ids)[None]
@@ -143,41 +196,41 @@ def test_a_question_row_without_a_visible_fact_keeps_its_pointer(model):
                 s = model.core_step(s, e, t, rope, policy)
             late = model.readout(s, rope)[0, -1].argmax()
         assert late == at_td, ex.example_id
-        truncate = answer(model, ex, ids, "truncate", settings)
-        assert TOK.id_to_token(int(late)) == truncate
+        assert TOK.id_to_token(int(late)) == first_token(model, ex, ids, "truncate", settings)
 
 
-def test_every_condition_matches_its_expectation(model):
-    cases = prompts(24, 256) + prompts(6, 1024, seed=4)
-    assert mismatches(model, cases, WiseSettings()) == []
+def test_every_condition_matches_its_expectation_on_the_pipeline_engine(model):
+    """Both answer tokens, every condition, the cached batched engine with the default run's
+    backend (gather), 24 prompts at 256 and 8 at 1024."""
+    cases = prompts(24, 256) + prompts(8, 1024, seed=4)
+    assert mismatches(model, cases, WiseSettings(backend="gather")) == []
     s = Settings()
-    expected = {c: [expected_outcome(lay, c, s).correct for _, _, lay in cases] for c in CONDITIONS}
+    expected = {c: [expected_outcome(lay, c, s) for _, _, lay in cases] for c in CONDITIONS}
     # the simple reading of the expectations (DESIGN §6), on these examples
-    assert all(expected["full"])
-    assert expected["truncate"] == [lay.hops + lay.refine <= 12 for _, _, lay in cases]
-    assert all(w for w, (_, _, lay) in zip(expected["wise"], cases) if lay.hops + 1 <= 12)
-    assert sum(expected["wise"]) > sum(expected["truncate"])
-    for control in ("static95", "mass_matched"):
-        assert sum(expected[control]) < sum(expected["wise"])
-    # size_matched pads the step-1 blocks with zero-mass blocks of the lowest index, so at short
-    # contexts it can see most of the prompt
-    assert sum(expected["size_matched"]) <= sum(expected["wise"])
-    assert [f for f, (_, _, lay) in zip(expected["freeze_a"], cases) if lay.hops + 1 <= 12] == \
-        [w for w, (_, _, lay) in zip(expected["wise"], cases) if lay.hops + 1 <= 12]
+    assert all(o.correct for o in expected["full"])
+    assert [o.correct for o in expected["truncate"]] == \
+        [lay.hops + lay.refine <= 12 and lay.follow.hops <= 12 for _, _, lay in cases]
+    wise_right = sum(o.correct for o in expected["wise"])
+    assert wise_right > sum(o.correct for o in expected["truncate"])
+    assert any(o.first_correct and not o.correct for o in expected["wise"])  # the second token's own late support
+    for control in ("static95", "mass_matched", "size_matched"):
+        assert sum(o.correct for o in expected[control]) < wise_right
+
+
+def test_first_tokens_match_their_expectation_on_run_condition(model):
+    """The one-pass engine (``run_condition``: no cache, no batching) gives the same first tokens."""
+    s, settings = Settings(), WiseSettings()
+    for ex, ids, lay in prompts(12, 256, seed=6):
+        for c in CONDITIONS:
+            right = first_token(model, ex, ids, c, settings) == ex.answers[0].split()[0]
+            assert right == expected_outcome(lay, c, s).first_correct, (ex.example_id, c)
 
 
 def test_other_settings_match_their_expectation(model):
-    cases = prompts(10, 384, seed=8)
+    cases = prompts(8, 384, seed=8)
     for settings in (WiseSettings(discovery_step=8, window=2, block_size=16, eta=0.9),
                      WiseSettings(steps=20, discovery_step=16, window=8, block_size=64, eta=0.99)):
         assert mismatches(model, cases, settings) == [], settings
-
-
-def test_a_wrong_working_set_is_caught(model, monkeypatch):
-    """Steps 1-4 instead of 9-12: WISE must then disagree with its expectation somewhere."""
-    cases = prompts(24, 256)
-    monkeypatch.setattr(wise.runner, "discovery_steps", lambda t_d, w: list(range(1, w + 1)))
-    assert [c for _, c in mismatches(model, cases, WiseSettings())].count("wise") > 0
 
 
 def test_question_row_convergence_steps_match_their_expectation(model):
@@ -191,3 +244,131 @@ def test_question_row_convergence_steps_match_their_expectation(model):
         assert {k: measured[k] for k in expected} == expected, (lay.hops, lay.refine)
         if lay.hops >= 2:
             assert expected["tau_S"] == lay.hops + 2 and expected["tau_H"] == lay.hops + max(lay.refine, 1) + 1
+
+
+# -- planted faults --------------------------------------------------------------------------------
+# Each entry plants one bug in the run path (monkeypatch), runs the conditions it affects on the
+# pipeline's engine, and must see answers that disagree with the construction's prediction. How
+# each was caught when planted by hand (`python -m wise.evaluate --benchmark synthchain --context
+# 1024 --steps 32 --n 64 --condition <c>` with the same edit) is in the report of this change and
+# in CHANGELOG.md.
+def _attend_every_key(mp):  # appended rows ignore their late support
+    mp.setattr(wise.extension._CoreRows, "_bias", lambda self, layer: None)
+
+
+def _row0_initial_state(mp):  # new tokens get row 0's initial state instead of their own
+    real = wise.extension.initial_state
+    mp.setattr(wise.extension, "initial_state", lambda model, e, seed, start=0: real(model, e, seed, 0))
+
+
+def _freeze_a_not_renormalised(mp):
+    def weights(q, k, layout, block_size):
+        from kernels.reference import expand_layout
+
+        probs = causal_attention_probs(q, k.repeat_interleave(q.shape[0] // k.shape[0], dim=0))
+        return probs * expand_layout(layout, block_size, q.shape[1])
+    mp.setattr(wise.runner, "masked_softmax_weights", weights)
+    mp.setattr(wise.extension._CoreRows, "_frozen",
+               lambda self, layer: self.td_probs[layer] * self._allowed()[self.freeze, layer])
+
+
+def _eta_strict(mp):  # a block joins while the mass before it is < eta (not <=): one block short
+    real = wise.support._prefix_reaching
+
+    def short(mass, target, rel_tol):
+        order, sorted_mass, sorted_causal = wise.support._ranked(mass)
+        before = torch.cumsum(sorted_mass, dim=-1)  # the bug: counts the block itself
+        keep = before < target.to(torch.float64)[..., None] * (1.0 - rel_tol)
+        keep[..., 0] = True
+        return wise.support._scatter_ranked(order, keep & sorted_causal)
+    assert real is not None
+    mp.setattr(wise.support, "_prefix_reaching", short)
+
+
+def _last_step_only(mp):  # the working set from step t_d alone
+    for name in ("wise", "freeze_a"):
+        mp.setitem(wise.conditions.SUPPORT_RULES, name, lambda d, eta: wise.support.working_set([d.window[-1]], eta))
+
+
+def _window_shifted(mp):  # steps t_d-w..t_d-1 instead of t_d-w+1..t_d
+    def steps(t_d, w):
+        return list(range(t_d - w, t_d))
+    for module in (wise.conditions, wise.runner, wise.extension, wise.appended_rows):
+        mp.setattr(module, "discovery_steps", steps)
+
+
+def _layers_swapped(mp):
+    real = wise.conditions.condition_support
+    mp.setattr(wise.conditions, "condition_support",
+               lambda name, masses, eta: None if (l := real(name, masses, eta)) is None else l.flip(0))
+    for module in (wise.runner, wise.appended_rows):
+        mp.setattr(module, "condition_support", wise.conditions.condition_support)
+
+
+def _heads_swapped(mp):
+    real = wise.conditions.condition_support
+    mp.setattr(wise.conditions, "condition_support",
+               lambda name, masses, eta: None if (l := real(name, masses, eta)) is None else l.flip(1))
+    for module in (wise.runner, wise.appended_rows):
+        mp.setattr(module, "condition_support", wise.conditions.condition_support)
+
+
+def _late_need(lay, s=Settings()):  # WISE right, and the question rows need a fact after t_d
+    return expected_outcome(lay, "wise", s).correct and lay.hops + lay.refine > s.discovery_step
+
+
+def _wise_with(lay, window):
+    """WISE's expected answer if the working set came from `window` (steps) with t_d unchanged."""
+    from wise.calibration import block_masses, chase_progress, support_row
+
+    s = Settings()
+    steps = list(window)
+    shifted = Settings(discovery_step=steps[-1], window=len(steps))
+    q = lay.answer_row // s.block_size
+    first = support_row("wise", lambda t: block_masses(lay, t, s.block_size, q), q, shifted)
+    k, j = chase_progress(lay.chase, "wise", s, first, s.discovery_step, s.steps)
+    row = lay.answer_row + 1
+    own = support_row("wise", lambda t: {lay.follow.attended(t) // s.block_size: 1.0}, row // s.block_size, shifted)
+    own |= {0} if row % s.block_size else set()
+    k2, _ = chase_progress(lay.follow, "wise", s, own, s.discovery_step, s.steps)
+    return k == lay.hops and j == lay.refine and k2 == lay.follow.hops
+
+
+# name: (plant, condition that shows it, which prompts must show it: a rule on the expectations)
+FAULTS = {
+    "appended rows attend every key": (
+        _attend_every_key, "wise", lambda lay: (o := expected_outcome(lay, "wise", Settings())).first_correct
+        and not o.correct),
+    "new tokens get row 0's initial state": (_row0_initial_state, "full", lambda lay: lay.follow.hops >= 2),
+    "Freeze-A not renormalised": (  # refining after t_d, and the +m row's block outside the support
+        _freeze_a_not_renormalised, "freeze_a", lambda lay: expected_outcome(lay, "freeze_a", Settings()).correct
+        and lay.hops + 1 <= 12 < lay.hops + lay.refine and lay.answer_row % 32 >= 19),
+    "eta compared with < (one block short)": (_eta_strict, "wise", _late_need),
+    "working set from the last step only": (
+        _last_step_only, "wise", lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", Settings()).correct),
+    "window shifted by one": (
+        _window_shifted, "wise",
+        lambda lay: _wise_with(lay, range(8, 12)) != expected_outcome(lay, "wise", Settings()).correct),
+    "layer index swapped": (_layers_swapped, "wise", _late_need),
+    "head index swapped": (_heads_swapped, "wise", _late_need),
+}
+NOT_CAUGHT_YET: dict[str, str] = {}  # fault -> why the construction cannot show it (xfail, strict)
+
+
+@pytest.fixture(scope="module")
+def fault_pool():
+    return prompts(64, 256, seed=21) + prompts(24, 1024, seed=22)
+
+
+@pytest.mark.parametrize("fault", [f if f not in NOT_CAUGHT_YET else
+                                   pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=NOT_CAUGHT_YET[f]))
+                                   for f in FAULTS])
+def test_a_planted_fault_is_caught(model, fault_pool, monkeypatch, fault):
+    """The prompts on which the construction says the fault must change an answer (at most three per
+    context length), on the pipeline's engine."""
+    plant, condition, shows = FAULTS[fault]
+    cases = [c for c in fault_pool if len(c[1]) <= 256 and shows(c[2])][:3] + \
+        [c for c in fault_pool if len(c[1]) > 256 and shows(c[2])][:3]
+    assert cases, fault
+    plant(monkeypatch)
+    assert mismatches(model, cases, WiseSettings(backend="gather"), [condition]), fault

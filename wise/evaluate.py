@@ -112,8 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=4, help="w")
     ap.add_argument("--block-size", type=int, default=32, help="B")
     ap.add_argument("--eta", type=float, default=0.95, help="η")
-    ap.add_argument("--backend", default="reference", help="late sparse attention: reference | kernel | flex")
+    ap.add_argument("--backend", default="auto",
+                    help="late sparse attention: auto (gather on the CPU, reference elsewhere) | reference | "
+                         "gather | kernel | flex")
     ap.add_argument("--by-depth", action="store_true", help="also print EM per chain length L and per L + m")
+    ap.add_argument("--follow-hops", type=int, default=16,
+                    help="synthchain: two-token answers whose second token's chain has 1..N hops, as the "
+                         "default run asks them (0: one-token answers)")
     ap.add_argument("--prompt-style", default=None,
                     help="prompt format (default: the one the checkpoint was trained with, from its "
                          "train_recipe.json; else plain)")
@@ -151,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = CALIBRATION_MODEL if args.benchmark == "synthchain" else DEFAULT_MODEL
     if args.update_card:
         check_card_update(args)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if args.backend == "auto":  # on the CPU masked dense attention (reference) is far slower than causal SDPA
+        args.backend = "gather" if device == "cpu" else "reference"
     settings = None
     if args.condition != "full":
         if args.table or args.lens is not None:
@@ -161,7 +169,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             raise SystemExit(f"error: --condition {args.condition}: {exc}") from None
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights; TF32 products
         torch.backends.cudnn.allow_tf32 = True
@@ -172,8 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = model.config
 
     def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
+        options = {"follow_hops": args.follow_hops} if bench == "synthchain" else None
         return build_prompts(tok, bench, ctx, n, args.seed, cfg.max_positions, args.max_new_tokens,
-                             args.split, ask=args.ask, style=style)
+                             args.split, ask=args.ask, style=style, options=options)
 
     def cell(prompts, ctx, steps) -> Score:
         return score_cell(model, tok, prompts, ctx, steps, args.init_seed, args.max_new_tokens)

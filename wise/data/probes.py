@@ -41,8 +41,9 @@ def question_kind(meta: dict) -> str:
 
 def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_positions: int,
                   max_new_tokens: int, split: str = "test", ask: str | None = None,
-                  style: str = "plain") -> list[Prompt]:
-    """Prompts of the first n examples at `context` tokens. With `ask` (a kind of
+                  style: str = "plain", options: dict | None = None) -> list[Prompt]:
+    """Prompts of the first n examples at `context` tokens (`options`: the benchmark loader's, as
+    in ``cohorts.sources``, e.g. synthchain's {"follow_hops": 16}). With `ask` (a kind of
     ``context_questions``, e.g. "fact"), each context is asked one seeded question of that kind
     instead of its own (contexts without one are skipped): a probe of the sub-skills."""
     bos = tok.token_to_id("<bos>")
@@ -56,7 +57,7 @@ def build_prompts(tok, benchmark: str, context: int, n: int, seed: int, max_posi
     # Room for the generated tokens only where the budget would otherwise run past the model's
     # positions (4096 at 4096); shorter budgets are built exactly as the cohorts stage builds them.
     reserve = max(0, context + max_new_tokens - max_positions)
-    examples = load_examples(benchmark, split, n, seed)
+    examples = load_examples(benchmark, split, n, seed, **(options or {}))
     if ask is not None:
         variants = [_asked_variant(e, examples, ask, context, count_tokens, seed, style, reserve)
                     for e in examples]

@@ -19,8 +19,8 @@ from pathlib import Path
 from wise.data import synthchain as sc
 from wise.data.tokenizer import save_tokenizer
 from wise.models.checkpoint import save_checkpoint
-from wise.models.construct import (CONST, MATCH_LOGIT, NAME, ROPE_BASE, SINK_LOGIT, ChainSpec,
-                                   build_chain_model)
+from wise.models.construct import (CONST, MATCH_LOGIT, NAME, NOISE_DIMS, NOISE_STEP, ROPE_BASE, SINK_LOGIT,
+                                   ChainSpec, build_chain_model)
 
 RECORD_NAME = "construction.json"
 
@@ -62,26 +62,35 @@ It exists so that every number of the default WISE run has an expected value: it
 exactly where the construction says, so a broken method shows up as a wrong number.
 
 Architecture (the project's own `RecurrentDepthModel`, `config.json`): {record['parameters']:,}
-parameters, hidden {record['hidden']}, one attention head of 64, pre-norm blocks, RoPE base
-{ROPE_BASE:g}; 3 prelude layers, 1 recurrent core layer (intermediate {record['intermediate']}),
+parameters, hidden {record['hidden']}, two attention heads of 64 per layer, pre-norm blocks, RoPE
+base {ROPE_BASE:g}; 3 prelude layers, 2 recurrent core layers (intermediate {record['intermediate']}),
 no coda. Float32 is exact; float16 runs to ~0.1% in its gates; bfloat16 is too coarse.
 
 ## What it computes on synthchain
 
 A prompt lists facts `x: -> y .` (a chain's end `z: => z .`) and asks `Question: s +m ?`; the answer
-is the end z of s's chain (L hops) advanced m times by the benchmark's successor map.
+is the end z of s's chain (L hops) advanced m times by the benchmark's successor map. The default
+run asks `Question: s +m ??`: two tokens, that answer a1 and then the end a2 of a1's own chain (L2
+hops), which the row holding a1 after the prompt chases itself.
 
 - **Prelude** (once): a RoPE offset-1 head and an offset-3 head give each fact's target row its
   source (key), its own entity (value) and whether the arrow was `=>`; a third head lets the question
   rows (`+m`, `?`, `Answer`, `:`) fetch s and m from the `+m` row.
-- **Each core step**: a question row's query is its pointer p. A key matching p scores
+- **Each core step, layer 0 head 0**: a question row's query is its pointer p. A key matching p scores
   {MATCH_LOGIT:g} logits, a sink (the `->`/`=>`/`.` rows and BOS) {SINK_LOGIT:g}, everything else far
   less, so at hop t the question rows put more than 0.999 of their mass on the fact of hop t. The MLP
-  moves p to the attended target; at the terminal fact p stays and, while the count m is not used
-  up, the answer register is advanced by the successor map (a rotation of the entity code) and the
-  count decremented. A row without a pointer attends BOS; a question row whose next fact is not
-  visible reads a sink and changes nothing.
-- **Readout**: entity logits are 100 × code(e) · r; the row after `Answer:` emits EOS.
+  of layer 0 moves p to the attended target; at the terminal fact p stays and, while the count m is
+  not used up, layer 1's MLP advances the answer register by the successor map (a rotation of the
+  entity code) and decrements the count. A row without a pointer attends BOS; a chasing row whose
+  next fact is not visible reads a sink and changes nothing.
+- **Layer 1 head 1**: the first answer row (a1, three rows after `??`) chases a1's chain the same
+  way with its own pointer, through the appended rows' caches and late support when decoding.
+- **Layer 0 head 1, layer 1 head 0**: attend BOS. Head 1 of layer 0 reads BOS's initial state, and
+  a row whose initial state equals BOS's (a decoder that gives a new token row 0's initial state)
+  stops its chase after one hop; rows with their own states (each row's is seeded by its position)
+  differ from BOS's by more than {NOISE_STEP} in some of {NOISE_DIMS} dims (all closer: ~1e-12).
+- **Readout**: entity logits are 100 × code(e) · (r + the first answer row's pointer); the row after
+  the answer (three after `?`, or after `Answer` for `??`) emits EOS.
 
 Entity codes: entity e at position i of the successor cycle has the {D}-dim code
 [cos(2π f_k i / {sc.N_ENTITIES}), sin(2π f_k i / {sc.N_ENTITIES})]_k / √{spec['code_pairs']} with
@@ -92,8 +101,9 @@ dominates its RMS, so every RMSNorm is the identity to ~1e-8 and its scale is bi
 
 ## Expected behaviour, derived (asserted by `tests/test_calibration.py`)
 
-With Full attention, after T steps the answer is right exactly when **T ≥ L + m** (for the default
-distribution, L uniform on 1..16 and m on 0..8: 0.25 at T=8, 0.50 at T=12, 1.0 from T=24). The
+With Full attention, after T steps the first answer token is right exactly when **T ≥ L + m**
+(for the default distribution, L uniform on 1..16 and m on 0..8: 0.25 at T=8, 0.50 at T=12, 1.0
+from T=24) and the second when T ≥ L2 (its row runs T steps of its own). The
 question rows' attention moves every step up to L + 1 and is constant after (routing settles); the
 state moves up to step L + max(m, 1) (representations settle later, by m). With T=32, t_d=12, w=4,
 B=32, η=0.95, per question (`wise.calibration.expected_outcome`, which re-derives each support from
@@ -101,7 +111,7 @@ the block-level definitions):
 
 - the answer row's query block attends, at each step, the BOS block (its rows without a pointer) and
   the block of the current fact; a mass support at η < 0.999 keeps exactly those blocks;
-- **Truncate@t_d**: right iff L + m ≤ t_d;
+- **Truncate@t_d**: right iff L + m ≤ t_d (and L2 ≤ t_d: a new token's row runs t_d steps);
 - **WISE** keeps the fact blocks of steps t_d−w+1..t_d: right iff every fact a late step needs lies
   in one of them. A question with L + m ≤ t_d needs none; with L + 1 ≤ t_d it needs only the
   terminal fact, attended from step L + 1 and so in the working set: right, including when its
@@ -112,6 +122,10 @@ the block-level definitions):
   where a block holds a larger share of the facts);
 - **Freeze-A** re-reads the fact attended at step t_d: equal to WISE when L + 1 ≤ t_d (it keeps
   refining at the terminal), and right for L ≥ t_d only when L = t_d and m = 0;
+- **the second token** (two-token questions) follows the same rules on its own row through layer 1
+  head 1: its late support is its own one-row support (one-hot masses: the fact blocks of its own
+  discovery steps) unioned with its block's row of the prompt's support in that head (BOS only);
+  the answer is right iff both tokens are;
 - **mechanism at the question rows** (the question text through the end of the prompt):
   τ_S = L + 2, τ_A = τ_O = L + 2, τ_H = L + max(m, 1) + 1 (the first transition of three that meet the
   criterion), so the representation lag τ_H − τ_S = max(m, 1) − 1 and the design's gap
