@@ -1,15 +1,26 @@
 """A multi-node Ray cluster on this host: a head that hosts no actor (0 CPUs) and worker nodes, each a
 separate raylet with its own CPUs, all on loopback. Built on Ray's own ``ray.cluster_utils.Cluster``
-(what Ray tests itself with); used by ``tests/test_cluster.py`` and ``pipelines.bench_cluster``.
+(what Ray tests itself with); used by ``tests/test_cluster.py`` and ``pipelines.bench_cluster``,
+and from the shell:
 
-It is the Python form of the README's shell recipe (``ray start --head --num-cpus=0 ...``, ``ray
-start --address=...``): the stages reach it through ``compute.ray_address`` exactly as they reach a
-cluster started by hand. Its nodes start inside ``pipelines.ray_runtime.ray_environment`` (private HOME
-with a local-provider bootstrap file, loopback node IP), so they contact nothing off this host.
-Set ``RAY_TMPDIR`` to a short private folder first: the head writes its address there, and a Ray
-started elsewhere without an address must not find it.
+    RAY_TMPDIR=$(mktemp -d /tmp/wrXXXX) python -m pipelines.local_cluster --workers 2 --cpus 1
+
+prints the head's address (for ``compute.ray_address``) and keeps the cluster up until Ctrl-C.
+The stages reach it through ``compute.ray_address`` exactly as they reach a cluster started with
+``ray start``. Its nodes start inside ``pipelines.ray_runtime.ray_environment`` (private HOME with a
+local-provider bootstrap file, loopback node IP), so they contact nothing off this host; ``ray
+start --address=127.0.0.1:...`` cannot do that in Ray 2.60 (it replaces 127.0.0.1 with the host's
+address, and refuses to join when told to stay on loopback). Set ``RAY_TMPDIR`` to a short private
+folder first: the head writes its address there, and a Ray started elsewhere without an address
+must not find it.
 """
 from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
 
 from pipelines.ray_runtime import ray_environment
 
@@ -71,3 +82,25 @@ class LocalCluster:
             ray.shutdown()  # the driver first: Cluster.shutdown stops the head it is attached to
             self.cluster.shutdown()
             self.cluster = None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=2, help="worker nodes")
+    ap.add_argument("--cpus", type=int, default=1, help="CPUs of each worker node")
+    args = ap.parse_args(argv)
+    if not os.environ.get("RAY_TMPDIR"):
+        print("local_cluster: set RAY_TMPDIR to a short private folder (mktemp -d /tmp/wrXXXX)", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with LocalCluster(workers=args.workers, cpus=args.cpus) as cluster:
+        print(f"head 127.0.0.1, {args.workers} worker node(s) of {args.cpus} CPU(s); in params.yaml: "
+              f"compute.ray_address: {cluster.address}", flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

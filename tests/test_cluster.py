@@ -9,10 +9,12 @@ RAY_TMPDIR in its environment; the fixture stops whatever still carries it at th
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -61,6 +63,8 @@ def run():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def scenario(run, name):
@@ -132,3 +136,57 @@ def test_past_the_retry_budget_the_stage_fails_naming_the_examples_and_writes_no
 def test_every_process_the_cluster_started_is_gone(run):
     assert run["result"] is not None, run["output"][-5000:]
     assert run["left"] == [], f"Ray processes left running: {run['left']}"
+
+
+ATTACH = """
+import sys
+from pipelines.params import ComputeParams, ModelParams
+from pipelines.pool import WorkerPool
+items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 23 + i))} for i in range(4)]
+ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
+with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(ray_address=sys.argv[1]), 4) as pool:
+    out = pool.map("trace", items, ctx)
+    print("ATTACHED", len(out), pool.placement)
+"""
+
+
+def test_the_readme_command_starts_a_cluster_the_stages_attach_to(tmp_path):
+    """`python -m pipelines.local_cluster`, the README's recipe for one host: it prints the address
+    for compute.ray_address, a pool attached to it uses both worker nodes, and Ctrl-C (SIGTERM here)
+    stops every process it started."""
+    ray_tmp = tempfile.mkdtemp(prefix="wr", dir="/tmp")
+    marker = f"RAY_TMPDIR={ray_tmp}"
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    log = tmp_path / "cluster.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.local_cluster", "--workers", "2", "--cpus", "1"],
+                                env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        address = None
+        for _ in range(240):
+            m = re.search(r"compute\.ray_address: (127\.0\.0\.1:\d+)", log.read_text())
+            if m or proc.poll() is not None:
+                address = m and m.group(1)
+                break
+            time.sleep(1)
+        assert address, log.read_text()[-3000:]
+        script = tmp_path / "attach.py"
+        script.write_text(ATTACH)
+        attached = subprocess.run([sys.executable, str(script), address], env=env, cwd=ROOT, capture_output=True,
+                                  text=True, timeout=300)
+        assert "ATTACHED 4 2 actor(s) on 2 node(s)" in attached.stdout, attached.stdout[-2000:] + attached.stderr[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        time.sleep(2)
+        assert processes_with(marker) == [], "Ray processes left running after the cluster command stopped"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in processes_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
