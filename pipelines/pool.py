@@ -269,7 +269,7 @@ class WorkerPool:
             idle += self._grow(0 if lost else len(queue))
             self._report(desc, bar)
             while queue and idle and not lost:
-                i, actor = queue.popleft(), idle.pop()
+                i, actor = queue.popleft(), idle.pop(0)  # the longest idle first: a dead one shows up soon
                 running[actor.run.remote(task, items[i], ctx_ref, i)] = (i, actor)
             if not running:
                 if lost:

@@ -100,5 +100,6 @@ def node_capacity(nodes: list[dict], request: dict[str, float]) -> int:
         if node.get("Alive"):
             have = node.get("Resources", {})
             # The small epsilon: fractional GPU requests (0.5) must divide whole GPUs exactly.
-            total += min(int(have.get(r, 0.0) / q + 1e-9) for r, q in request.items() if q > 0)
+            # An actor that asks for nothing (cpus_per_worker: 0, no GPU) is not limited by the node.
+            total += min((int(have.get(r, 0.0) / q + 1e-9) for r, q in request.items() if q > 0), default=1 << 30)
     return total

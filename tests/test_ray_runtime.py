@@ -14,6 +14,7 @@ def test_capacity_counts_whole_actors_on_live_nodes_only():
     assert node_capacity(NODES, {"CPU": 1, "GPU": 1}) == 1  # every resource of an actor on one node
     assert node_capacity(NODES, {"CPU": 1, "GPU": 0.5}) == 2
     assert node_capacity(NODES[1:], {"CPU": 1}) == 0
+    assert node_capacity(NODES, {"CPU": 0}) >= 1 << 30  # asks for nothing: the nodes do not limit it
 
 
 def test_an_actor_asks_for_gpus_only_where_it_uses_them():
