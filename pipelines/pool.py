@@ -4,51 +4,35 @@ an existing cluster), or an in-process executor for debugging.
 Each worker loads the model once and runs named tasks (``pipelines.work.TASKS``) on work items;
 results come back to the driver, which alone writes stage outputs, in item order as they arrive.
 
-Actor death (a killed or crashed worker process, a lost node): ``ray.util.ActorPool`` drops the
-dead actor, the pool starts a new one in its place and resubmits the item it was running, at
-most ``compute.max_retries`` times per item; past that, the error names the item's example id.
-The driver does the resubmitting rather than Ray's ``max_restarts`` / ``max_task_retries``: those
-do not cover an actor killed for good (``ray.kill``), and their final error does not say which
-item was lost. A result is kept once per item (an item that failed produced no result), so no
-row is duplicated. An exception raised by the task itself is not retried (it would recur); it
-carries the example id as a note.
+Actor death (a killed or crashed worker process, a lost node, an actor that cannot be reached):
+the pool drops the actor, resubmits the item it was running, at most ``compute.max_retries`` times
+per item, and starts a new actor where there is room; past the budget the stage fails, once
+nothing else runs, naming every example id that ran out. The driver does the resubmitting rather
+than Ray's ``max_restarts`` / ``max_task_retries``: those do not cover an actor killed for good
+(``ray.kill``) and their final error does not say which item was lost. A result is kept once per
+item (an item that failed produced no result), so no row is duplicated. An exception raised by
+the task itself is not retried (it would recur); it carries the example id as a note.
 
-Ray and the network: every ``ray.init`` starts a dashboard process that, unless it finds
-``~/ray_bootstrap_config.yaml``, probes cloud metadata addresses (169.254.169.254,
-metadata.google.internal). A local pool therefore starts Ray with HOME pointing at a private folder
-that holds a bootstrap file declaring a local provider, while the user's caches (HF_HOME, torch,
-Triton) stay where they were. ``tests/test_pool.py`` checks under strace that only loopback and
-unix sockets are contacted.
+The number of actors follows what the live nodes can host (``compute.cpus_per_worker`` /
+``gpus_per_worker`` per actor, all of it on one node; at most one per item, or
+``compute.num_workers``), checked again about once a second while a stage runs: a node that joins
+a cluster (``compute.ray_address``) gets actors, a node that is lost takes its actors with it and
+their items go to the actors that remain. The progress bar and the log say how many actors run on
+how many nodes. Ray itself is started or attached by ``pipelines.ray_runtime``.
 """
 from __future__ import annotations
 
 import os
-import tempfile
-from collections import deque
-from pathlib import Path
+import sys
+import time
+from collections import Counter, deque
 from typing import Any, Sequence
 
 from tqdm import tqdm
 
 from pipelines.params import ComputeParams, ModelParams
 from pipelines.preflight import check_compute
-
-_CACHE_VARS = {
-    "HF_HOME": ".cache/huggingface",
-    "TORCH_HOME": ".cache/torch",
-    "TRITON_CACHE_DIR": ".triton/cache",
-    "XDG_CACHE_HOME": ".cache",
-}
-# Environment every Ray process gets: no usage stats, no auth token written to ~/.ray.
-# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray take the loopback address as the node IP instead of
-# finding "its" address with a UDP connect to 8.8.8.8:53 (seen under strace).
-_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-            "RAY_DISABLE_DOCKER_CPU_WARNING": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def _actor_hex(actor) -> str:
-    # A handle exposes its id only as the (private) _actor_id; Ray's errors report it as hex.
-    return actor._actor_id.hex()
+from pipelines.ray_runtime import actor_request, node_capacity, start_ray
 
 
 def item_id(item: Any, index: int) -> str:
@@ -97,12 +81,11 @@ class ModelWorker:
             out["worker"] = self.spec()
         return out
 
-    def run_indexed(self, task: str, index: int, item: Any, context: dict) -> tuple[int, Any]:
-        """``(index, result)``: ActorPool returns results without saying whose they are."""
-        return index, self.run(task, item, context, index)
-
     def ready(self) -> str:
-        return self.device
+        """The Ray node this worker runs on (its id), once the model is loaded."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def stats(self) -> dict:
         """pid, device, models this worker loaded (1) and items it ran."""
@@ -119,50 +102,14 @@ class ModelWorker:
                 "dtype": str(param.dtype).removeprefix("torch.")}
 
 
-def private_ray_home() -> Path:
-    """A HOME for Ray processes with a local-provider bootstrap file (stops the metadata probe)."""
-    home = Path(tempfile.gettempdir()) / f"wise-ray-home-{os.getuid()}"
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "ray_bootstrap_config.yaml").write_text("provider:\n  type: local\n")
-    return home
+def _target_workers(compute: ComputeParams, n_items: int, capacity: int) -> int:
+    """Actors to run: compute.num_workers, else as many as the cluster can host (at most one per
+    item); never more than the cluster can host (a surplus actor would wait forever)."""
+    wanted = compute.num_workers or n_items
+    return max(0, min(wanted, capacity))
 
 
-def start_ray(compute: ComputeParams, num_cpus: int | None = None):
-    # The environment must be set before `import ray`: Ray reads some of it at import time.
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if compute.ray_address:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=compute.ray_address, include_dashboard=False, log_to_driver=False)
-        return ray
-    for k, v in _RAY_ENV.items():
-        os.environ.setdefault(k, v)
-    import ray
-
-    if ray.is_initialized():
-        return ray
-    real_home = os.environ.get("HOME", str(Path.home()))
-    for var, rel in _CACHE_VARS.items():  # keep the user's caches visible to workers
-        os.environ.setdefault(var, str(Path(real_home) / rel))
-    os.environ["HOME"] = str(private_ray_home())
-    try:
-        # A loopback node IP, so Ray's processes talk to each other over loopback only.
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1",
-                 configure_logging=False, _temp_dir=os.environ.get("RAY_TMPDIR"))
-    finally:
-        os.environ["HOME"] = real_home
-    return ray
-
-
-def _auto_workers(compute: ComputeParams, n_items: int, gpus: int) -> int:
-    if compute.num_workers:
-        return compute.num_workers
-    if gpus:
-        return max(1, int(gpus // max(compute.gpus_per_worker, 1e-9)))
-    cores = os.cpu_count() or 1
-    return max(1, min(n_items, cores // compute.cpus_per_worker))
+_POLL_S = 1.0  # how often a running stage looks for nodes that joined and actors that finished loading
 
 
 class WorkerPool:
@@ -170,40 +117,112 @@ class WorkerPool:
 
     def __init__(self, model: ModelParams, compute: ComputeParams, n_items: int):
         self.model, self.compute, self.n_items = model, compute, n_items
-        self.actors: list = []
+        self.actors: list = []  # live actors with their model loaded
+        self.node_of: dict = {}  # actor -> the id of the Ray node it runs on
         self.local: ModelWorker | None = None
-        self._remote = None  # the ray.remote ModelWorker class, to start replacement actors
+        self._remote = None  # the ray.remote ModelWorker class, to start more actors
+        self._request: dict[str, float] = {}
+        self.starting: dict = {}  # ready() ref -> an actor started but still loading its model
+        self._next_check = 0.0
+        self.died = 0  # actors lost (killed, crashed, their node gone)
         self.replaced = 0  # actors started in place of dead ones
+        self.placement = ""  # "N actor(s) on M node(s)", as last reported
+        self.running: dict = {}  # result ref -> (item index, actor) of the items running now
+        self.items_on: Counter[str] = Counter()  # node id -> items finished there, this stage
+        self._items: Sequence[Any] = ()
 
     def __enter__(self) -> "WorkerPool":
         if self.compute.executor == "local":
             self.local = ModelWorker(self.model, threads=os.cpu_count() or 1)
             return self
-        import torch
-
-        gpus = torch.cuda.device_count() if self.model.device != "cpu" else 0
         ray = start_ray(self.compute, num_cpus=None if self.compute.ray_address else os.cpu_count())
-        cluster_gpus = int(ray.cluster_resources().get("GPU", 0)) if self.model.device != "cpu" else 0
         try:  # an actor that cannot be scheduled would wait forever
-            check_compute(self.compute, {"CPU": ray.cluster_resources().get("CPU", 0), "GPU": cluster_gpus},
+            gpus = ray.cluster_resources().get("GPU", 0) if self.model.device != "cpu" else 0
+            check_compute(self.compute, {"CPU": ray.cluster_resources().get("CPU", 0), "GPU": gpus},
                           "the Ray cluster" if self.compute.ray_address else "this machine")
         except ValueError:
             if not self.compute.ray_address:
                 ray.shutdown()
             raise
-        n = _auto_workers(self.compute, self.n_items, cluster_gpus or gpus)
-        use_gpu = bool(cluster_gpus) and self.model.device != "cpu"
+        use_gpu = self.model.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+        self._request = actor_request(self.compute, use_gpu)
+        nodes = ray.nodes()
+        n = _target_workers(self.compute, self.n_items, node_capacity(nodes, self._request))
+        if n == 0:
+            offered = sorted({str({k: v for k, v in nd["Resources"].items() if k in ("CPU", "GPU")})
+                              for nd in nodes if nd.get("Alive")})
+            raise RuntimeError(f"no Ray node can host an actor asking for {self._request} "
+                               f"(compute.cpus_per_worker / compute.gpus_per_worker); the nodes offer {offered}")
         opts = {"num_cpus": self.compute.cpus_per_worker}
         if use_gpu:
             opts["num_gpus"] = self.compute.gpus_per_worker
         # max_restarts=0: a dead actor stays dead and the pool replaces it (module docstring).
         self._remote = ray.remote(max_restarts=0, max_task_retries=0, **opts)(ModelWorker)
-        self.actors = [self._new_actor() for _ in range(n)]
-        ray.get([a.ready.remote() for a in self.actors])
+        for _ in range(n):
+            self._start_actor()
+        pending, self.starting = self.starting, {}
+        for ref, node in zip(pending, ray.get(list(pending))):
+            self._add(pending[ref], node)
         return self
 
-    def _new_actor(self):
-        return self._remote.remote(self.model, self.compute.cpus_per_worker)
+    def _start_actor(self) -> None:
+        actor = self._remote.remote(self.model, self.compute.cpus_per_worker)
+        self.starting[actor.ready.remote()] = actor
+        if self.replaced < self.died:
+            self.replaced += 1
+
+    def _add(self, actor, node: str) -> None:
+        self.actors.append(actor)
+        self.node_of[actor] = node
+
+    def _drop(self, actor) -> None:
+        import ray
+
+        ray.kill(actor)  # dead or unreachable; makes sure its resources (a GPU) are released
+        self.actors.remove(actor)
+        self.node_of.pop(actor, None)
+        self.died += 1
+
+    def _grow(self, queued: int, force: bool = False) -> list:
+        """Actors that finished loading since the last call (now live); and starts actors for
+        capacity the cluster gained (a node joined, a dead actor's resources) while items wait."""
+        now = time.monotonic()
+        if now < self._next_check and not force:
+            return []
+        self._next_check = now + _POLL_S
+        import ray
+        from ray.exceptions import RayActorError
+
+        fresh = []
+        if self.starting:
+            done, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
+            for ref in done:
+                actor = self.starting.pop(ref)
+                try:
+                    self._add(actor, ray.get(ref))
+                    fresh.append(actor)
+                except RayActorError as exc:  # its node went away while it loaded
+                    ray.kill(actor)
+                    _log(f"an actor could not start: {_first_line(exc)}")
+        target = _target_workers(self.compute, self.n_items, node_capacity(ray.nodes(), self._request))
+        for _ in range(min(target - len(self.actors) - len(self.starting), queued - len(self.starting))):
+            self._start_actor()
+        return fresh
+
+    def _report(self, desc: str, bar) -> None:
+        """Log and show on the bar how many actors run on how many nodes, when that changed."""
+        now = f"{len(self.actors)} actor(s) on {len(set(self.node_of.values()))} node(s)"
+        if now != self.placement:
+            self.placement = now
+            _log(f"{desc}: {now}")
+            bar.set_postfix_str(now)
+
+    def _log_items(self, desc: str) -> None:
+        _log(f"{desc}: items per node: " + ", ".join(f"{n[:8]} {k}" for n, k in sorted(self.items_on.items())))
+
+    def in_flight(self) -> list[tuple[str, str]]:
+        """(example id, node id) of every item running now."""
+        return sorted((item_id(self._items[i], i), self.node_of[a]) for i, a in self.running.values())
 
     def stats(self) -> list[dict]:
         """``ModelWorker.stats()`` of every live worker."""
@@ -214,12 +233,12 @@ class WorkerPool:
         return ray.get([a.stats.remote() for a in self.actors])
 
     def __exit__(self, *exc) -> None:
-        if self.actors:
+        if self.actors or self.starting:
             import ray
 
-            for a in self.actors:
+            for a in [*self.actors, *self.starting.values()]:
                 ray.kill(a)
-            self.actors = []
+            self.actors, self.starting = [], {}
             if not self.compute.ray_address:
                 ray.shutdown()
 
@@ -237,64 +256,89 @@ class WorkerPool:
                     yield self.local.run(task, item, context, i)
                     bar.update()
             else:
-                yield from self._imap_ray(task, items, context, bar)
+                yield from self._imap_ray(task, items, context, desc or task, bar)
         finally:
             bar.close()
 
-    def _imap_ray(self, task: str, items: Sequence[Any], context: dict, bar):
+    def _imap_ray(self, task: str, items: Sequence[Any], context: dict, desc: str, bar):
+        # The pool's own scheduling rather than ray.util.ActorPool: it must know which actor ran
+        # which item, drop an unreachable actor (ActorPool hands it out again, and the retry fails
+        # on it too) and take in actors that start mid-stage.
         import ray
-        from ray.exceptions import ActorDiedError, RayActorError
-        from ray.util import ActorPool
+        from ray.exceptions import ObjectLostError, RayActorError
 
         ctx_ref = ray.put(context)
-        pool = ActorPool(self.actors)
-        queue = deque(range(len(items)))  # submitted only to a free actor, so a retry can go first
-        running: dict[str, int] = {}  # actor id -> the item it runs (an actor runs one at a time)
+        idle = list(self.actors)
+        running = self.running = {}  # one item per actor keeps load balanced
+        self._items, self.items_on = items, Counter()
+        queue = deque(range(len(items)))  # a retry goes first
         failures = [0] * len(items)
+        lost: list[int] = []  # items past compute.max_retries: the stage fails once nothing runs
         ready: dict[int, Any] = {}  # finished out of order, waiting for their turn
-        next_out = 0
-
-        def submit(actor, i):
-            running[_actor_hex(actor)] = i
-            return actor.run_indexed.remote(task, i, items[i], ctx_ref)
-
-        while queue or pool.has_next():
-            while queue and pool.has_free():  # one item in flight per actor keeps load balanced
-                pool.submit(submit, queue.popleft())
-            if not pool.has_next():
-                raise RuntimeError(f"{task}: no live actor left for {len(queue)} item(s)")
+        next_out, last_error = 0, None
+        while (queue and not lost) or running:
+            idle += self._grow(0 if lost else len(queue))
+            self._report(desc, bar)
+            while queue and idle and not lost:
+                i, actor = queue.popleft(), idle.pop(0)  # the longest idle first: a dead one shows up soon
+                running[actor.run.remote(task, items[i], ctx_ref, i)] = (i, actor)
+            if not running:
+                if lost:
+                    break
+                if not self.starting:
+                    idle += self._grow(len(queue), force=True)
+                if self.starting and not idle:
+                    ray.wait(list(self.starting), num_returns=1, timeout=_POLL_S)
+                if idle or self.starting:
+                    continue
+                ids = ", ".join(item_id(items[j], j) for j in sorted(queue))
+                raise RuntimeError(f"{task}: no live actor left and no Ray node can host a new one, "
+                                   f"for example(s) {ids}")
+            done, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_S)
+            if not done:
+                continue
+            i, actor = running.pop(done[0])
             try:
-                i, out = pool.get_next_unordered()
-            except RayActorError as exc:
-                i = running.pop(exc.actor_id, None)
-                if i is None:
-                    lost = sorted(item_id(items[j], j) for j in running.values())
-                    raise RuntimeError(f"{task}: an actor died while running one of {lost}: {exc}") from exc
+                out = ray.get(done[0])
+            except (RayActorError, ObjectLostError) as exc:
+                # Its actor died or cannot be reached (killed, crashed, its node lost), or its result
+                # was lost with its node before the driver fetched it. With max_restarts=0 the actor
+                # will not come back: drop it; _grow starts another where there is room.
+                self._drop(actor)
                 failures[i] += 1
                 if failures[i] > self.compute.max_retries:
-                    raise RuntimeError(
-                        f"{task}: example {item_id(items[i], i)} failed: its actor died {failures[i]} "
-                        f"time(s) (compute.max_retries = {self.compute.max_retries}): {exc}") from exc
-                if isinstance(exc, ActorDiedError):  # gone for good; ActorPool has dropped it
-                    self._replace(pool, exc.actor_id)
-                queue.appendleft(i)
+                    lost.append(i)
+                    last_error = exc
+                else:
+                    _log(f"{desc}: example {item_id(items[i], i)} resubmitted ({failures[i]}/"
+                         f"{self.compute.max_retries}): {_first_line(exc)}")
+                    queue.appendleft(i)
+                    self._next_check = 0.0  # look for a replacement at once
                 continue
+            idle.append(actor)
+            self.items_on[self.node_of[actor]] += 1
             if i in ready or i < next_out:
                 raise RuntimeError(f"{task}: example {item_id(items[i], i)} came back twice")
             ready[i] = out
             bar.update()
-            while next_out in ready:
+            if next_out + len(ready) == len(items):  # before the last yield: a consumer may stop there
+                self._log_items(desc)
+            while next_out in ready and not lost:
                 yield ready.pop(next_out)
                 next_out += 1
+        if lost:
+            self._log_items(desc)
+            ids = [item_id(items[j], j) for j in sorted(lost)]
+            what = (f"example {ids[0]} failed: its actor died {failures[lost[0]]} time(s)" if len(ids) == 1 else
+                    f"examples {', '.join(ids)} failed: the actor running each died more than that many times")
+            raise RuntimeError(f"{task}: {what} (compute.max_retries = {self.compute.max_retries}): "
+                               f"{_first_line(last_error)}") from last_error
 
-    def _replace(self, pool, actor_id: str) -> None:
-        import ray
 
-        dead = [a for a in self.actors if _actor_hex(a) == actor_id]
-        for a in dead:
-            ray.kill(a)  # already dead; makes sure its resources (a GPU) are released
-            self.actors.remove(a)
-        fresh = self._new_actor()
-        self.actors.append(fresh)
-        pool.push(fresh)
-        self.replaced += 1
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _log(message: str) -> None:
+    # Through tqdm, so a log line does not break a progress bar on the same terminal.
+    tqdm.write(message, file=sys.stderr)
