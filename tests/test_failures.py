@@ -63,7 +63,7 @@ def test_a_ray_task_failure_reaches_the_user_as_one_line_with_the_traceback_in_t
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["model"]["source"] = "preset:tiny-random@0"
-    raw["cohorts"].update(benchmarks=["synthhop"], context_lengths=[256, 512])
+    raw["cohorts"].update(benchmarks=["synthhop"], context_lengths=[256, 512], sources={})
     raw["compute"].update(num_workers=1, cpus_per_worker=1, max_retries=0)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     (tmp_path / "stage.py").write_text(RAY_STAGE % (CTX,))

@@ -46,7 +46,7 @@ def test_wise_stages_run_on_the_looped_model(tmp_path, monkeypatch):
     source = make_retrofit(tmp_path)
     raw = yaml.safe_load(open("params.yaml").read())
     raw["model"].update(source=str(source), device="cpu")
-    raw["cohorts"].update(benchmarks=["syntharith"], examples_per_benchmark=2, context_lengths=[160])
+    raw["cohorts"].update(benchmarks=["syntharith"], examples_per_benchmark=2, context_lengths=[160], sources={})
     raw["recurrence"].update(steps=8)
     raw["wise"].update(discovery_step=3, window=2, block_size=16)
     raw["conditions"].update(max_new_tokens=2)

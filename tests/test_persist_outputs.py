@@ -51,7 +51,7 @@ def project(tmp_path_factory):
     project_copy(tmp)
     raw = yaml.safe_load((tmp / "params.yaml").read_text())
     raw["model"]["source"] = "data/models/wise-tiny-random"
-    raw["cohorts"].update(benchmarks=["synthhop"], examples_per_benchmark=3, context_lengths=[256, 512])
+    raw["cohorts"].update(benchmarks=["synthhop"], examples_per_benchmark=3, context_lengths=[256, 512], sources={})
     raw["sweeps"].update(examples_per_benchmark=2, context_length=512)
     (tmp / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",

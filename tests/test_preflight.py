@@ -75,6 +75,7 @@ def test_validate_refuses_truncated_weights_naming_the_file(params_dir, capsys):
     shutil.copytree(ROOT / "data/models/wise-tiny-random", model)
     raw["model"]["source"] = "data/models/m"
     raw["cohorts"]["benchmarks"] = ["synthhop"]
+    raw["cohorts"]["sources"] = {}
     raw["cohorts"]["context_lengths"] = [256, 512]
     raw["sweeps"]["context_length"] = 512
     assert _validate(tmp, raw, capsys)[0] == 0
