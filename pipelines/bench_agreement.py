@@ -120,14 +120,19 @@ def perturbation_growth(model, ids, settings, seed: int) -> str:
 
 
 def _planted_prompt_support(rho: float, seed: int, real):
+    made: dict[tuple, torch.Tensor] = {}  # drawn once per shape: the draw is no part of a condition's time
+
     def support(condition, masses, eta):
         if condition != "wise":
             return real(condition, masses, eta)
         L, H, M, _ = masses.step1.shape
-        g = torch.Generator().manual_seed(seed + M)
-        n = M * 32  # any n with M blocks of the layout's size: only M matters here
-        return torch.stack([random_wise_layout(H, n, 32, rho, generator=g) for _ in range(L)]).to(
-            masses.step1.device)
+        key = (L, H, M, masses.step1.device)
+        if key not in made:
+            g = torch.Generator().manual_seed(seed + M)
+            n = M * 32  # any n with M blocks of the layout's size: only M matters here
+            made[key] = torch.stack([random_wise_layout(H, n, 32, rho, generator=g) for _ in range(L)]).to(
+                masses.step1.device)
+        return made[key]
     return support
 
 

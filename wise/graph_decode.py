@@ -26,15 +26,15 @@ import contextlib
 
 import torch
 
-from wise.appended_rows import RowGroup, Tails, _rows_x_own, row_masses, weighted_sum
-from wise.extension import _CoreRows
+from wise.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
+from wise.extension import CoreRows
 from wise.runner import initial_state
 
 
 def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``wise.appended_rows.attend_rows`` over the prompt's cache and a whole tail buffer (its
     own row already written): probs [R, H, 1, n0 + C] fp32."""
-    scores = torch.cat([cache.scores(q), _rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
+    scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
     return torch.softmax(scores + bias, dim=-1)
 
 
@@ -83,7 +83,7 @@ class StaticDecoder:
         self.x0 = torch.cat([initial_state(model, like, seed, start=n0).expand(b - a, -1, -1)
                              for (a, b), seed in zip(group.segments(), group.seeds())])  # [R, C, h]
         self.blocks = Tails(R)  # the rows' own discovered key blocks per query block (wise.appended_rows)
-        probe = _CoreRows(group, self.blocks, n0, 1)
+        probe = CoreRows(group, self.blocks, n0, 1)
         self.supported, self.freeze, self.record = probe.supported, probe.freeze, probe.record
         width = n0 + C
         self.bias = {l: torch.full((R, c.heads, 1, width), float("-inf"), device=dev) for l in range(c.n_core)} \
@@ -171,14 +171,14 @@ class StaticDecoder:
         start = self.n0 + self.passes
         N = start + 1
         M = -(-N // self.g.s.block_size)
-        seam = _CoreRows(self.g, self.blocks, start, 1)
+        seam = CoreRows(self.g, self.blocks, start, 1)
         seam.masses = {t: {l: m[..., :M] for l, m in by.items()} for t, by in early["masses"].items()}
         seam.td_probs = {l: p[..., :N] for l, p in early["td"].items()}
-        allowed = seam._allowed()  # [R, L, H, 1, N]
+        seam.allowed_keys()  # [R, L, H, 1, N], kept by the seam for the bias and Freeze-A weights
         for l, buf in self.bias.items():
-            buf[..., :N].copy_(seam._bias(l))
+            buf[..., :N].copy_(seam.late_bias(l))
             if self.frozen:
-                self.frozen[l][..., :N].copy_(seam._frozen(l))
+                self.frozen[l][..., :N].copy_(seam.frozen_weights(l))
 
     # -- a pass -------------------------------------------------------------------------------
     def step(self, tokens: list[int] | None = None) -> list[tuple[int, float, float]]:
