@@ -10,14 +10,24 @@ the whole recurrence over prompt + prefix (``generation: rerun`` without a share
 conditions-stage work item runs them: steps 1..t_d once per example, then the late steps and a
 K/V-cached decode of every (example, condition) row of equal-length prompts as one batch. Both run the same examples in this process on
 the params' model, dtype, device and backend. Prints seconds per (example × condition) per
-condition and path, and last ``speedup=<float> agree=<fraction of (example, condition)
-predictions equal>``. ``--skip-today`` times the new path only (after one untimed warm-up run),
-for a quick look at where one condition's time goes; its last line then reads ``speedup=nan
-agree=nan``.
+condition and path, how far the two paths' generated tokens agree (``agreement``), and last
+``speedup=<float> agree=<float> token_agree=<float> max_dlogprob=<float>``: agree is the share of
+(example, condition) token sequences equal on both paths, token_agree the share of generated
+tokens the paths produce alike before they first differ, max_dlogprob the largest |Δ log-prob| of
+a chosen token before that point. ``--skip-today`` times the new path only (after one untimed
+warm-up run), for a quick look at where one condition's time goes; its agreement fields are nan.
+
+``--dtype`` overrides model.dtype (e.g. float32, to separate rounding from logic);
+``--state-gain f`` multiplies the adapter's weights on the recurrent state by f (a random init's
+recurrence is chaotic, a trained model's converges: ``agreement``); ``--sensitivity`` prints how a
+1e-6 relative change of the initial state grows over the T steps of a Full forward;
+``--plant-density ρ`` replaces the WISE support by a WISE-like random one (``benchmarks.inputs``)
+to time what WISE saves per phase.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -28,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from pipelines.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
+                                       scale_state_gain)
 from pipelines.cohorts import build_cohort
 from pipelines.run_spec import wise_settings
 from pipelines.dryrun import DEFAULT_TOKENIZER, build_example
@@ -68,14 +80,47 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=4, help="examples")
     ap.add_argument("--json", default=None, help="also write the measurements here")
     ap.add_argument("--skip-today", action="store_true", help="time the new path only (no speedup)")
+    ap.add_argument("--conditions", default=None, help="comma-separated subset of conditions.names")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="decode pass by pass (wise.extension) instead of replayed CUDA graphs")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="override model.dtype")
+    ap.add_argument("--state-gain", type=float, default=None,
+                    help="multiply the adapter's weights on the recurrent state by this (> 0)")
+    ap.add_argument("--sensitivity", action="store_true", help="print the growth of a perturbed initial state")
+    ap.add_argument("--plant-density", type=float, default=None,
+                    help="WISE support := random WISE-like layout kept with this probability (0 < ρ <= 1)")
     args = ap.parse_args(argv)
+    if args.state_gain is not None and not args.state_gain > 0:
+        raise SystemExit(f"error: --state-gain must be > 0, got {args.state_gain}")
+    if args.plant_density is not None and not 0 < args.plant_density <= 1:
+        raise SystemExit(f"error: --plant-density must be in (0, 1], got {args.plant_density}")
     p = load_params(args.params, check_model=args.source is None)
     if args.source:
         p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=args.source))
+    if args.conditions:
+        names = tuple(args.conditions.split(","))
+        if not set(names) <= set(p.conditions.names):
+            raise SystemExit(f"error: --conditions {args.conditions}: not in conditions.names {list(p.conditions.names)}")
+        p = dataclasses.replace(p, conditions=dataclasses.replace(p.conditions, names=names))
+    if args.dtype:
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, dtype=args.dtype))
     worker = ModelWorker(p.model, threads=os.cpu_count() or 1)
     model, device = worker.model, worker.device
+    if args.state_gain is not None:
+        scale_state_gain(model, args.state_gain)
+    planted = (plant_wise_support(args.plant_density, seed=p.recurrence.init_seed)
+               if args.plant_density is not None else contextlib.nullcontext())
+    with planted:
+        return _bench(args, p, model, device)
+
+
+def _bench(args, p, model, device) -> int:
     rows = examples(p, model, args.n, args.context)
     settings, names = wise_settings(p), list(p.conditions.names)
+    graphs = False if args.no_graphs else None  # None: replayed CUDA graphs on a GPU
+    if args.sensitivity:
+        print(perturbation_growth(model, rows[0]["token_ids"], settings,
+                                  state_seed(rows[0]["example_id"], p.recurrence.init_seed)))
     stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
     max_new = p.conditions.max_new_tokens
     cfg = model.config
@@ -89,7 +134,7 @@ def main(argv=None) -> int:
     if args.skip_today:  # what today's path would have compiled and cached (kernels, schedules)
         r = rows[0]
         evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings,
-                         state_seed(r["example_id"], p.recurrence.init_seed), max_new, stop, "cached")
+                         state_seed(r["example_id"], p.recurrence.init_seed), max_new, stop, "cached", graphs=graphs)
     seeds = [state_seed(r["example_id"], p.recurrence.init_seed) for r in rows]
     befores = []
     for r, seed in zip(rows, seeds):  # today: each condition alone, re-running the recurrence per token
@@ -102,17 +147,17 @@ def main(argv=None) -> int:
         befores.append(before)
     profile = {}  # new: every example in one call, as the conditions stage's work items run
     afters = evaluate_examples(model, [(r["token_ids"], r["answer_ids"], seed) for r, seed in zip(rows, seeds)],
-                               names, settings, max_new, stop, "cached", profile=profile)
+                               names, settings, max_new, stop, "cached", profile=profile, graphs=graphs)
     for key in new:
         new[key] += profile[key]
-    same = sum(before[c].tokens == after[c].tokens for before, after in zip(befores, afters) for c in before)
+    agree_by = agreement(befores, afters)
     for r, seed in zip(rows, seeds):
         for c in ("full", "wise"):  # each alone on the new path: what one condition costs by itself
             if c in names:
                 own = {}
                 start = clock(device)
                 evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new, stop,
-                                 "cached", profile=own)
+                                 "cached", profile=own, graphs=graphs)
                 alone[c]["total"] += clock(device) - start
                 alone[c]["prefix"] += own["prefix"]
                 alone[c]["late"] += own[f"{c}:late"]
@@ -121,7 +166,11 @@ def main(argv=None) -> int:
     print(f"bench_conditions: {p.model.source} ({p.model.dtype}, {device}"
           f"{', ' + torch.cuda.get_device_name() if device == 'cuda' else ''}), backend {settings.backend}, "
           f"{n} example(s) of {len(rows[0]['token_ids'])} tokens, T={settings.steps}, t_d={settings.discovery_step}, "
-          f"max_new_tokens={max_new}")
+          f"max_new_tokens={max_new}"
+          + (f", adapter state gain x{args.state_gain:g}" if args.state_gain is not None else "")
+          + (f", planted WISE support rho={args.plant_density:g}" if args.plant_density is not None else "")
+          + (", decoding pass by pass" if args.no_graphs else ", decoding as CUDA graphs" if device == "cuda" else "")
+          + (", TF32 matmuls" if device == "cuda" and torch.backends.cuda.matmul.allow_tf32 else ""))
     print("| condition | today: s per example | new: s per example (its share of the batched fork) |")
     print("| --- | --- | --- |")
     print(f"| shared prefix (steps 1..t_d, once) | – | {new['prefix'] / n:.3f} |")
@@ -129,7 +178,8 @@ def main(argv=None) -> int:
         print(f"| {c} | {'–' if args.skip_today else f'{old[c] / n:.3f}'} | {new[c] / n:.3f} |")
     today = "–" if args.skip_today else f"**{old_total / (n * k):.3f}**"
     print(f"| **per example × condition** | {today} | **{new_total / (n * k):.3f}** |")
-    speedup, agree = (math.nan, math.nan) if args.skip_today else (old_total / new_total, same / (n * k))
+    speedup = math.nan if args.skip_today else old_total / new_total
+    total = agree_by["all"]
     if "full" in names and "wise" in names:
         print("new path, one condition alone (its own prefix), s per example: " + "; ".join(
             f"{c} {a['total'] / n:.3f} (steps 1..t_d {a['prefix'] / n:.3f}"
@@ -145,8 +195,11 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({
             "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
             "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
-            "agree": agree, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak, "alone": alone}, indent=2) + "\n")
-    print(f"speedup={speedup:.2f} agree={agree:.3f}")
+            "agree": total["agree"], "agreement": agree_by, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak, "alone": alone}, indent=2) + "\n")
+    if not args.skip_today:
+        print(agreement_table(agree_by))
+    print(f"speedup={speedup:.2f} agree={total['agree']:.3f} token_agree={total['token_agree']:.3f} "
+          f"max_dlogprob={total['max_dlogprob']:.2e}")
     return 0
 
 

@@ -3,6 +3,8 @@ import json
 import math
 import re
 
+import torch
+
 from pipelines.bench_conditions import main
 from wise.models.chain_card import write_chain_checkpoint
 
@@ -14,10 +16,12 @@ def test_today_and_new_paths_side_by_side(tmp_path, capsys):
     out_json = tmp_path / "bench.json"
     assert main(["--source", str(folder), "--n", "1", "--context", "256", "--json", str(out_json)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    last = re.fullmatch(r"speedup=(\d+\.\d+) agree=(\d\.\d{3})", lines[-1])
+    last = re.fullmatch(r"speedup=(\d+\.\d+) agree=(\d\.\d{3}) token_agree=(\d\.\d{3}) "
+                        r"max_dlogprob=(\d\.\d\de[-+]\d\d)", lines[-1])
     assert last, lines[-1]
-    # the constructed model's answers are exact: cached decoding agrees with rerun on every condition
-    assert float(last[2]) == 1.0
+    # the constructed model's answers are exact: cached decoding agrees with rerun on every condition,
+    # token by token, with the chosen tokens' log-probabilities equal up to rounding
+    assert float(last[1]) >= 3 and float(last[2]) == 1.0 and float(last[3]) == 1.0 and float(last[4]) <= 1e-3
     d = json.loads(out_json.read_text())
     assert set(d["today"]) == CONDITIONS and set(d["new"]) == CONDITIONS | {"prefix"}
     assert all(v > 0 for v in d["today"].values()) and all(v > 0 for v in d["new"].values())
@@ -26,12 +30,59 @@ def test_today_and_new_paths_side_by_side(tmp_path, capsys):
         a = d["alone"][c]
         assert 0 < a["prefix"] and 0 < a["late"] and a["prefix"] + a["late"] <= a["total"]
     assert any(line.startswith("| full |") for line in lines)
+    assert d["agreement"]["all"]["agree"] == 1.0 and d["agreement"]["full"]["first_divergence"] == [None]
+    assert d["agreement"]["all"]["token_agree"] == 1.0
 
 
 def test_skip_today_times_the_new_path_only(tmp_path, capsys):
     folder = write_chain_checkpoint(tmp_path / "wise-chain")
     assert main(["--source", str(folder), "--n", "1", "--context", "256", "--skip-today"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1] == "speedup=nan agree=nan"
+    assert lines[-1] == "speedup=nan agree=nan token_agree=nan max_dlogprob=nan"
     row = next(line for line in lines if line.startswith("| wise |"))
     assert row.split("|")[2].strip() == "–" and float(row.split("|")[3]) > 0
+
+
+def run(tokens, logprobs, margins=None):
+    from wise.decoding import ConditionRun
+
+    return ConditionRun("full", tokens, 0.0, "h", None, logprobs, margins or [1.0] * len(tokens))
+
+
+def test_agreement_counts_tokens_before_the_first_divergence():
+    from pipelines.bench_agreement import agreement, agreement_table
+
+    before = [{"full": run([5, 6, 7, 8], [-1.0, -2.0, -3.0, -4.0], [0.5, 0.4, 0.3, 0.2])},
+              {"full": run([1, 2], [-0.5, -0.5])}]
+    after = [{"full": run([5, 6, 9], [-1.0, -2.001, -3.5], [0.5, 0.4, 0.01])},
+             {"full": run([1, 2], [-0.5, -0.50002])}]
+    a = agreement(before, after)
+    full = a["full"]
+    assert full["agree"] == 0.5 and full["first_divergence"] == [2, None]
+    assert full["token_agree"] == (2 + 2) / (4 + 2)  # the longer sequence of each pair counts
+    assert abs(full["max_dlogprob"] - 0.001) < 1e-9  # position 2 (after the divergence) is not compared
+    assert full["margin_at_divergence"] == [(0.3, 0.01), None]
+    assert a["all"]["agree"] == 0.5 and "1 of 2 diverge" in agreement_table(a)
+    assert math.isnan(agreement([], [])["all"]["agree"])
+
+
+def test_bench_many_loads_each_model_once_and_undoes_a_state_gain(tmp_path, capsys, monkeypatch):
+    import pipelines.bench_many as many
+
+    folder = write_chain_checkpoint(tmp_path / "wise-chain")
+    loads = []
+    real = many.ModelWorker
+
+    def counted(*a, **k):
+        w = real(*a, **k)
+        loads.append((w, w.model.transformer.adapter.weight.detach().clone()))
+        return w
+
+    monkeypatch.setattr(many, "ModelWorker", counted)
+    line = f"--source {folder} --n 1 --context 128 --conditions full --skip-today"
+    assert many.main([line + " --state-gain 0.5", line]) == 0
+    out = capsys.readouterr().out
+    assert len(loads) == 1 and out.count("speedup=nan agree=nan") == 2
+    assert "adapter state gain x0.5" in out
+    worker, as_loaded = loads[0]
+    assert torch.equal(worker.model.transformer.adapter.weight, as_loaded)  # the gain was undone

@@ -209,7 +209,8 @@ def exact_fp32_matmul(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128])
 @pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+# fp32 compiles a kernel per (d, B) that takes up to half a minute on an H200: slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, pytest.param(torch.float32, marks=pytest.mark.slow)])
 def test_kernel_gpu_block_sizes_and_head_dims(block_size, d, dtype, exact_fp32_matmul):
     q, k = qk(4, 2, 1000, d, dtype, seed=block_size + d)
     out = block_mass(q, k, block_size)

@@ -70,7 +70,7 @@ def _rows_x_shared(x: torch.Tensor, kv_heads: int, m: torch.Tensor, transpose: b
     return out.reshape(kv_heads, b, g * r, -1).transpose(0, 1).reshape(b, H, r, -1)
 
 
-def _rows_x_own(x: torch.Tensor, m: torch.Tensor, transpose: bool) -> torch.Tensor:
+def rows_x_own(x: torch.Tensor, m: torch.Tensor, transpose: bool) -> torch.Tensor:
     """x [R, H, r, ·] against each row's own m [R, Hkv, N, d] -> [R, H, r, N or d]."""
     R, H, r, w = x.shape
     kv_heads = m.shape[1]
@@ -99,7 +99,7 @@ class Cache:
             if shared:
                 out.append(_rows_x_shared(xs, m.shape[1], m[0], transpose=not values))
             else:
-                out.append(_rows_x_own(xs, m, transpose=not values))
+                out.append(rows_x_own(xs, m, transpose=not values))
             a += rows
         return out[0] if len(out) == 1 else torch.cat(out)
 
@@ -126,7 +126,7 @@ def attend_rows(q, k, v, cache: Cache, tail: tuple | None, bias: torch.Tensor | 
     only). Returns (out [R, H, r, d] in q's dtype, probs [R, H, r, N] fp32, values-of-tail)."""
     n0 = cache.n
     tk, tv = (k, v) if tail is None else (torch.cat([tail[0], k], 2), torch.cat([tail[1], v], 2))
-    scores = torch.cat([cache.scores(q), _rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
+    scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
     r = q.shape[2]
     if bias is not None:
         scores = scores + bias
@@ -139,7 +139,7 @@ def attend_rows(q, k, v, cache: Cache, tail: tuple | None, bias: torch.Tensor | 
 
 def weighted_sum(probs: torch.Tensor, cache: Cache, tv: torch.Tensor, n0: int, dtype) -> torch.Tensor:
     p = probs.to(tv.dtype)
-    return (cache.weighted(p[..., :n0]) + _rows_x_own(p[..., n0:], tv, transpose=False)).to(dtype)
+    return (cache.weighted(p[..., :n0]) + rows_x_own(p[..., n0:], tv, transpose=False)).to(dtype)
 
 
 def row_masses(probs: torch.Tensor, block_size: int) -> torch.Tensor:

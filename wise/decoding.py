@@ -30,12 +30,13 @@ has ended ride along, their outputs unused, until the last row of the batch stop
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from wise.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
 from wise.extension import extend
+from wise.graph_decode import StaticDecoder
 from wise.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
 
 GENERATION_MODES = ("cached", "rerun")
@@ -48,6 +49,21 @@ class ConditionRun:
     gold_logprob: float  # mean log-probability of the gold answer tokens
     state_hash: str  # the state after t_d (the prompt pass)
     layouts: torch.Tensor | None  # the prompt's late support [L, H, M, M]
+    # per generated token: its log-probability and its logit's lead over the runner-up (how far
+    # the argmax is from flipping), so two paths' sequences can be compared token by token
+    token_logprobs: list[float] = field(default_factory=list)
+    token_margins: list[float] = field(default_factory=list)
+
+
+def _choose(logits: torch.Tensor) -> list[tuple[int, float, float]]:
+    """Greedy choice of each row of logits [R, vocab]: (token, its log-probability, top-1 minus
+    top-2 logit), read back in one host transfer."""
+    logits = logits.float()
+    top = logits.topk(2, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    stats = torch.stack([top.indices[:, 0].double(), (top.values[:, 0] - lse).double(),
+                         (top.values[:, 0] - top.values[:, 1]).double()], dim=1).cpu().tolist()
+    return [(int(t), lp, margin) for t, lp, margin in stats]
 
 
 def _mean_logprob(logits: torch.Tensor, targets: list[int]) -> float:
@@ -65,13 +81,14 @@ class Example:
 @torch.no_grad()
 def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, settings: WiseSettings,
                      seed: int, max_new_tokens: int, stop_ids, generation: str = "cached",
-                     share_prefix: bool = True, profile: dict | None = None) -> dict[str, ConditionRun]:
+                     share_prefix: bool = True, profile: dict | None = None,
+                     graphs: bool | None = None) -> dict[str, ConditionRun]:
     """Every condition of one example (`seed` = ``state_seed`` of the example). share_prefix=False
     (rerun only) runs each condition's passes on their own, as separate runs would: the same
     numbers, more work (the benchmark's "today" path). `profile` (cached only) receives the seconds
     of the shared prefix ("prefix"), of each condition's fork (its share of its group's) and, as
     "<condition>:late", the part of the fork spent in the late steps over the prompt (the rest is
-    the gold answer's rows and decoding)."""
+    the gold answer's rows and decoding). `graphs` as for ``evaluate_examples``."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
     if generation == "cached" and not share_prefix:
@@ -81,7 +98,7 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
         args = (model, ex.prompt, ex.answer)
         return {c: _rerun(*args, [c], settings, seed, max_new_tokens, set(stop_ids))[c] for c in conditions}
     return evaluate_examples(model, [(prompt_ids, answer_ids, seed)], conditions, settings, max_new_tokens,
-                             stop_ids, generation, profile=profile)[0]
+                             stop_ids, generation, profile=profile, graphs=graphs)[0]
 
 
 def _example(prompt_ids, answer_ids, seed, max_new_tokens) -> Example:
@@ -93,12 +110,16 @@ def _example(prompt_ids, answer_ids, seed, max_new_tokens) -> Example:
 
 @torch.no_grad()
 def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_new_tokens: int, stop_ids,
-                      generation: str = "cached", profile: dict | None = None) -> list[dict[str, ConditionRun]]:
+                      generation: str = "cached", profile: dict | None = None,
+                      graphs: bool | None = None) -> list[dict[str, ConditionRun]]:
     """Every condition of several examples, each given as (prompt ids, answer ids, seed); results in
     their order. Cached: examples whose prompts have one length are decoded as one batch of
     (example, condition) rows; every example keeps its own prefix and initial state, so its
     numbers are those of a run on its own up to floating-point summation order. `profile` as for
-    ``evaluate_example``, summed over the examples."""
+    ``evaluate_example``, summed over the examples. `graphs` (cached): decode on static buffers
+    replayed as CUDA graphs (``wise.graph_decode``); None = wherever the device is CUDA and the
+    model is the project's architecture, True = the static path also on the CPU (eagerly),
+    False = ``wise.extension.extend`` pass by pass."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
     exs = [_example(p, a, seed, max_new_tokens) for p, a, seed in examples]
@@ -113,7 +134,8 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
         # equal answer lengths next to each other: the gold rows of a run of them are one batch
         idx = sorted(idx, key=lambda i: len(exs[i].answer))
         for chunk in _example_chunks(model, [exs[i] for i in idx], conds, settings):
-            runs = _cached(model, [exs[idx[j]] for j in chunk], conds, settings, max_new_tokens, stop, profile)
+            runs = _cached(model, [exs[idx[j]] for j in chunk], conds, settings, max_new_tokens, stop, profile,
+                           graphs)
             for j, r in zip(chunk, runs):
                 out[idx[j]] = r
     return out
@@ -127,6 +149,7 @@ def _prefix(model, seq, conds, settings, seed, cache=False) -> Prefix:
 def _rerun(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[str, ConditionRun]:
     seqs = {c: list(prompt) for c in conds}
     tokens: dict[str, list[int]] = {c: [] for c in conds}
+    stats: dict[str, list[tuple]] = {c: [] for c in conds}
     first: dict[str, tuple] = {}
     active = list(conds)
     for _ in range(max_new):
@@ -139,9 +162,11 @@ def _rerun(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[
             for c in group:
                 late = run_late(model, prefix, c, settings)
                 first.setdefault(c, (prefix.state_hash, late.layouts))
-                token = int(model.readout(late.state, prefix.rope, at=last_row(len(seq), late.state.device)).argmax())
+                token, lp, margin = _choose(model.readout(late.state, prefix.rope,
+                                                          at=last_row(len(seq), late.state.device)))[0]
                 if token not in stop:
                     tokens[c].append(token)
+                    stats[c].append((lp, margin))
                     seqs[c].append(token)
                     active.append(c)
     full = prompt + answer
@@ -151,7 +176,8 @@ def _rerun(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[
     for c in conds:
         late = run_late(model, prefix, c, settings)
         logits = model.readout(late.state, prefix.rope, at=tuple(r.to(late.state.device) for r in rows))
-        out[c] = ConditionRun(c, tokens[c], _mean_logprob(logits, answer), *first[c])
+        out[c] = ConditionRun(c, tokens[c], _mean_logprob(logits, answer), *first[c],
+                              [lp for lp, _ in stats[c]], [m for _, m in stats[c]])
     return out
 
 
@@ -161,7 +187,8 @@ def _clock(device) -> float:
     return time.perf_counter()
 
 
-def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=None) -> list[dict[str, ConditionRun]]:
+def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=None,
+            graphs: bool | None = None) -> list[dict[str, ConditionRun]]:
     start = _clock(model.device) if profile is not None else 0.0
     prefixes = [_prefix(model, ex.prompt, conds, settings, ex.seed, cache=True) for ex in exs]
     if profile is not None:
@@ -179,10 +206,10 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
                      for late in run_late_rows(model, [(prefixes[j], c) for c in group], settings, cache=True)]
         late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
         rg = RowGroup(model, settings, prefixes, lates, [j for j, _ in rows])
-        tokens, gold = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop)
+        tokens, stats, gold = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs)
         for i, ((j, c), late) in enumerate(zip(rows, lates)):
             out[j][c] = ConditionRun(c, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[j].state_hash,
-                                     late.layouts)
+                                     late.layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]])
         if profile is not None:
             secs = (_clock(model.device) - start) / len(group)
             for c in group:
@@ -191,8 +218,9 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
     return [{c: o[c] for c in conds} for o in out]
 
 
-def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop) -> tuple[list, list]:
-    """Greedy tokens and gold-answer logits of every row of a group."""
+def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
+            graphs: bool | None = None) -> tuple[list, list, list]:
+    """Greedy tokens, their (log-probability, margin) and gold-answer logits of every row of a group."""
     R = len(answers)
     last = group.last_logits()
     # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails), one
@@ -209,22 +237,29 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop) -> tu
                 gold[k].append(rows[k - i])
         i = j
     tokens: list[list[int]] = [[] for _ in range(R)]
-    token = last.argmax(-1).tolist()
+    stats: list[list[tuple]] = [[] for _ in range(R)]
+    chosen = _choose(last)
     done = [False] * R
+    if graphs is None:
+        graphs = group.lates[0].state.device.type == "cuda"
+    static = StaticDecoder(group, max_new - 1) if graphs and group.fast and max_new > 1 else None
     tails = Tails(R)
     while True:
-        for k in range(R):
+        for k, (token, lp, margin) in enumerate(chosen):
             if not done[k]:
-                if token[k] in stop:
+                if token in stop:
                     done[k] = True
                 else:
-                    tokens[k].append(token[k])
+                    tokens[k].append(token)
+                    stats[k].append((lp, margin))
                     done[k] = len(tokens[k]) >= max_new
         if all(done):
             break
-        logits = extend(group, tails, [[t] for t in token])  # rows already done ride along
-        token = logits[:, -1].argmax(-1).tolist()
-    return tokens, [torch.cat(g) for g in gold]
+        if static is not None:  # rows already done ride along
+            chosen = static.step([t for t, _, _ in chosen] if static.passes == 0 else None)
+        else:
+            chosen = _choose(extend(group, tails, [[t] for t, _, _ in chosen])[:, -1])
+    return tokens, stats, [torch.cat(g) for g in gold]
 
 
 def _cache_bytes(model, settings: WiseSettings, n: int, conds) -> tuple[int, int, int]:

@@ -31,7 +31,7 @@ class _Plain:
         return weighted_sum(probs, self.cache, tv, n0, q.dtype)
 
 
-class _CoreRows:
+class CoreRows:
     """The attention seam of the core steps of one extension."""
 
     def __init__(self, group: RowGroup, tails: Tails, start: int, r: int):
@@ -53,17 +53,17 @@ class _CoreRows:
         late = step > s_.discovery_step
         cache = self.g.late(step, layer) if late else self.g.early(step, layer)
         self.new_kv[(step, layer)] = (k, v)
-        bias = self._bias(layer) if late and self.supported else None
+        bias = self.late_bias(layer) if late and self.supported else None
         probs, n0, tv = attend_rows(q, k, v, cache, self.tails.kv.get((step, layer)), bias)
         if not late and step in self.record:
             self.masses.setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
             if step == s_.discovery_step and len(self.freeze):
                 self.td_probs[layer] = probs[self.freeze]
         if late and len(self.freeze):
-            probs = probs.index_copy(0, self.freeze, self._frozen(layer))
+            probs = probs.index_copy(0, self.freeze, self.frozen_weights(layer))
         return weighted_sum(probs, cache, tv, n0, q.dtype)
 
-    def _allowed(self) -> torch.Tensor:
+    def allowed_keys(self) -> torch.Tensor:
         """bool [R, L, H, r, N]: the keys each new row may attend in late steps (every causal key for
         Full rows): its block's row of the prompt's support, unioned with the own supports of the
         rows added to that block so far (this pass's earlier rows included)."""
@@ -102,16 +102,16 @@ class _CoreRows:
         self.allowed = tokens & causal
         return self.allowed
 
-    def _bias(self, layer: int) -> torch.Tensor:
+    def late_bias(self, layer: int) -> torch.Tensor:
         if layer not in self.bias:
-            allowed = self._allowed()[:, layer]
+            allowed = self.allowed_keys()[:, layer]
             self.bias[layer] = torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, float("-inf"))
         return self.bias[layer]
 
-    def _frozen(self, layer: int) -> torch.Tensor:
+    def frozen_weights(self, layer: int) -> torch.Tensor:
         """Freeze-A for new rows: own step-t_d probabilities inside the late support, renormalised."""
         if layer not in self.frozen:
-            w = self.td_probs[layer] * self._allowed()[self.freeze, layer]
+            w = self.td_probs[layer] * self.allowed_keys()[self.freeze, layer]
             self.frozen[layer] = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
         return self.frozen[layer]
 
@@ -140,7 +140,7 @@ def extend(group: RowGroup, tails: Tails, new_ids: list[list[int]]) -> torch.Ten
         e = model.embed(ids, rope)[:, start:]
     x = torch.cat([initial_state(model, e[a:a + 1], seed, start=start).expand(b - a, -1, -1)
                    for (a, b), seed in zip(group.segments(), group.seeds())])
-    seam = _CoreRows(group, tails, start, r)
+    seam = CoreRows(group, tails, start, r)
     last = s_.discovery_step if group.truncate else s_.steps
     for t in range(1, last + 1):
         x = model.core_step(x, e, t, rope_new, seam)
