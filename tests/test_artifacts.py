@@ -134,11 +134,10 @@ def test_outputs_get_ordinary_permissions_even_from_private_writers(tmp_path):
 
     from wise.atomic_files import atomic_path, current_umask
     from wise.models.chain_card import write_chain_checkpoint
-    from wise.models.construct import ChainSpec
 
     with atomic_path(tmp_path / "w.safetensors") as tmp:
         save_file({"a": torch.zeros(2)}, str(tmp))
-    folder = write_chain_checkpoint(tmp_path / "wise-chain", ChainSpec(code_pairs=4, max_refine=2, max_positions=256))
+    folder = write_chain_checkpoint(tmp_path / "wise-chain")
     want = 0o666 & ~current_umask()
     modes = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777)
              for p in [tmp_path / "w.safetensors", *folder.iterdir()]}

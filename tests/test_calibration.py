@@ -253,7 +253,7 @@ def test_question_row_convergence_steps_match_their_expectation(model):
 # 1024 --steps 32 --n 64 --condition <c>` with the same edit) is in the report of this change and
 # in CHANGELOG.md.
 def _attend_every_key(mp):  # appended rows ignore their late support
-    mp.setattr(wise.extension._CoreRows, "_bias", lambda self, layer: None)
+    mp.setattr(wise.extension.CoreRows, "late_bias", lambda self, layer: None)
 
 
 def _row0_initial_state(mp):  # new tokens get row 0's initial state instead of their own
@@ -268,8 +268,8 @@ def _freeze_a_not_renormalised(mp):
         probs = causal_attention_probs(q, k.repeat_interleave(q.shape[0] // k.shape[0], dim=0))
         return probs * expand_layout(layout, block_size, q.shape[1])
     mp.setattr(wise.runner, "masked_softmax_weights", weights)
-    mp.setattr(wise.extension._CoreRows, "_frozen",
-               lambda self, layer: self.td_probs[layer] * self._allowed()[self.freeze, layer])
+    mp.setattr(wise.extension.CoreRows, "frozen_weights",
+               lambda self, layer: self.td_probs[layer] * self.allowed_keys()[self.freeze, layer])
 
 
 def _eta_strict(mp):  # a block joins while the mass before it is < eta (not <=): one block short
