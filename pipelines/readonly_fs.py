@@ -10,10 +10,19 @@ protocol prefix. It passes through only the calls that read (open in ``rb`` mode
 ``COPY TO``, ``EXPORT DATABASE``, partitioned writes and ``ATTACH`` of a new file cannot write or
 delete anything, whatever the statement. Paths cannot climb above ``data/`` (fsspec's DirFileSystem
 refuses ``..`` past its root).
+
+DuckDB reads a file it opened here as ``seek(offset)`` then ``read(n)`` on one shared file object,
+from several of its threads at once (one per row group, even with ``threads = 1``), so a plain
+file's single position would let one thread's seek move another's read: Parquet with many row
+groups then fails with "TProtocolException: Invalid data". Files opened here keep one position per
+thread and read with ``os.pread``, so every seek-then-read pair reads what it sought.
 """
 from __future__ import annotations
 
 import inspect
+import io
+import os
+import threading
 from pathlib import Path
 
 from fsspec.implementations.dirfs import DirFileSystem
@@ -31,6 +40,61 @@ READ_METHODS = frozenset({
 })
 _ASYNC_MUTATORS = ("_rm", "_rm_file", "_cp_file", "_copy", "_pipe", "_pipe_file", "_put", "_put_file",
                    "_get", "_get_file", "_mkdir", "_makedirs")
+
+
+class PositionalReader(io.RawIOBase):
+    """A read-only binary file whose position is per thread; reads are ``os.pread`` at it."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.name = path
+        self._fd = os.open(path, os.O_RDONLY)
+        self._size = os.fstat(self._fd).st_size
+        self._local = threading.local()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return getattr(self._local, "pos", 0)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.tell(), io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.name}: negative seek position {base + offset}")
+        self._local.pos = base + offset
+        return self._local.pos
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self.tell()
+        if size is None or size < 0:
+            size = max(self._size - pos, 0)
+        parts = []
+        while size > 0:  # pread may return fewer bytes than asked before the end of the file
+            chunk = os.pread(self._fd, size, pos)
+            if not chunk:
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+            size -= len(chunk)
+        self._local.pos = pos
+        return b"".join(parts)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer)[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
 
 
 class ReadOnlyError(PermissionError):
@@ -56,6 +120,8 @@ class ReadOnlyDataFS(DirFileSystem):
     def open(self, path, mode="rb", *args, **kwargs):
         if mode not in ("rb", "r"):
             raise ReadOnlyError(f"the SQL readers are read-only: open({path!r}, {mode!r}) is refused")
+        if mode == "rb":
+            return PositionalReader(self._join(path))
         return super().open(path, mode, *args, **kwargs)
 
     def _open(self, path, mode="rb", *args, **kwargs):
