@@ -32,7 +32,7 @@ ADAPTIVE_JSON = RETROFIT_DIR / "adaptive.json"
 # the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
 RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
 
-# DuckDB view name -> Parquet file. Names and columns are documented in README.md.
+# DuckDB view name -> Parquet file. Names and columns are documented in docs/sql.md.
 VIEWS = {
     "examples": COHORT,
     "trace_masses": TRACE_MASSES,

@@ -1,6 +1,6 @@
 """SQL over all results: ``python -m pipelines.query "SELECT ..."`` prints a table.
 
-Views (see README.md for columns): examples, trace_masses, trace_steps, support_layouts, supports,
+Views (see docs/sql.md for columns): examples, trace_masses, trace_steps, support_layouts, supports,
 results, paired, timing, condition_summary, ... ``--list`` shows the views and their columns;
 ``--csv`` / ``--json`` change the output format; ``--limit N`` caps the rows printed (default
 1000; 0 prints every row, streamed in batches, so a large result never sits in memory whole).

@@ -2,7 +2,7 @@
 
 Writers pass these to ``pipelines.artifacts`` (``write_parquet``, ``ParquetStream``), which refuse
 a row whose columns differ, so a column is never silently dropped, added or typed from whatever
-Python value came first (a None in the first row, an int where a float was meant). README.md
+Python value came first (a None in the first row, an int where a float was meant). docs/sql.md
 documents the columns; tests/test_pipeline_e2e.py checks that every artifact of a run has exactly
 its schema.
 """

@@ -1,5 +1,6 @@
 """Docs point only at files that exist: every document (`*.md`) a module docstring names, and every
-source path (`wise/...`, `kernels/...`, `params/...`) a module docstring or a README names.
+source path (`wise/...`, `kernels/...`, `params/...`) a module docstring, a README or a page of docs/
+names.
 History (CHANGELOG.md) may name deleted files; nothing else may. Paths under data/ are outputs
 and downloads, absent from a fresh clone, so they are not checked."""
 import ast
@@ -8,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("wise", "kernels", "benchmarks", "pipelines", "stages", "tests")
-TOP = CODE + ("params",)  # data/ holds outputs and downloads, which a fresh clone lacks
+TOP = CODE + ("params", "docs")  # data/ holds outputs and downloads, which a fresh clone lacks
 MD = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
 REPO_PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*[\w])" % "|".join(TOP))
 
@@ -46,10 +47,28 @@ def test_module_docstrings_name_only_existing_documents_and_paths():
     assert not bad, bad
 
 
+def user_docs():
+    """Every document written for users: the READMEs and the pages under docs/."""
+    return [ROOT / "README.md", *sorted(ROOT.glob("*/README.md")), ROOT / "data/models/wise-small/README.md",
+            *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def test_readmes_name_only_existing_repo_paths():
     bad = {}
-    for path in [ROOT / "README.md", *sorted(ROOT.glob("*/README.md")), ROOT / "data/models/wise-small/README.md"]:
+    for path in user_docs():
         found = missing(path.read_text(), path.parent, REPO_PATH)
+        if found:
+            bad[str(path.relative_to(ROOT))] = found
+    assert not bad, bad
+
+
+def test_readmes_name_only_existing_documents():
+    """A document path a user document names (`docs/recurtrace.md`, `kernels/README.md`) exists. A
+    bare name (`calibrated.md`) names an output beside the text; paths under data/ are outputs
+    (model cards, the report), absent from a fresh clone."""
+    bad = {}
+    for path in user_docs():
+        found = [name for name in missing(path.read_text(), path.parent) if "/" in name and not name.startswith("data/")]
         if found:
             bad[str(path.relative_to(ROOT))] = found
     assert not bad, bad
