@@ -162,7 +162,7 @@ _FLEX = None
 # Each distinct (shape, dtype, kernel_options) is one more compiled graph of flex_attention. The
 # bench's option sweep and the timing stage's geometries pass dynamo's default limit (8), and past
 # it dynamo silently runs flex_attention eagerly: the unfused path that materialises the whole
-# score matrix, so a "FlexAttention" time would be meaningless (seen on the H200, session 8).
+# score matrix, so a "FlexAttention" time would be meaningless (seen on the H200, 2026-11-30).
 # Allow more graphs, and make hitting the limit an error instead of a quiet fallback.
 FLEX_RECOMPILE_LIMIT = 128
 
