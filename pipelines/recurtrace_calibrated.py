@@ -9,7 +9,9 @@ pinned block), and runs one cell (``wise.looped.calibrate.run_cell``) per seed. 
     fixed.parquet     per (seed, model, T): accuracy measured and expected, mismatching items
     points.parquet    per (seed, variant, method, knob value): accuracy and mean loops (the curves)
     chosen.parquet    per (seed, variant, method) at its chosen knob: measured, expected, McNemar
-    summary.parquet   per seed: the CLI's summary line
+    summary.parquet   per seed: the CLI's summary line (and WISE's)
+    wise.parquet      per (seed, item) of the first wise_n test items: Full- and WISE-adaptive at the
+                      oracle's depth, answers measured and expected, attention tiles
     probe.parquet     the probe's table
 
 With ``lma_steps > 0`` the LMA retrofit is trained once (the first seed's train items; CPU) and
@@ -82,6 +84,15 @@ def markdown(fixed, chosen, summary, seeds, c) -> str:
           "of their knob grids; the figure draws every knob value.", "",
           "Per seed (`python -m wise.looped.calibrate --seed S --n N` prints the same line):", ""]
     L += [f"    seed {s['seed']}: {summary_line(s)}" for s in summary]
+    if summary and summary[0].get("wise_n"):
+        from wise.looped.calibrate import wise_line
+
+        L += ["", f"WISE under adaptive depth on the latched base (t_d = {c.wise_discovery_step} loops, w = "
+              f"{c.wise_window}, B = {c.wise_block_size}, η = {c.wise_eta}), each item stopped at the oracle's depth: "
+              "an answer survives iff every fact a loop after t_d reads lies in a block the discovery loops read "
+              "(`wise.looped.calibration.wise_correct`); tiles saved = late attention tiles WISE skips over the "
+              "whole run.", ""]
+        L += [f"    seed {s['seed']}: {wise_line(s)}" for s in summary]
     return "\n".join(L) + "\n"
 
 
@@ -178,7 +189,7 @@ def run(params: RetrofitParams, log=print) -> dict:
     plain = build_looped(base, use_lma=False, block_start=HOP_LAYER, block_layers=1, name=f"{c.name}-plain")
     latched = models(c.base_seed)[1]
     lma = ensure_lma(params, folder, log) if c.lma_steps > 0 else None
-    fixed, points, chosen, summary = [], [], [], []
+    fixed, points, chosen, summary, wise = [], [], [], [], []
     for seed in c.seeds:
         log(f"recurtrace_calibrated: cell seed {seed}")
         cell = run_cell(replace(c, seed=seed), log=log, looped=(plain, latched), lma=lma)
@@ -192,17 +203,20 @@ def run(params: RetrofitParams, log=print) -> dict:
                         "matched_T": r["matched_T"], "mcnemar_p": r["mcnemar_p"], "auc": r.get("auc")}
                        for m, r in ch.items()]
         summary.append({"seed": seed, **cell["summary"]})
+        wise += [{"seed": seed, **r} for r in cell["wise"]]
     out = out_dir(params)
     write_parquet(fixed, out / "fixed.parquet")
     write_parquet(points, out / "points.parquet")
     write_parquet(chosen, out / "chosen.parquet")
     write_parquet(summary, out / "summary.parquet")
     write_parquet(probe, out / "probe.parquet")
+    write_parquet(wise, out / "wise.parquet")
     figs = figures(fixed, points, out / "figures")
     md = markdown(fixed, chosen, summary, c.seeds, c)
     md += "\n" + "\n".join(f"![{k}]({v})" for k, v in figs.items()) + "\n"
     write_text(md, out / "calibrated.md")
-    keys = ("fixed_mismatch", "lma_latch", "plain_after_d", "head_auc", "oracle_gap")
+    keys = ("fixed_mismatch", "lma_latch", "plain_after_d", "head_auc", "oracle_gap") + \
+        (("wise_mismatch", "wise_accuracy") if c.wise_n else ())
     metrics = {}
     for k in keys:  # nan (no LMA retrofit in the cells) is left out: JSON has no nan
         vals = [float(s[k]) for s in summary if s[k] == s[k]]

@@ -19,7 +19,7 @@ from wise.looped.calibrate import CellParams, items_and_rows, run_cell
 from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base, save_chain_base
 from wise.looped.known_depth import make_items
 
-SMALL = dict(n=60, fit_n=60, bimodal_n=40, lma_steps=0)  # the LMA retrofit: its own test below
+SMALL = dict(n=60, fit_n=60, bimodal_n=40, lma_steps=0, wise_n=0)  # the LMA retrofit and WISE: their own tests below
 
 
 def checks(cell: dict) -> list[str]:
@@ -123,6 +123,64 @@ def test_planted_faults_fail_the_checks(fault, monkeypatch):
         monkeypatch.setattr(known_runs, "POOLED_ROW", -2)  # the "Answer" row: no pointer, no flags
     cell = run_cell(CellParams(seed=0, **SMALL), log=lambda m: None)
     assert checks(cell) != []
+
+
+def _wise_mismatches(items, rows, p) -> tuple[int, list[dict]]:
+    from wise.looped.calibrate import models, wise_rows
+
+    out = wise_rows(p, models()[1], items, rows)
+    return sum((r["wise_correct"] != r["expected_wise"]) + (r["full_correct"] != r["expected_full"]) for r in out), out
+
+
+def test_wise_under_adaptive_depth_matches_the_construction():
+    p = CellParams(seed=1, wise_n=24)
+    mismatches, rows = _wise_mismatches(*items_and_rows(p, "test", "mixed", p.wise_n), p)
+    assert mismatches == 0, [r for r in rows if r["wise_correct"] != r["expected_wise"]]
+    # the case must separate: some answers kept by WISE, some lost to a fact outside the working set
+    assert any(r["expected_wise"] and r["depth"] > p.wise_discovery_step for r in rows)
+    assert any(r["expected_full"] and not r["expected_wise"] for r in rows)
+
+
+def _needs_loop(it, tokens, p, window_loops) -> bool:
+    """Whether a late loop of `it` needs a fact outside the blocks read at `window_loops` (question row only)."""
+    rows = C.fact_target_rows(tokens)
+    block = lambda t: rows[it.chain[min(t, it.hops)]] // p.wise_block_size
+    return it.reachable and not all(block(t) in {block(u) for u in window_loops} | {0}
+                                    for t in range(p.wise_discovery_step + 1, it.depth + 1))
+
+
+@pytest.mark.parametrize("fault", ["window_shifted", "working_set_ignored"])
+def test_wise_faults_show_as_mismatches(fault, monkeypatch):
+    import wise.adaptive.online
+    import wise.runner
+    from wise.data.synthchain import build_tokenizer
+
+    p = CellParams(seed=1, wise_n=3)
+    td, w, tok = p.wise_discovery_step, p.wise_window, build_tokenizer()
+    if fault == "window_shifted":  # discovery loops t_d-w..t_d-1
+        monkeypatch.setattr(wise.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
+        shows = lambda it, toks: (_needs_loop(it, toks, p, range(td - w, td)) !=
+                                  _needs_loop(it, toks, p, range(td - w + 1, td + 1)))
+    else:  # late loops attend every key
+        original = wise.adaptive.online.late_policy
+        monkeypatch.setattr(wise.adaptive.online, "late_policy",
+                            lambda prefix, cond, st: (None,) + tuple(original(prefix, cond, st)[1:]))
+        shows = lambda it, toks: _needs_loop(it, toks, p, range(td - w + 1, td + 1))
+    items, rows = items_and_rows(p, "test", "mixed", 200)
+    cases = [(it, r) for it, r in zip(items, rows) if shows(it, [tok.id_to_token(i) for i in r.prompt_ids])][:3]
+    assert cases
+    assert _wise_mismatches([c[0] for c in cases], [c[1] for c in cases], p)[0] > 0
+
+
+def test_wise_expectation_follows_eta_and_the_block_size():
+    # the question row is 1 of k rows of its query block; the others read BOS (block 0)
+    assert C.question_block_support(5, 2, 0.95) == {0, 5}
+    assert C.question_block_support(5, 8, 0.95) == {0, 5}
+    assert C.question_block_support(5, 8, 0.85) == {0}  # 7/8 of the mass already past eta
+    assert C.question_block_support(0, 8, 0.95) == {0}
+    assert C.question_block_support(3, 1, 0.95) == {3}
+    with pytest.raises(ValueError, match="wise_block_size"):
+        CellParams(wise_block_size=16)
 
 
 LMA_CHECKPOINT = "data/models/recurtrace-chain-lma"  # stage recurtrace_calibrated (committed)

@@ -20,6 +20,11 @@ items, and the bimodal d in {1, 6} variant's three splits, and measures on the t
   best on that curve (the paper's "smallest mean depth without losing accuracy", with the
   tolerance stated).
 
+- WISE under adaptive depth (``wise.adaptive.online.wise_adaptive``) on the latched base at the
+  oracle's depth (d for a reachable item, t_min otherwise) for the first ``wise_n`` test items:
+  Full-adaptive and WISE-adaptive answers beside ``wise.looped.calibration.wise_correct`` (which
+  late loops need a fact outside the discovered working set).
+
 It prints per method measured and expected accuracy and mean loops, and ends with the line
 ``fixed_mismatch=.. lma_latch=.. plain_after_d=.. head_auc=.. oracle_gap=..``.
 """
@@ -28,7 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -222,6 +227,9 @@ def run_cell(p: CellParams, log=print, looped=None, lma=None) -> dict:
                 r["expected_accuracy"], r["expected_mean_loops"] = exp[method]["accuracy"], exp[method]["mean_loops"]
         log(f"  halting methods on the {variant} items ({halting_on} trajectories)")
     mix = chosen["mixed"]
+    wise = wise_rows(p, latched, test_items, test_rows) if p.wise_n else []
+    if wise:
+        log(f"  wise under adaptive depth: {len(wise)} items")
     summary = {
         "fixed_mismatch": sum(r["correct"] != r["expected"] for r in fixed if r["model"] in ("plain", "ideal")),
         "lma_latch": lma_latch,
@@ -231,8 +239,9 @@ def run_cell(p: CellParams, log=print, looped=None, lma=None) -> dict:
         "oracle_gap": mix["halting"]["mean_loops"] - mix["oracle"]["mean_loops"],
         "head_accuracy_gap": mix["halting"]["accuracy"] - mix["oracle"]["accuracy"],
         "halting_on": halting_on,
+        **(wise_summary(wise) if wise else {}),
     }
-    return {"params": asdict(p), "summary": summary, "fixed": fixed, "points": points, "chosen": chosen,
+    return {"params": asdict(p), "summary": summary, "fixed": fixed, "points": points, "chosen": chosen, "wise": wise,
             "shares": C.shares(test_items, p.t_max)}
 
 
@@ -246,6 +255,67 @@ def fixed_table(fixed: list[dict], t_max: int) -> list[dict]:
                         "expected": sum(r["expected"] for r in g) / len(g),
                         "mismatches": sum(r["correct"] != r["expected"] for r in g)})
     return out
+
+
+@dataclass(frozen=True)
+class OracleDepth:
+    """Stops at the item's known depth: d when reachable, t_min otherwise (the loss oracle's
+    depth on the latched base), without reading the loop (so it runs under WISE)."""
+
+    depths: dict
+    name = "oracle_depth"
+    kind = "adaptive"
+    needs_readout = False
+    needs_state = False
+    threshold = None
+
+    def decide(self, t, signals, example_id):
+        from wise.adaptive.rules import Decision
+
+        return Decision(t, t) if t >= self.depths[example_id] else None
+
+
+def wise_rows(p: CellParams, latched, items, rows) -> list[dict]:
+    """Full- and WISE-adaptive at the oracle's depth on the first p.wise_n items, with expected values."""
+    from wise.adaptive.online import wise_adaptive
+    from wise.data.synthchain import build_tokenizer
+    from wise.runner import WiseSettings, state_seed
+
+    tok = build_tokenizer()
+    items, rows = items[:p.wise_n], rows[:p.wise_n]
+    rule = OracleDepth({it.example_id: (it.depth if it.reachable else p.t_min) for it in items})
+    settings = WiseSettings(steps=p.t_max, discovery_step=p.wise_discovery_step, window=p.wise_window,
+                            block_size=p.wise_block_size, eta=p.wise_eta, backend="reference")
+    out = []
+    for it, row in zip(items, rows):
+        res = wise_adaptive(latched, row, rule, p.t_max, "last", settings, state_seed(row.example_id, p.seed))
+        tokens = [tok.id_to_token(i) for i in row.prompt_ids]
+        out.append({"example_id": it.example_id, "hops": it.hops, "refine": it.refine, "depth": it.depth,
+                    "reachable": it.reachable, "loops": res["wise"]["decision"].depth,
+                    "full_correct": res["full"]["answer"].correct, "wise_correct": res["wise"]["answer"].correct,
+                    "expected_full": it.reachable,
+                    "expected_wise": C.wise_correct(it, tokens, p.wise_discovery_step, p.wise_window,
+                                                    p.wise_block_size, p.wise_eta),
+                    "late_density": res["density"], "full_tiles": res["full"]["tiles"],
+                    "wise_tiles": res["wise"]["tiles"]})
+    return out
+
+
+def wise_summary(rows: list[dict]) -> dict:
+    n = max(1, len(rows))
+    return {"wise_n": len(rows),
+            "wise_mismatch": sum((r["wise_correct"] != r["expected_wise"]) + (r["full_correct"] != r["expected_full"])
+                                 for r in rows),
+            "wise_accuracy": sum(r["wise_correct"] for r in rows) / n,
+            "wise_expected_accuracy": sum(r["expected_wise"] for r in rows) / n,
+            "wise_full_accuracy": sum(r["full_correct"] for r in rows) / n,
+            "wise_tiles_saved": 1 - sum(r["wise_tiles"] for r in rows) / max(1, sum(r["full_tiles"] for r in rows))}
+
+
+def wise_line(s: dict) -> str:
+    return (f"wise (oracle depth, {s['wise_n']} items): full_accuracy={s['wise_full_accuracy']:.3f} "
+            f"wise_accuracy={s['wise_accuracy']:.3f} expected={s['wise_expected_accuracy']:.3f} "
+            f"mismatches={s['wise_mismatch']} tiles_saved={s['wise_tiles_saved']:.3f}")
 
 
 def summary_line(s: dict) -> str:
@@ -281,6 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lma", default="data/models/recurtrace-chain-lma",
                     help="the LMA retrofit checkpoint to measure (stage recurtrace_calibrated); skipped when absent")
     ap.add_argument("--lma-steps", type=int, default=0, help="train a fresh LMA retrofit this many steps instead (CPU)")
+    ap.add_argument("--wise-n", type=int, default=64, help="test items run under WISE at the oracle's depth (0: none)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -291,9 +362,11 @@ def main(argv=None) -> int:
 
         lma = load_retrofit(args.lma)
     cell = run_cell(CellParams(seed=args.seed, n=args.n, fit_n=args.fit_n, bimodal_n=args.bimodal_n,
-                               lma_steps=args.lma_steps),
+                               lma_steps=args.lma_steps, wise_n=args.wise_n),
                     log=lambda m: print(m, file=sys.stderr, flush=True), lma=lma)
     print("\n".join(report_lines(cell)))
+    if cell["wise"]:
+        print(wise_line(cell["summary"]))
     print(summary_line(cell["summary"]))
     return 0
 

@@ -95,3 +95,49 @@ def shares(items: Sequence[KnownItem], t_max: int) -> dict:
     return {"n": len(items), "unreachable": 1 - len(reach) / len(items),
             "depth": {d: sum(it.depth == d for it in reach) / len(items) for d in range(1, t_max + 1)},
             "mean_depth_reachable": sum(it.depth for it in reach) / max(1, len(reach))}
+
+
+# WISE under adaptive depth on the latched base, the depth chosen by the loss oracle (d for a
+# reachable item). Loop t of the hop layer reads, on the question row (the prompt's last row), the
+# fact whose source is x_min(t, L) (the chain's nodes, then the terminal fact again while m counts
+# down): all its mass on that fact's target-token row. The other rows of the question row's query
+# block put all theirs on BOS (block 0). The support of that query block at a discovery loop is
+# the fewest blocks, largest mass first, whose mass reaches eta of the block's (the question row:
+# 1 of k rows); the working set is the union over loops t_d-w+1..t_d. A late loop t in t_d+1..d
+# answers as under Full iff its fact's block is in the working set; otherwise the question row's
+# attention falls on what is left, the pointer does not move to the fact's target, and the answer
+# is lost.
+def fact_target_rows(tokens: Sequence[str]) -> dict[str, int]:
+    """Row of each fact's target token (``x : -> y .``, ``z : => z .``), by its source x."""
+    return {tokens[i]: i + 3 for i in range(len(tokens) - 3)
+            if tokens[i + 1] == sc.COLON and tokens[i + 2] in (sc.ARROW, sc.TERMINAL_ARROW)}
+
+
+def question_block_support(fact_block: int, rows_in_block: int, eta: float) -> set[int]:
+    """Blocks kept for the question row's query block at one loop (its k rows: the question row
+    reading `fact_block`, the others reading block 0)."""
+    mass: dict[int, float] = {0: float(rows_in_block - 1)}
+    mass[fact_block] = mass.get(fact_block, 0.0) + 1.0
+    kept, total = set(), 0.0
+    for block, m in sorted(mass.items(), key=lambda kv: -kv[1]):
+        if m <= 0 or total >= eta * rows_in_block:
+            break
+        kept.add(block)
+        total += m
+    return kept
+
+
+def wise_correct(item: KnownItem, tokens: Sequence[str], discovery_step: int, window: int, block_size: int,
+                 eta: float) -> bool:
+    """Whether WISE (t_d, w, B, eta) keeps the latched base's answer at the oracle's depth d."""
+    if not item.reachable:
+        return False
+    if item.depth <= discovery_step:  # the rule stops before any loop reuses the working set
+        return True
+    rows = fact_target_rows(tokens)
+    n = len(tokens)
+    k = n - (n - 1) // block_size * block_size  # rows in the question row's (the last) query block
+    block = lambda t: rows[item.chain[min(t, item.hops)]] // block_size
+    working = set().union(*(question_block_support(block(t), k, eta)
+                            for t in range(max(1, discovery_step - window + 1), discovery_step + 1)))
+    return all(block(t) in working for t in range(discovery_step + 1, item.depth + 1))
