@@ -122,6 +122,18 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
     return out
 
 
+def headline_metrics(summary: list[dict], best: str) -> dict:
+    """data/retrofit/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
+    fixed depth (under the key ``best_fixed``, so the columns stay when another depth wins; its mean
+    loops is that depth) and of each adaptive method. The other fixed depths, NLL, wall time,
+    McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary views."""
+    from wise.adaptive import tables
+
+    pooled = [r for r in summary if r["benchmark"] == tables.ALL and (r["kind"] != "fixed" or r["method"] == best)]
+    name = {best: "best_fixed"}
+    return {k: {name.get(r["method"], r["method"]): r[k] for r in pooled} for k in ("accuracy", "mean_loops")}
+
+
 def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.adaptive_report import adaptive_markdown, notes_from_card
     from pipelines.report import f, table
@@ -163,11 +175,6 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
                            {"t_d": ad.wise_discovery_step, "w": ad.wise_window, "B": ad.wise_block_size,
                             "eta": ad.wise_eta}, f, table)
     write_text(md + "\n", paths.ADAPTIVE_MD)
-    pooled = [r for r in summary if r["benchmark"] == tables.ALL]
-    metrics = {"best_fixed": best, "tau": card["tau"], "confidence_threshold": card["confidence_threshold"],
-               "methods": {r["method"]: {k: r[k] for k in ("accuracy", "nll", "mean_loops", "wall_ms", "mcnemar_p")}
-                           for r in pooled},
-               "wise": {r["method"]: {k: v for k, v in r.items() if k not in ("benchmark", "method")}
-                        for r in wise_summary if r["benchmark"] == tables.ALL}}
+    metrics = headline_metrics(summary, best)
     write_json(metrics, paths.ADAPTIVE_JSON)
     return {"markdown": md, "metrics": metrics}

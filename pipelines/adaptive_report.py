@@ -135,4 +135,6 @@ def adaptive_section(d: dict, figure: str, f, table) -> list[str]:
     """The report's section: the same markdown as data/retrofit/adaptive.md, one level down, and the figure."""
     md = adaptive_markdown(d["summary"], d["depth"], d["wise"], d["notes"], d["wise_settings"], f, table,
                            heading="##")
-    return [md, "", f"![accuracy vs mean loops]({figure})", ""]
+    from pipelines.report import embed  # here: pipelines.report imports this module
+
+    return [md, "", embed(figure, "accuracy vs mean loops"), ""]

@@ -124,7 +124,9 @@ def calibration_markdown(cal: dict, figure: str, p: Params, f, table) -> list[st
     L += table(["condition", *map(str, lengths)],
                [[c, *(f"{f(cells[(c, n)]['em'], 2)} / {f(cells[(c, n)]['expected_em'], 2)}"
                       for n in lengths)] for c in conds])
-    L += [f"![EM by chain length]({figure})", ""]
+    from pipelines.report import embed  # here: pipelines.report imports this module
+
+    L += [embed(figure, "EM by chain length"), ""]
     L += ["Mechanism at the question rows (default thresholds): mean measured / expected convergence step "
           "per chain length, and how many examples match exactly. Expected: τ_S = τ_A = τ_O = L + 2, "
           "τ_H = L + max(m, 1) + 1 (censored = T + 1 when a relative criterion cannot be met).", ""]

@@ -97,6 +97,9 @@ def markdown(fixed, chosen, summary, seeds, c) -> str:
 
 
 def figures(fixed, points, folder: Path) -> dict:
+    """Figure name -> its markdown line: the image, or, for a figure with no rows to draw, one
+    sentence saying so (an empty chart says nothing). A stale PNG of an undrawn figure is removed,
+    so neither calibrated.md nor `dvc plots show` shows an old run's picture."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,36 +107,52 @@ def figures(fixed, points, folder: Path) -> dict:
 
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for model, style in (("plain", "o-"), ("lma", "s-"), ("ideal", "^-")):
-        rows = [r for r in fixed if r["model"] == model]
-        if rows:
-            Ts = sorted({r["T"] for r in rows})
-            ax.plot(Ts, [st.mean(r["accuracy"] for r in rows if r["T"] == T) for T in Ts], style, label=f"{model} (measured)")
-    for model, style in (("plain", "k:"), ("ideal", "k--")):
-        rows = [r for r in fixed if r["model"] == model]
-        Ts = sorted({r["T"] for r in rows})
-        ax.plot(Ts, [st.mean(r["expected"] for r in rows if r["T"] == T) for T in Ts], style, label=f"{model} (expected)")
-    ax.set(xlabel="loops T", ylabel="accuracy (test)", title="Fixed depth on the constructed base")
-    ax.legend(fontsize=7)
-    for name, f in (("accuracy_vs_T", fig),):
-        f.tight_layout()
-        f.savefig(folder / f"{name}.png", dpi=110)
-        plt.close(f)
-        out[name] = f"figures/{name}.png"
-    for variant in ("mixed", "bimodal"):
+
+    def save(fig, name: str, key: str, alt: str) -> None:
+        fig.tight_layout()
+        fig.savefig(folder / f"{name}.png", dpi=110)
+        plt.close(fig)
+        out[key] = f"![{alt}](figures/{name}.png)"
+
+    def skip(name: str, key: str, sentence: str) -> None:
+        (folder / f"{name}.png").unlink(missing_ok=True)
+        out[key] = sentence
+
+    measured = [m for m in ("plain", "lma", "ideal") if any(r["model"] == m for r in fixed)]
+    if measured:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        pts = [r for r in points if r["variant"] == variant and r["seed"] == points[0]["seed"]]
+        for model, style in (("plain", "o-"), ("lma", "s-"), ("ideal", "^-")):
+            rows = [r for r in fixed if r["model"] == model]
+            if rows:
+                Ts = sorted({r["T"] for r in rows})
+                ax.plot(Ts, [st.mean(r["accuracy"] for r in rows if r["T"] == T) for T in Ts], style,
+                        label=f"{model} (measured)")
+        for model, style in (("plain", "k:"), ("ideal", "k--")):
+            rows = [r for r in fixed if r["model"] == model]
+            Ts = sorted({r["T"] for r in rows})
+            ax.plot(Ts, [st.mean(r["expected"] for r in rows if r["T"] == T) for T in Ts], style,
+                    label=f"{model} (expected)")
+        ax.set(xlabel="loops T", ylabel="accuracy (test)", title="Fixed depth on the constructed base")
+        ax.legend(fontsize=7)
+        save(fig, "accuracy_vs_T", "accuracy_vs_T", "accuracy_vs_T")
+    else:
+        skip("accuracy_vs_T", "accuracy_vs_T", "Accuracy vs T: no fixed-depth rows (fixed.parquet is empty).")
+    first_seed = points[0]["seed"] if points else None
+    for variant in ("mixed", "bimodal"):
+        pts = [r for r in points if r["variant"] == variant and r["seed"] == first_seed]
+        if not pts:
+            skip(f"accuracy_vs_loops_{variant}", f"loops_{variant}",
+                 f"Accuracy vs mean loops ({variant} items): no halting points for these items "
+                 "(points.parquet has no rows of them).")
+            continue
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for method in dict.fromkeys(r["method"] for r in pts):
             g = sorted((r for r in pts if r["method"] == method), key=lambda r: r["mean_loops"])
             ax.plot([r["mean_loops"] for r in g], [r["accuracy"] for r in g], "o-" if len(g) > 1 else "s",
                     label=method, markersize=4)
         ax.set(xlabel="mean loops", ylabel="accuracy (test)", title=f"Accuracy vs mean loops ({variant} items)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / f"accuracy_vs_loops_{variant}.png", dpi=110)
-        plt.close(fig)
-        out[f"loops_{variant}"] = f"figures/accuracy_vs_loops_{variant}.png"
+        save(fig, f"accuracy_vs_loops_{variant}", f"loops_{variant}", f"loops_{variant}")
     return out
 
 
@@ -213,15 +232,22 @@ def run(params: RetrofitParams, log=print) -> dict:
     write_parquet(wise, out / "wise.parquet")
     figs = figures(fixed, points, out / "figures")
     md = markdown(fixed, chosen, summary, c.seeds, c)
-    md += "\n" + "\n".join(f"![{k}]({v})" for k, v in figs.items()) + "\n"
+    md += "\n" + "\n\n".join(figs.values()) + "\n"
     write_text(md, out / "calibrated.md")
-    keys = ("fixed_mismatch", "lma_latch", "plain_after_d", "head_auc", "oracle_gap") + \
-        (("wise_mismatch", "wise_accuracy") if c.wise_n else ())
-    metrics = {}
-    for k in keys:  # nan (no LMA retrofit in the cells) is left out: JSON has no nan
-        vals = [float(s[k]) for s in summary if s[k] == s[k]]
-        metrics[k] = {"mean": st.mean(vals), "min": min(vals), "max": max(vals)} if vals else None
+    metrics = headline_metrics(summary)
     write_json(metrics, out / "calibrated.json")
+    return metrics
+
+
+def headline_metrics(summary: list[dict]) -> dict:
+    """calibrated.json (`dvc metrics show`): the mean over seeds of each summary number; the per-seed
+    values (their spread) are in summary.parquet. A number that is nan in every cell (no LMA
+    retrofit) is left out: JSON has no nan."""
+    metrics = {}
+    for k in ("fixed_mismatch", "lma_latch", "plain_after_d", "head_auc", "oracle_gap", "wise_mismatch"):
+        vals = [float(s[k]) for s in summary if k in s and s[k] == s[k]]
+        if vals:
+            metrics[k] = st.mean(vals)
     return metrics
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from pathlib import Path
 
 import markdown
@@ -47,6 +48,23 @@ def _log2_axis(ax, values) -> None:
         ax.minorticks_off()
 
 
+class NoFigure(str):
+    """What a figure function returns when its measurement has no rows: the sentence the report
+    prints in the figure's place (an empty chart would look like a result)."""
+
+
+def embed(figure: str, alt: str) -> str:
+    """The markdown line for a figure: its image, or the sentence of a figure not drawn."""
+    return str(figure) if isinstance(figure, NoFigure) else f"![{alt}]({figure})"
+
+
+def no_figure(name: str, sentence: str) -> NoFigure:
+    """Not drawn: remove the PNG an earlier run left (the report and `dvc plots show` must not show
+    an old picture) and say why."""
+    (FIG_DIR / f"{name}.png").unlink(missing_ok=True)
+    return NoFigure(sentence)
+
+
 def _save(fig, name: str) -> str:
     FIG_DIR.mkdir(parents=True, exist_ok=True)
     path = FIG_DIR / f"{name}.png"
@@ -61,6 +79,9 @@ def _save(fig, name: str) -> str:
 # -- figures -----------------------------------------------------------------------------------
 def fig_fraction_converged(fractions: list[dict], T: int) -> str:
     scopes = [s for s in ("all", "question") if any(r["scope"] == s for r in fractions)]
+    if not scopes:
+        return no_figure("fraction_converged", "No convergence figure: the `fraction_converged` table is empty "
+                                               "(no traces were summarised).")
     fig, axes = plt.subplots(1, max(1, len(scopes)), figsize=(5.5 * max(1, len(scopes)), 3.6), squeeze=False)
     for ax, scope in zip(axes[0], scopes):
         for q, label in (("S", "S: top-k support"), ("A", "A: attention (JS)"), ("H", "H: state"),
@@ -76,6 +97,8 @@ def fig_fraction_converged(fractions: list[dict], T: int) -> str:
 
 
 def fig_context(scaling: list[dict], with_paper: bool) -> str:
+    if not scaling:
+        return no_figure("density_vs_context", "No context-scaling figure: the `context_scaling` table is empty.")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     x = [r["context_length"] for r in scaling]
     ax.plot(x, [r["density"] for r in scaling], "o-", label="block density (ours)")
@@ -92,29 +115,33 @@ def fig_context(scaling: list[dict], with_paper: bool) -> str:
 
 
 def fig_speedup(timing: list[dict]) -> str:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
     ok = [r for r in timing if r["status"] == "ok" and r["source"] == "random"]
-    if ok:
-        for key, label in (("call_vs_flash", "one call vs flash"), ("call_vs_cudnn", "one call vs cuDNN"),
-                           ("reuse20_vs_flash", "build + 20 calls vs flash"),
-                           ("traj32_vs_flash", "T=32 trajectory vs flash")):
-            pts = sorted((r["n"], r[key]) for r in ok if r.get(key) is not None)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-        px = sorted(paper.LATE_REUSE_SPEEDUP)
-        ax.plot(px, [paper.LATE_REUSE_SPEEDUP[n] for n in px], "x:", color="grey",
-                label="build + 20 vs flash (paper, A6000)")
-        ax.axhline(1.0, color="black", linewidth=0.6)
-        _log2_axis(ax, [r["n"] for r in ok] + px)
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no CUDA device: attention timing was skipped", ha="center", va="center",
-                transform=ax.transAxes)
+    if not ok:
+        planned = [r for r in timing if r.get("source") == "random"]
+        why = "; ".join(sorted({r["status"] for r in planned})) or "no rows planned"
+        return no_figure("speedup_vs_context",
+                         f"Kernel timing did not run ({why}): the `timing` view has no measured rows of random "
+                         "supports, so there is no speedup figure. `dvc repro timing` on a CUDA machine measures it.")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, label in (("call_vs_flash", "one call vs flash"), ("call_vs_cudnn", "one call vs cuDNN"),
+                       ("reuse20_vs_flash", "build + 20 calls vs flash"),
+                       ("traj32_vs_flash", "T=32 trajectory vs flash")):
+        pts = sorted((r["n"], r[key]) for r in ok if r.get(key) is not None)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+    px = sorted(paper.LATE_REUSE_SPEEDUP)
+    ax.plot(px, [paper.LATE_REUSE_SPEEDUP[n] for n in px], "x:", color="grey",
+            label="build + 20 vs flash (paper, A6000)")
+    ax.axhline(1.0, color="black", linewidth=0.6)
+    _log2_axis(ax, [r["n"] for r in ok] + px)
+    ax.legend(fontsize=8)
     ax.set(xlabel="context length (tokens)", ylabel="speedup (×)", title="Block-sparse attention speedup")
     return _save(fig, "speedup_vs_context")
 
 
 def fig_delta_f1(summary: list[dict]) -> str:
     pooled = [r for r in summary if r["benchmark"] == "all" and r["context_length"] == 0 and r["condition"] != "full"]
+    if not pooled:
+        return no_figure("delta_f1_by_condition", "No ΔF1 figure: no condition besides Full has results.")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     y = range(len(pooled))
     ax.errorbar([r["delta_f1"] for r in pooled], list(y),
@@ -127,8 +154,11 @@ def fig_delta_f1(summary: list[dict]) -> str:
 
 
 def fig_block_size(sweeps: list[dict], timing: list[dict], with_paper: bool) -> str:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
     pts = sorted((r["value"], r["density"]) for r in sweeps if r["axis"] == "block_size")
+    if not pts:
+        return no_figure("block_size_tradeoff", "No block-size figure: the block-size sweep has no rows "
+                                                "(`sweep_summary` has no `axis = 'block_size'`).")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="density (ours)")
     bx = sorted(paper.BLOCK_SIZE_2K) if with_paper else []
     if with_paper:
@@ -146,6 +176,8 @@ def fig_block_size(sweeps: list[dict], timing: list[dict], with_paper: bool) -> 
 
 
 def fig_jaccard(mean_rows: list[dict], t_d: int) -> str:
+    if not mean_rows:
+        return no_figure("rolling_jaccard", "No stability figure: no traces to build the working set from.")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot([r["step"] for r in mean_rows], [r["mean_jaccard"] for r in mean_rows], "o-", markersize=3,
             label="mean J(W(t-1), W(t))")
@@ -223,7 +255,7 @@ def build_markdown(p: Params, d: dict) -> str:
     else:
         L += [paper.pointer("controls on HotpotQA, N=100", "CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS",
                             cmp["controls"]), ""]
-    L += [f"![ΔF1 by condition]({d['figures']['delta_f1']})", ""]
+    L += [embed(d["figures"]["delta_f1"], "ΔF1 by condition"), ""]
 
     L += ["## Table 2 — attention timing", ""]
     attention = [r for r in d["timing"] if r.get("source") != "whole_model"]
@@ -239,7 +271,7 @@ def build_markdown(p: Params, d: dict) -> str:
         statuses = sorted({r["status"] for r in attention})
         L += [f"Not measured on this machine ({', '.join(statuses)}); {len(attention)} planned rows are in "
               "the `timing` view. Run `dvc repro timing` on a CUDA machine.", ""]
-    L += [f"![speedup]({d['figures']['speedup']})", ""]
+    L += [embed(d["figures"]["speedup"], "speedup"), ""]
     from pipelines.timing_report import whole_model_markdown
 
     L += whole_model_markdown([r for r in d["timing"] if r.get("source") == "whole_model"], f, table)
@@ -258,7 +290,7 @@ def build_markdown(p: Params, d: dict) -> str:
             if b in p.cohorts.benchmarks), ""]
     else:
         L += [paper.pointer("mechanism means on HotpotQA and GSM8K", "MECHANISM", cmp["mechanism"]), ""]
-    L += [f"![fraction converged]({d['figures']['fraction']})", ""]
+    L += [embed(d["figures"]["fraction"], "fraction converged"), ""]
 
     st = d["stability"]
     L += ["## Stability of the deployed working set", ""]
@@ -272,7 +304,7 @@ def build_markdown(p: Params, d: dict) -> str:
                        str(v)] + (["–"] if with_paper else []) for k, v in st.items() if k.startswith("first_step")]])
         if not with_paper:
             L += [paper.pointer("working-set stability", "ROLLING_JACCARD_AT_12, JACCARD_W12_W32", cmp["stability"]), ""]
-    L += [f"![rolling Jaccard]({d['figures']['jaccard']})", ""]
+    L += [embed(d["figures"]["jaccard"], "rolling Jaccard"), ""]
 
     L += ["## Tables 7–9 — sweeps (η, t_d, w, B)", "",
           f"WISE vs Full on the first {p.sweeps.examples_per_benchmark} examples per benchmark at "
@@ -295,7 +327,7 @@ def build_markdown(p: Params, d: dict) -> str:
         L += [paper.pointer("η study, density and future mass", "ETA", cmp["eta"]), ""]
     if cmp["block_size"]:
         L += [paper.pointer("block-size study at 2K, density and speedup", "BLOCK_SIZE_2K", cmp["block_size"]), ""]
-    L += [f"![block size]({d['figures']['block_size']})", ""]
+    L += [embed(d["figures"]["block_size"], "block size"), ""]
 
     L += ["## Context scaling", ""]
     context_paper = not cmp["context"]
@@ -313,7 +345,7 @@ def build_markdown(p: Params, d: dict) -> str:
     if not context_paper:
         L += [paper.pointer("context scaling on HotpotQA, N=30 per length", "CONTEXT_SCALING",
                             cmp["context"]), ""]
-    L += [f"![density vs context]({d['figures']['context']})", ""]
+    L += [embed(d["figures"]["context"], "density vs context"), ""]
     if d.get("recurtrace_calibrated"):  # RecurTrace opens with measured beside expected
         L += ["## RecurTrace with known answers (stage recurtrace_calibrated)", "", d["recurtrace_calibrated"], ""]
     if d.get("adaptive"):
@@ -321,13 +353,37 @@ def build_markdown(p: Params, d: dict) -> str:
     return "\n".join(L)
 
 
+# The page's stylesheet: tables with borders, padding and zebra rows, numbers right-aligned (cells
+# marked by _mark_numbers), a wide table scrolls on its own instead of widening the page, and figures
+# span the text width.
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;line-height:1.45;color:#222;
+max-width:1100px;margin:2em auto;padding:0 1em}
+h1,h2,h3{line-height:1.2}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;font-size:13px;margin:.8em 0;display:block;overflow-x:auto;max-width:100%}
+th,td{border:1px solid #ccc;padding:4px 8px;vertical-align:top}
+th{background:#f0f0f0;text-align:left}
+tbody tr:nth-child(even){background:#f8f8f8}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+img{display:block;width:100%;max-width:100%;height:auto;margin:.8em 0}
+code{background:#f4f4f4;padding:0 .2em;border-radius:3px}
+pre{background:#f4f4f4;padding:.6em;overflow-x:auto}
+""".strip()
+
+# a cell that holds only a number, an interval, a ratio or the "–" of a missing number
+_NUMBER_CELL = re.compile(r"<td>([-+−–]?[0-9.,eE×%]*[0-9][-+−–0-9.,eE×%\[\] /]*|–)</td>")
+
+
+def _mark_numbers(body: str) -> str:
+    return _NUMBER_CELL.sub(r'<td class="num">\1</td>', body)
+
+
 def markdown_to_html(md: str, title: str = "WISE report") -> str:
-    """The report's markdown as one HTML page (Python-Markdown with its pipe-table extension)."""
-    body = markdown.markdown(md, extensions=["tables"], output_format="html")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;"
-             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{max-width:640px}")
+    """The report's markdown as one HTML page (Python-Markdown with its pipe-table extension) with
+    its stylesheet (STYLE)."""
+    body = _mark_numbers(markdown.markdown(md, extensions=["tables"], output_format="html"))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
+            f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
 
 
 def write_report(p: Params, d: dict, family: str | None) -> None:
@@ -341,10 +397,19 @@ def write_report(p: Params, d: dict, family: str | None) -> None:
         "block_size": fig_block_size(d["sweeps"], d["timing"], not d["paper"]["block_size"]),
         "jaccard": fig_jaccard(d["jaccard_mean"], p.wise.discovery_step),
     }
+    # the calibration and adaptive sections are left out when their tables are absent; present but
+    # empty, they say so in place of the figure
     if d.get("calibration"):
-        d["figures"]["calibration"] = fig_calibration(d["calibration"], _save, plt, p.wise.discovery_step)
+        d["figures"]["calibration"] = fig_calibration(d["calibration"], _save, plt, p.wise.discovery_step) \
+            if d["calibration"]["by_hops"] else no_figure("calibration_em", "No calibration figure: no rows by chain length.")
+    else:
+        no_figure("calibration_em", "")
     if d.get("adaptive"):
-        d["figures"]["adaptive"] = fig_accuracy_vs_loops(d["adaptive"]["summary"], _save, plt)
+        d["figures"]["adaptive"] = fig_accuracy_vs_loops(d["adaptive"]["summary"], _save, plt) \
+            if any(r["benchmark"] == "all" for r in d["adaptive"]["summary"]) else \
+            no_figure("adaptive_accuracy_vs_loops", "No accuracy-vs-loops figure: `adaptive_summary` has no pooled rows.")
+    else:
+        no_figure("adaptive_accuracy_vs_loops", "")
     md = build_markdown(p, d)
     write_text(md, "data/report/report.md")
     write_text(markdown_to_html(md), "data/report/report.html")

@@ -1,11 +1,12 @@
 """Stage `retrofit_eval`: the fixed-depth table of the LMA and the plain retrofit.
 
-    python -m stages.retrofit_eval       # -> data/retrofit/fixed_depth{_examples.parquet,.parquet,.json,.md}
+    python -m stages.retrofit_eval       # -> data/retrofit/fixed_depth{_examples.parquet,.parquet,.json,_recipe.json,.md}
 
 Accuracy and teacher-forced NLL of the gold answer at each T of `retrofit.eval.depths`, on the
 test split of `retrofit.eval.benchmarks`, next to the base (wise/looped/evaluate.py). The table
-is kept when data/retrofit/fixed_depth.json already holds the table of exactly these eval params
-and checkpoints (unless --recompute); otherwise it is computed here (CPU or GPU).
+is kept when data/retrofit/fixed_depth_recipe.json already holds the table of exactly these eval
+params and checkpoints (unless --recompute); otherwise it is computed here (CPU or GPU).
+fixed_depth.json, the DVC metrics file, holds per retrofit the best fixed depth and its accuracy.
 """
 from __future__ import annotations
 

@@ -110,6 +110,20 @@ def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
         assert w["wise_tiles"] <= w["full_tiles"] or w["wise_depth"] > w["full_depth"]
 
 
+def test_metrics_json_is_accuracy_and_mean_loops_of_the_best_fixed_depth_and_each_rule(run):
+    """adaptive.json (`dvc metrics show`): the pooled accuracy and mean loops of the best fixed depth
+    (under a fixed key) and of each adaptive rule, equal to the summary table's; nothing else."""
+    summary = pq.read_table(run / "data/retrofit/adaptive_summary.parquet").to_pylist()
+    card = json.loads((run / "data/models/tiny-halting/halting.json").read_text())
+    best = f"fixed@{card['best_fixed_depth']}"
+    pooled = {("best_fixed" if r["method"] == best else r["method"]): r for r in summary
+              if r["benchmark"] == "all" and (r["kind"] != "fixed" or r["method"] == best)}
+    assert set(pooled) == {"best_fixed", "halting", "confidence", "act", "pondernet", "stability", "oracle_correct"}
+    metrics = json.loads((run / "data/retrofit/adaptive.json").read_text())
+    assert metrics == {k: {m: r[k] for m, r in pooled.items()} for k in ("accuracy", "mean_loops")}
+    assert metrics["mean_loops"]["best_fixed"] == card["best_fixed_depth"]
+
+
 def test_the_report_section_reads_the_views(run, monkeypatch):
     from pipelines.adaptive_report import adaptive_data, adaptive_section, fig_accuracy_vs_loops
     from pipelines.db import connect_views

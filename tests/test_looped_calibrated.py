@@ -206,3 +206,27 @@ def test_lma_retrofit_latches_unless_its_gate_is_shut(gate, monkeypatch):
         monkeypatch.setattr(LoopMemoryAttention, "forward", lambda self, memory, distance: torch.zeros_like(memory[:, :, 0]))
     latched = latch_accuracy(lma) > plain + 0.2
     assert latched == (gate == "open")
+
+
+def test_calibrated_metrics_are_seed_means_and_missing_points_are_a_sentence(tmp_path):
+    """calibrated.json holds one number per summary quantity (the mean over seeds; the spread is in
+    summary.parquet), leaving out one that is nan in every cell; a figure with no rows is a sentence
+    in calibrated.md, not an empty chart, and its stale PNG is removed."""
+    from pipelines.recurtrace_calibrated import figures, headline_metrics
+
+    nan = float("nan")
+    summary = [{"seed": s, "fixed_mismatch": 0, "lma_latch": latch, "plain_after_d": 0.0, "head_auc": nan,
+                "oracle_gap": gap} for s, latch, gap in ((0, 0.25, 0.1), (1, 0.75, 0.3))]
+    got = headline_metrics(summary)
+    assert set(got) == {"fixed_mismatch", "lma_latch", "plain_after_d", "oracle_gap"}
+    assert got["lma_latch"] == 0.5 and got["oracle_gap"] == pytest.approx(0.2)
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    (folder / "accuracy_vs_loops_bimodal.png").write_bytes(b"an earlier run's figure")
+    fixed = [{"model": "plain", "T": t, "accuracy": 0.5, "expected": 0.5} for t in (1, 2)]
+    points = [{"seed": 0, "variant": "mixed", "method": "halting", "accuracy": 0.5, "mean_loops": 1.5}]
+    lines = figures(fixed, points, folder)
+    assert lines["accuracy_vs_T"] == "![accuracy_vs_T](figures/accuracy_vs_T.png)"
+    assert lines["loops_mixed"] == "![loops_mixed](figures/accuracy_vs_loops_mixed.png)"
+    assert lines["loops_bimodal"].startswith("Accuracy vs mean loops (bimodal items): no halting points")
+    assert sorted(p.name for p in folder.iterdir()) == ["accuracy_vs_T.png", "accuracy_vs_loops_mixed.png"]

@@ -3,6 +3,7 @@ paper's numbers stand beside ours only where the run's setting matches the paper
 the table's benchmark, T / t_d / w / B / eta), elsewhere one line points to
 pipelines/paper_reference.py and says what differs; it says what the bootstrap resampled."""
 import dataclasses
+from html.parser import HTMLParser
 import re
 from pathlib import Path
 
@@ -88,11 +89,78 @@ def test_html_has_every_table_image_and_heading():
     tables = re.findall(r"<table>.*?</table>", page, re.S)
     assert len(tables) == 2
     assert re.findall(r"<th>(.*?)</th>", tables[0]) == ["condition", "F1", "ΔF1 [CI]"]
-    assert re.findall(r"<td>(.*?)</td>", tables[0])[3:6] == ["wise", "0.480", "-0.020 [-0.050, +0.010]"]
-    assert re.findall(r"<td>(.*?)</td>", tables[1]) == ["512", "0.25"]
+    assert re.findall(r"<td[^>]*>(.*?)</td>", tables[0])[3:6] == ["wise", "0.480", "-0.020 [-0.050, +0.010]"]
+    assert re.findall(r"<td[^>]*>(.*?)</td>", tables[1]) == ["512", "0.25"]
     assert re.findall(r'<img alt="([^"]*)" src="([^"]*)"', page) == [
         ("ΔF1 by condition", "figures/delta_f1_by_condition.png"),
         ("density vs context", "figures/context_scaling.png")]
     assert re.findall(r"<h2>(.*?)</h2>", page) == ["Table 1 — controls", "Context scaling"]
     assert "<em>paper</em>" in page and "<strong>0</strong>" in page
     assert "<code>wise.calibration</code>" in page
+
+
+class _Page(HTMLParser):
+    """The page's stylesheet text and image sources."""
+
+    def __init__(self):
+        super().__init__()
+        self.style, self.images, self._in_style = "", [], False
+
+    def handle_starttag(self, tag, attrs):
+        self._in_style = tag == "style"
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_endtag(self, tag):
+        self._in_style = False
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.style += data
+
+
+def test_html_has_the_stylesheet_and_right_aligns_numbers():
+    page = _Page()
+    page.feed(markdown_to_html(MD))
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", page.style.replace("\n", "")))
+    assert "width:100%" in rules["img"] and "max-width:100%" in rules["img"]  # figures at full width
+    assert "border" in rules["th,td"] and "padding" in rules["th,td"]
+    assert "background" in rules["tbody tr:nth-child(even)"]  # zebra rows
+    assert "text-align:right" in rules["td.num"]
+    cells = re.findall(r"<td( class=\"num\")?>(.*?)</td>", markdown_to_html(MD))
+    assert [(c, bool(num)) for num, c in cells][:6] == [
+        ("full", False), ("0.500", True), ("+0.000 [+0.000, +0.000]", True),
+        ("wise", False), ("0.480", True), ("-0.020 [-0.050, +0.010]", True)]
+
+
+def test_a_measurement_with_no_rows_is_a_sentence_not_an_empty_figure(tmp_path, monkeypatch):
+    """Kernel timing skipped (no CUDA), no sweeps, no traces for the working set, no context rows:
+    the report's HTML has no <img> of those figures (and the PNGs an earlier run left are gone),
+    one sentence each in their place; the figures with rows are drawn and embedded."""
+    from pipelines.report import write_report
+
+    monkeypatch.chdir(tmp_path)
+    p = load_params(ROOT / "params.yaml", check_model=False)
+    p = dataclasses.replace(p, statistics=dataclasses.replace(p.statistics, bootstrap_resamples=100))
+    stale = tmp_path / "data/report/figures"
+    stale.mkdir(parents=True)
+    for name in ("speedup_vs_context", "block_size_tradeoff", "rolling_jaccard", "density_vs_context"):
+        (stale / f"{name}.png").write_bytes(b"an earlier run's figure")
+    timing = [{"source": "random", "status": "skipped: no CUDA", "label": "random_16", "n": 512, "block_size": 16}]
+    fractions = [{"scope": "all", "quantity": q, "step": t, "fraction_converged": t / 4}
+                 for q in "SAHO" for t in range(1, 5)]
+    d = {"summary": _summary(p, "synthchain"), "timing": timing, "convergence": [], "fractions": fractions,
+         "stability": {}, "jaccard_mean": [], "sweeps": [], "scaling": [], "calibration": None, "adaptive": None,
+         "recurtrace_calibrated": None}
+    write_report(p, d, family="wise-chain")
+    html_text = (tmp_path / "data/report/report.html").read_text()
+    page = _Page()
+    page.feed(html_text)
+    assert page.style and "img{" in page.style
+    assert sorted(page.images) == ["figures/delta_f1_by_condition.png", "figures/fraction_converged.png"]
+    for src in page.images:
+        assert (tmp_path / "data/report" / src).stat().st_size > 1000  # a drawn PNG
+    assert sorted(x.name for x in stale.iterdir()) == ["delta_f1_by_condition.png", "fraction_converged.png"]
+    assert "Kernel timing did not run (skipped: no CUDA)" in html_text
+    for sentence in ("No block-size figure", "No stability figure", "No context-scaling figure"):
+        assert html_text.count(sentence) == 1, sentence

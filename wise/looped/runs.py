@@ -13,13 +13,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Sequence
 
 from wise.looped.recipe import RetrofitParams
 from wise.looped.tables import write_json, write_parquet, write_text
 
 RECIPE = "train_recipe.json"
+# "json" is the stage's DVC metrics file (a few headline numbers, fixed_depth_headline); "recipe"
+# holds what the table was computed from (the recipe that decides whether it is kept, the safe-floor
+# check, the run info), which `dvc metrics show` should not print.
 TABLE_FILES = {"examples": "fixed_depth_examples.parquet", "summary": "fixed_depth.parquet",
-               "json": "fixed_depth.json", "markdown": "fixed_depth.md"}
+               "json": "fixed_depth.json", "recipe": "fixed_depth_recipe.json", "markdown": "fixed_depth.md"}
 
 
 def _same(path: Path, recipe: dict) -> bool:
@@ -91,22 +95,56 @@ def table_recipe(params: RetrofitParams, folders: dict) -> dict:
             "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}
 
 
+def fixed_depth_headline(summary: Sequence[dict]) -> dict:
+    """fixed_depth.json: per retrofit, the fixed depth T with the best accuracy pooled over the
+    benchmarks (weighted by n; a tie goes to the smaller T) and that accuracy. The whole table is
+    fixed_depth.parquet."""
+    out = {}
+    for variant in sorted({r["variant"] for r in summary if r["T"] is not None}):
+        pooled = {}
+        for T in sorted({r["T"] for r in summary if r["variant"] == variant and r["T"] is not None}):
+            rows = [r for r in summary if r["variant"] == variant and r["T"] == T]
+            pooled[T] = sum(r["accuracy"] * r["n"] for r in rows) / sum(r["n"] for r in rows)
+        best = max(pooled, key=lambda T: (pooled[T], -T))
+        out[variant] = {"best_T": int(best), "accuracy": pooled[best]}
+    return out
+
+
+def _stored_table(out: Path) -> dict | None:
+    """{"recipe", "floor", "info"} of the table in `out`: fixed_depth_recipe.json, or the
+    fixed_depth.json of a table written before the two were split (it held them too)."""
+    for name in (TABLE_FILES["recipe"], TABLE_FILES["json"]):
+        path = out / name
+        if path.is_file():
+            stored = json.loads(path.read_text())
+            if "recipe" in stored:
+                return {k: stored.get(k) for k in ("recipe", "floor", "info")}
+    return None
+
+
 def ensure_table(params: RetrofitParams, folders: dict, out: str | Path, device: str = "cpu",
                  base_folder: str | Path | None = None, recompute: bool = False) -> dict | None:
-    """Evaluate into `out` (the four TABLE_FILES) unless it holds the table of this recipe."""
+    """Evaluate into `out` (the five TABLE_FILES) unless it holds the table of this recipe. A kept
+    table gets its headline and recipe files rewritten from what is stored (a table from before
+    they were split is brought to the current layout without evaluating again)."""
+    import pyarrow.parquet as pq
+
     from wise.looped.evaluate import evaluate_checkpoints, markdown_table
 
     out, recipe = Path(out), table_recipe(params, folders)
-    path = out / TABLE_FILES["json"]
-    if not recompute and path.is_file() and json.loads(path.read_text()).get("recipe") == json.loads(json.dumps(recipe)):
+    stored, summary_path = _stored_table(out), out / TABLE_FILES["summary"]
+    if not recompute and stored is not None and stored["recipe"] == json.loads(json.dumps(recipe)) \
+            and summary_path.is_file():
+        write_json(stored, out / TABLE_FILES["recipe"])
+        write_json(fixed_depth_headline(pq.read_table(summary_path).to_pylist()), out / TABLE_FILES["json"])
         return None
     result = evaluate_checkpoints(params, folders, device=device, base_folder=base_folder)
     write_parquet(result["examples"], out / TABLE_FILES["examples"])
     write_parquet(result["summary"], out / TABLE_FILES["summary"])
     table = markdown_table(result["summary"])
     write_text(table + "\n", out / TABLE_FILES["markdown"])
-    write_json({"recipe": recipe, "summary": result["summary"], "floor": result["floor"], "info": result["info"]},
-               path)
+    write_json({"recipe": recipe, "floor": result["floor"], "info": result["info"]}, out / TABLE_FILES["recipe"])
+    write_json(fixed_depth_headline(result["summary"]), out / TABLE_FILES["json"])
     return {**result, "table": table}
 
 
