@@ -123,7 +123,7 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
 
 
 def headline_metrics(summary: list[dict], best: str) -> dict:
-    """data/retrofit/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
+    """data/retrofit/<retrofit.name>/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
     fixed depth (under the key ``best_fixed``, so the columns stay when another depth wins; its mean
     loops is that depth) and of each adaptive method. The other fixed depths, NLL, wall time,
     McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary views."""
@@ -164,17 +164,18 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     wise_rows = _wise_rows(model, _first(rows, ad.wise_examples), rules, decided, h, ad, spec)
     wise_summary = tables.wise_summary(wise_rows)
 
-    write_parquet(loop_rows("test", trajs, heads, h.delta), paths.ADAPTIVE_LOOPS, schemas.HALTING_LOOPS)
-    write_parquet(examples, paths.ADAPTIVE_EXAMPLES, schemas.ADAPTIVE_EXAMPLES)
-    write_parquet(summary, paths.ADAPTIVE_SUMMARY, schemas.ADAPTIVE_SUMMARY)
-    write_parquet(depth, paths.ADAPTIVE_DEPTH, schemas.ADAPTIVE_DEPTH)
-    write_parquet(hist, paths.ADAPTIVE_HISTOGRAM, schemas.ADAPTIVE_HISTOGRAM)
-    write_parquet(wise_rows, paths.ADAPTIVE_WISE, schemas.ADAPTIVE_WISE)
-    write_parquet(wise_summary, paths.ADAPTIVE_WISE_SUMMARY, schemas.ADAPTIVE_WISE_SUMMARY)
+    out = paths.retrofit_tables(params.name)
+    write_parquet(loop_rows("test", trajs, heads, h.delta), out / paths.ADAPTIVE_LOOPS, schemas.HALTING_LOOPS)
+    write_parquet(examples, out / paths.ADAPTIVE_EXAMPLES, schemas.ADAPTIVE_EXAMPLES)
+    write_parquet(summary, out / paths.ADAPTIVE_SUMMARY, schemas.ADAPTIVE_SUMMARY)
+    write_parquet(depth, out / paths.ADAPTIVE_DEPTH, schemas.ADAPTIVE_DEPTH)
+    write_parquet(hist, out / paths.ADAPTIVE_HISTOGRAM, schemas.ADAPTIVE_HISTOGRAM)
+    write_parquet(wise_rows, out / paths.ADAPTIVE_WISE, schemas.ADAPTIVE_WISE)
+    write_parquet(wise_summary, out / paths.ADAPTIVE_WISE_SUMMARY, schemas.ADAPTIVE_WISE_SUMMARY)
     md = adaptive_markdown(summary, depth, wise_summary, notes_from_card(card, params.eval.n),
                            {"t_d": ad.wise_discovery_step, "w": ad.wise_window, "B": ad.wise_block_size,
                             "eta": ad.wise_eta}, f, table)
-    write_text(md + "\n", paths.ADAPTIVE_MD)
+    write_text(md + "\n", out / paths.ADAPTIVE_MD)
     metrics = headline_metrics(summary, best)
-    write_json(metrics, paths.ADAPTIVE_JSON)
+    write_json(metrics, out / paths.ADAPTIVE_JSON)
     return {"markdown": md, "metrics": metrics}

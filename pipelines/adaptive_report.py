@@ -1,6 +1,6 @@
 """The adaptive-depth section (RecurTrace part 2): the table of every method, McNemar against the
 best fixed depth, depth vs difficulty, WISE under adaptive depth, and the figure of accuracy vs
-mean loops. One writer for both places it appears: data/retrofit/adaptive.md (stage adaptive_eval)
+mean loops. One writer for both places it appears: data/retrofit/<retrofit.name>/adaptive.md (stage adaptive_eval)
 and the report's section (stage statistics, from the views)."""
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def adaptive_data(con) -> dict | None:
 
 
 def adaptive_section(d: dict, figure: str, f, table) -> list[str]:
-    """The report's section: the same markdown as data/retrofit/adaptive.md, one level down, and the figure."""
+    """The report's section: the same markdown as data/retrofit/<retrofit.name>/adaptive.md, one level down, and the figure."""
     md = adaptive_markdown(d["summary"], d["depth"], d["wise"], d["notes"], d["wise_settings"], f, table,
                            heading="##")
     from pipelines.report import embed  # here: pipelines.report imports this module

@@ -123,6 +123,7 @@ def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
             "examples": {k: len(v) for k, v in trajs.items()}}
     H.save_heads(heads, card, params.halting_out())
     loops = [row for name, tr in trajs.items() for row in loop_rows(name, tr, heads, h.delta)]
-    write_parquet(loops, paths.HALTING_LOOPS, schemas.HALTING_LOOPS)
-    write_parquet(selection, paths.HALTING_SELECTION, schemas.HALTING_SELECTION)
+    out = paths.retrofit_tables(params.name)
+    write_parquet(loops, out / paths.HALTING_LOOPS, schemas.HALTING_LOOPS)
+    write_parquet(selection, out / paths.HALTING_SELECTION, schemas.HALTING_SELECTION)
     return card

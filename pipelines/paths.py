@@ -17,18 +17,29 @@ STATS_DIR = DATA / "stats"
 METRICS_JSON = DATA / "metrics.json"
 SUMMARY_MD = DATA / "report" / "summary.md"
 DUCKDB = DATA / "wise.duckdb"
-RETROFIT_DIR = DATA / "retrofit"  # RecurTrace tables (wise.looped, wise.adaptive)
-HALTING_LOOPS = RETROFIT_DIR / "halting_loops.parquet"
-HALTING_SELECTION = RETROFIT_DIR / "halting_selection.parquet"
-ADAPTIVE_LOOPS = RETROFIT_DIR / "adaptive_loops.parquet"
-ADAPTIVE_EXAMPLES = RETROFIT_DIR / "adaptive_examples.parquet"
-ADAPTIVE_SUMMARY = RETROFIT_DIR / "adaptive_summary.parquet"
-ADAPTIVE_DEPTH = RETROFIT_DIR / "adaptive_depth.parquet"
-ADAPTIVE_HISTOGRAM = RETROFIT_DIR / "adaptive_histogram.parquet"
-ADAPTIVE_WISE = RETROFIT_DIR / "adaptive_wise.parquet"
-ADAPTIVE_WISE_SUMMARY = RETROFIT_DIR / "adaptive_wise_summary.parquet"
-ADAPTIVE_MD = RETROFIT_DIR / "adaptive.md"
-ADAPTIVE_JSON = RETROFIT_DIR / "adaptive.json"
+RETROFIT_DIR = DATA / "retrofit"  # RecurTrace tables (wise.looped, wise.adaptive), one folder per retrofit name
+# Files of a retrofit's folder, data/retrofit/<retrofit.name>/ (retrofit_tables), so presets never
+# overwrite each other's tables.
+HALTING_LOOPS = "halting_loops.parquet"
+HALTING_SELECTION = "halting_selection.parquet"
+ADAPTIVE_LOOPS = "adaptive_loops.parquet"
+ADAPTIVE_EXAMPLES = "adaptive_examples.parquet"
+ADAPTIVE_SUMMARY = "adaptive_summary.parquet"
+ADAPTIVE_DEPTH = "adaptive_depth.parquet"
+ADAPTIVE_HISTOGRAM = "adaptive_histogram.parquet"
+ADAPTIVE_WISE = "adaptive_wise.parquet"
+ADAPTIVE_WISE_SUMMARY = "adaptive_wise_summary.parquet"
+ADAPTIVE_MD = "adaptive.md"
+ADAPTIVE_JSON = "adaptive.json"
+
+
+def retrofit_tables(name: str) -> Path:
+    """data/retrofit/<name>/: the fixed-depth, halting and adaptive-depth tables of retrofit `name`."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"retrofit name {name!r}: must be a plain folder name")
+    return RETROFIT_DIR / name
+
+
 # the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
 RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
 
@@ -50,13 +61,13 @@ VIEWS = {
     "stability": STATS_DIR / "stability.parquet",
     "sweep_summary": STATS_DIR / "sweep_summary.parquet",
     "context_scaling": STATS_DIR / "context_scaling.parquet",
-    "halting_loops": HALTING_LOOPS,
-    "halting_selection": HALTING_SELECTION,
-    "adaptive_loops": ADAPTIVE_LOOPS,
-    "adaptive_examples": ADAPTIVE_EXAMPLES,
-    "adaptive_summary": ADAPTIVE_SUMMARY,
-    "adaptive_depth": ADAPTIVE_DEPTH,
-    "adaptive_histogram": ADAPTIVE_HISTOGRAM,
-    "adaptive_wise": ADAPTIVE_WISE,
-    "adaptive_wise_summary": ADAPTIVE_WISE_SUMMARY,
+    "halting_loops": RETROFIT_DIR / "*" / HALTING_LOOPS,
+    "halting_selection": RETROFIT_DIR / "*" / HALTING_SELECTION,
+    "adaptive_loops": RETROFIT_DIR / "*" / ADAPTIVE_LOOPS,
+    "adaptive_examples": RETROFIT_DIR / "*" / ADAPTIVE_EXAMPLES,
+    "adaptive_summary": RETROFIT_DIR / "*" / ADAPTIVE_SUMMARY,
+    "adaptive_depth": RETROFIT_DIR / "*" / ADAPTIVE_DEPTH,
+    "adaptive_histogram": RETROFIT_DIR / "*" / ADAPTIVE_HISTOGRAM,
+    "adaptive_wise": RETROFIT_DIR / "*" / ADAPTIVE_WISE,
+    "adaptive_wise_summary": RETROFIT_DIR / "*" / ADAPTIVE_WISE_SUMMARY,
 }

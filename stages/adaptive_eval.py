@@ -1,6 +1,6 @@
 """Stage `adaptive_eval`: every depth rule on the fixed-depth table's test rows.
 
-    python -m stages.adaptive_eval     # -> data/retrofit/adaptive_*.parquet, data/retrofit/adaptive.{md,json}
+    python -m stages.adaptive_eval     # -> data/retrofit/<retrofit.name>/adaptive_*.parquet, adaptive.{md,json}
 
 Accuracy, mean loops and wall time per example of every fixed depth, the halting head, the
 confidence rule, ACT, PonderNet and the two oracles; exact McNemar against the best fixed depth;

@@ -1,7 +1,7 @@
 """Stage `train_halting`: the halting heads on the frozen retrofit, and their held-out thresholds.
 
     python -m stages.train_halting     # -> data/models/<retrofit.name>-halting/{heads.safetensors,halting.json}
-                                       #    data/retrofit/halting_{loops,selection}.parquet
+                                       #    data/retrofit/<retrofit.name>/halting_{loops,selection}.parquet
 
 Trajectories of retrofit.eval's benchmarks (train and validation splits, retrofit.halting's sizes),
 the oracle-distilled halting head, ACT and PonderNet fitted with the retrofit frozen, τ and the

@@ -68,27 +68,28 @@ def test_every_artifact_has_exactly_its_schema(run):
 
     for view in ("halting_loops", "halting_selection", "adaptive_loops", "adaptive_examples", "adaptive_summary",
                  "adaptive_depth", "adaptive_histogram", "adaptive_wise", "adaptive_wise_summary"):
-        got = pq.read_schema(run / paths.VIEWS[view])
+        [path] = run.glob(paths.VIEWS[view].as_posix())  # data/retrofit/<retrofit.name>/...
+        got = pq.read_schema(path)
         assert got.equals(schemas.BY_VIEW[view]), view
-    assert (run / paths.ADAPTIVE_MD).read_text().startswith("# RecurTrace — adaptive depth")
+    assert (run / "data/retrofit/tiny" / paths.ADAPTIVE_MD).read_text().startswith("# RecurTrace — adaptive depth")
 
 
 def test_the_card_and_the_selection(run):
     card = json.loads((run / "data/models/tiny-halting/halting.json").read_text())
     assert card["examples"] == {"train": 6, "heldout": 6} and (card["t_min"], card["t_max"]) == (2, 4)
-    sel = pq.read_table(run / "data/retrofit/halting_selection.parquet").to_pylist()
+    sel = pq.read_table(run / "data/retrofit/tiny/halting_selection.parquet").to_pylist()
     chosen = {r["rule"]: r for r in sel if r["chosen"]}
     assert set(chosen) == {"fixed", "halting", "confidence"}
     assert chosen["halting"]["threshold"] == card["tau"] and chosen["fixed"]["T"] == card["best_fixed_depth"]
-    loops = pq.read_table(run / "data/retrofit/halting_loops.parquet").to_pylist()
+    loops = pq.read_table(run / "data/retrofit/tiny/halting_loops.parquet").to_pylist()
     assert len(loops) == 12 * 4 and all((r["label"] is None) == (r["loop"] == 4) for r in loops)
 
 
 def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
     from wise.stats import mcnemar
 
-    examples = pq.read_table(run / "data/retrofit/adaptive_examples.parquet").to_pylist()
-    summary = pq.read_table(run / "data/retrofit/adaptive_summary.parquet").to_pylist()
+    examples = pq.read_table(run / "data/retrofit/tiny/adaptive_examples.parquet").to_pylist()
+    summary = pq.read_table(run / "data/retrofit/tiny/adaptive_summary.parquet").to_pylist()
     methods = {r["method"] for r in examples}
     assert methods == {"fixed@1", "fixed@2", "fixed@3", "fixed@4", "halting", "confidence", "act", "pondernet",
                        "stability", "oracle_correct"}
@@ -102,7 +103,7 @@ def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
     # the ceiling is never below any method (it answers from the first right loop)
     acc = {s["method"]: s["accuracy"] for s in summary if s["benchmark"] == "all"}
     assert acc["oracle_correct"] == max(acc.values())
-    wise = pq.read_table(run / "data/retrofit/adaptive_wise.parquet").to_pylist()
+    wise = pq.read_table(run / "data/retrofit/tiny/adaptive_wise.parquet").to_pylist()
     assert {r["method"] for r in wise} == {"halting", "act", "pondernet"} and len(wise) == 3 * 4
     by = {(r["example_id"], r["method"]): r for r in examples}
     for w in wise:
@@ -113,13 +114,13 @@ def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
 def test_metrics_json_is_accuracy_and_mean_loops_of_the_best_fixed_depth_and_each_rule(run):
     """adaptive.json (`dvc metrics show`): the pooled accuracy and mean loops of the best fixed depth
     (under a fixed key) and of each adaptive rule, equal to the summary table's; nothing else."""
-    summary = pq.read_table(run / "data/retrofit/adaptive_summary.parquet").to_pylist()
+    summary = pq.read_table(run / "data/retrofit/tiny/adaptive_summary.parquet").to_pylist()
     card = json.loads((run / "data/models/tiny-halting/halting.json").read_text())
     best = f"fixed@{card['best_fixed_depth']}"
     pooled = {("best_fixed" if r["method"] == best else r["method"]): r for r in summary
               if r["benchmark"] == "all" and (r["kind"] != "fixed" or r["method"] == best)}
     assert set(pooled) == {"best_fixed", "halting", "confidence", "act", "pondernet", "stability", "oracle_correct"}
-    metrics = json.loads((run / "data/retrofit/adaptive.json").read_text())
+    metrics = json.loads((run / "data/retrofit/tiny/adaptive.json").read_text())
     assert metrics == {k: {m: r[k] for m, r in pooled.items()} for k in ("accuracy", "mean_loops")}
     assert metrics["mean_loops"]["best_fixed"] == card["best_fixed_depth"]
 
@@ -143,6 +144,6 @@ def test_the_report_section_reads_the_views(run, monkeypatch):
     assert text.startswith("## RecurTrace — adaptive depth") and "| oracle_correct |" in text
     assert (run / "data/report" / figure).is_file()
     # the same text as the stage's own markdown, from the card there and from the views here
-    stage = (run / "data/retrofit/adaptive.md").read_text().rstrip("\n")
+    stage = (run / "data/retrofit/tiny/adaptive.md").read_text().rstrip("\n")
     section = adaptive_section(d, figure, f, table)[0]
     assert stage.split("\n", 1)[1] == section.split("\n", 1)[1].rstrip("\n")

@@ -139,21 +139,21 @@ def test_smoke_run_writes_checkpoints_and_table(smoke_run):
         assert summary["steps"] == 3 and summary["added_fraction"] <= 0.025
         model = load_checkpoint(str(folder))
         assert all(not n.startswith("base.") for n in model.added_state_dict())
-    table = json.loads((root / "data/retrofit/fixed_depth_recipe.json").read_text())
+    table = json.loads((root / "data/retrofit/recurtrace/fixed_depth_recipe.json").read_text())
     assert table["floor"] == {v: {"max_abs_nll_diff": 0.0, "same_correct": True} for v in ("lma", "plain")}
-    rows = pq.read_table(root / "data/retrofit/fixed_depth.parquet").to_pylist()
+    rows = pq.read_table(root / "data/retrofit/recurtrace/fixed_depth.parquet").to_pylist()
     assert {(r["variant"], r["T"]) for r in rows} == {("base", None)} | {(v, t) for v in ("lma", "plain")
                                                                          for t in params.eval.depths}
     assert all(0 <= r["accuracy"] <= 1 and r["nll"] > 0 for r in rows)
     # the metrics file: per retrofit the best fixed depth and its pooled accuracy, nothing else
-    headline = json.loads((root / "data/retrofit/fixed_depth.json").read_text())
+    headline = json.loads((root / "data/retrofit/recurtrace/fixed_depth.json").read_text())
     assert set(headline) == {"lma", "plain"}
     for v, h in headline.items():
         assert set(h) == {"best_T", "accuracy"} and h["best_T"] in params.eval.depths
         assert h["accuracy"] == max(sum(r["accuracy"] * r["n"] for r in rows if (r["variant"], r["T"]) == (v, t))
                                     / sum(r["n"] for r in rows if (r["variant"], r["T"]) == (v, t))
                                     for t in params.eval.depths)
-    examples = pq.read_table(root / "data/retrofit/fixed_depth_examples.parquet")
+    examples = pq.read_table(root / "data/retrofit/recurtrace/fixed_depth_examples.parquet")
     assert examples.num_rows == len(rows) * rows[0]["n"]
 
 
@@ -173,7 +173,7 @@ def test_stages_keep_what_the_smoke_run_wrote(smoke_run, capsys):
         assert "keeping it" in capsys.readouterr().out
         # a table from before the metrics file and the recipe were split (fixed_depth.json held the
         # recipe) is kept too, and brought to the current layout without evaluating again
-        table = pathlib.Path("data/retrofit")
+        table = pathlib.Path("data/retrofit/recurtrace")
         recipe_file, metrics_file = table / "fixed_depth_recipe.json", table / "fixed_depth.json"
         stored, headline = json.loads(recipe_file.read_text()), json.loads(metrics_file.read_text())
         metrics_file.write_text(json.dumps({**stored, "summary": []}))

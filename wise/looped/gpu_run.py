@@ -7,7 +7,7 @@ plain retrofit, and their fixed-depth table, written in the repository's layout 
     $OUT/data/models/recurtrace-base/    base decoder (save_pretrained) + tokenizer + loss log
     $OUT/data/models/<name>-lma/         retrofit checkpoints (added weights, base pointer ../recurtrace-base)
     $OUT/data/models/<name>-plain/
-    $OUT/data/retrofit/fixed_depth*.{parquet,json,md}
+    $OUT/data/retrofit/<retrofit.name>/fixed_depth*.{parquet,json,md}
     $OUT/recurtrace_run.json             seconds per part, the safe-floor check, the table
 
 Copy $OUT/data over the repository's data/ and `dvc commit` the four stages (train_recurtrace_base,
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
               f"added {summary['added']} params ({summary['added_fraction']:.4f} of {summary['base']}), "
               f"{summary['steps']} steps, final {summary['final']}", flush=True)
     t = time.monotonic()
-    result = ensure_table(params, folders, root / "data" / "retrofit", device=device, base_folder=base,
+    result = ensure_table(params, folders, root / "data" / "retrofit" / params.name, device=device, base_folder=base,
                           recompute=True)
     times["eval"] = time.monotonic() - t
     print(result["table"])
