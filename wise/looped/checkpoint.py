@@ -55,9 +55,9 @@ def read_config(folder: str | os.PathLike) -> LoopedConfig:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from wise.looped.tables import write_text
+
+    write_text(text, path)
 
 
 def save_retrofit(model: LoopedModel, folder: str | os.PathLike, tokenizer_from: str | os.PathLike | None = None) -> Path:
