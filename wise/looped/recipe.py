@@ -1,6 +1,8 @@
 """Typed params of the RecurTrace stages (the ``retrofit:`` section of params.yaml), validated
 before any work starts; a bad value raises ``ValueError`` naming the key
-(``retrofit.train.lr = -1: must be > 0``). Missing keys take the defaults below.
+(``retrofit.train.lr = -1: must be > 0``). In library use (``RetrofitParams.from_dict``) missing
+keys take the defaults below; a params file run by the stages must give every key (the validate
+stage refuses one that does not, naming the key).
 
     retrofit:            the retrofit: base, block, LMA shape, and where the checkpoints go
       probe:             the angular-distance probe that picks the block (block_start: -1)
@@ -21,7 +23,7 @@ from typing import Any
 
 from wise.looped.calibration_params import CellParams
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # the dtype names params accept (wise.looped.train.DTYPES maps them)
 # synthchain as pure pointer chasing (no successor refinement) over chains of 1..4 hops: with the
 # project's BPE an entity is 5 tokens and a fact 18, so 4 hops and their distractors fit 256 tokens.
 CHAIN_SOURCES = {"synthchain": {"max_hops": 4, "max_refine": 0}}

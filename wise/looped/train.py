@@ -24,14 +24,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from wise.looped.data import IGNORE, BatchStream, SpecialIds, check_vocab, default_workers
-from wise.looped.recipe import BaseTraining, RetrofitParams, Training
+from wise.looped.recipe import DTYPES as DTYPE_NAMES, BaseTraining, RetrofitParams, Training
 from wise.objective import batch_loss, lr_at
 from wise.looped.tables import write_csv, write_json
 
 LOSS_CURVE = "loss_curve.csv"
 SUMMARY = "train_summary.json"
 PROBE_TABLE = "block_probe.parquet"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # params' dtype names -> torch dtypes
 
 
 def autocast_for(device: torch.device, weights: torch.dtype):
