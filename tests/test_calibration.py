@@ -25,7 +25,7 @@ from wise.decoding import evaluate_example, evaluate_examples
 from wise.diagnostics import convergence_summary
 from wise.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
-from wise.models.construct import build_chain_model
+from wise.models.construct import NOISE_DIMS, ChainSpec, build_chain_model
 from wise.routing import MaskedSupportAttention
 from wise.runner import WiseSettings, run_condition, state_seed
 from wise.scoring import full_settings
@@ -84,6 +84,21 @@ def test_construction_is_deterministic(tmp_path):
         assert hashlib.sha256((a / name).read_bytes()).digest() == hashlib.sha256((b / name).read_bytes()).digest()
     assert "computed, not learned" in (a / "README.md").read_text()
 
+
+def test_a_spec_too_small_for_the_construction_is_refused_up_front():
+    """2 code_pairs + max_refine below 2 NOISE_DIMS - 3 leaves core layer 0 short of MLP units: a
+    ValueError naming both fields and the limit, not an IndexError in build_weights; at the limit
+    the weights build."""
+    least = 2 * NOISE_DIMS - 3
+    for code_pairs, max_refine in ((4, 2), (10, 8), (14, 0)):
+        assert 2 * code_pairs + max_refine < least
+        with pytest.raises(ValueError, match=rf"2 \* code_pairs \+ max_refine must be >= {least}.*"
+                                             rf"code_pairs={code_pairs}, max_refine={max_refine}"):
+            ChainSpec(code_pairs=code_pairs, max_refine=max_refine)
+    for code_pairs, max_refine in ((11, 7), (15, 0)):
+        assert 2 * code_pairs + max_refine in (least, least + 1)
+        build_chain_model(ChainSpec(code_pairs=code_pairs, max_refine=max_refine, max_positions=64,
+                                    frequency_trials=1))
 
 def test_synthchain_examples_follow_their_definition():
     examples = load_examples("synthchain", "test", 300, 0, **FOLLOW)
