@@ -5,24 +5,27 @@ on the engine the conditions stage and `python -m wise.evaluate` run (cached, ba
 caches) and on ``run_condition``; and broken methods planted one at a time (``FAULTS``) are caught.
 """
 import hashlib
+import re
 
 import pytest
 import torch
 
 import wise.appended_rows
 import wise.conditions
+import wise.evaluate
 import wise.extension
 import wise.routing
 import wise.runner
 import wise.support
 from wise.calibration import CONDITIONS, Settings, expected_outcome, expected_taus, parse_layout
 from wise.data import build_cohort_variants, format_prompt, load_examples
+from wise.data.probes import build_prompts
 from wise.data.synthchain import build_tokenizer, successor
 from wise.decoding import evaluate_example, evaluate_examples
 from wise.diagnostics import convergence_summary
 from wise.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
-from wise.models.construct import build_chain_model
+from wise.models.construct import NOISE_DIMS, ChainSpec, build_chain_model
 from wise.routing import MaskedSupportAttention
 from wise.runner import WiseSettings, run_condition, state_seed
 from wise.scoring import full_settings
@@ -81,6 +84,21 @@ def test_construction_is_deterministic(tmp_path):
         assert hashlib.sha256((a / name).read_bytes()).digest() == hashlib.sha256((b / name).read_bytes()).digest()
     assert "computed, not learned" in (a / "README.md").read_text()
 
+
+def test_a_spec_too_small_for_the_construction_is_refused_up_front():
+    """2 code_pairs + max_refine below 2 NOISE_DIMS - 3 leaves core layer 0 short of MLP units: a
+    ValueError naming both fields and the limit, not an IndexError in build_weights; at the limit
+    the weights build."""
+    least = 2 * NOISE_DIMS - 3
+    for code_pairs, max_refine in ((4, 2), (10, 8), (14, 0)):
+        assert 2 * code_pairs + max_refine < least
+        with pytest.raises(ValueError, match=rf"2 \* code_pairs \+ max_refine must be >= {least}.*"
+                                             rf"code_pairs={code_pairs}, max_refine={max_refine}"):
+            ChainSpec(code_pairs=code_pairs, max_refine=max_refine)
+    for code_pairs, max_refine in ((11, 7), (15, 0)):
+        assert 2 * code_pairs + max_refine in (least, least + 1)
+        build_chain_model(ChainSpec(code_pairs=code_pairs, max_refine=max_refine, max_positions=64,
+                                    frequency_trials=1))
 
 def test_synthchain_examples_follow_their_definition():
     examples = load_examples("synthchain", "test", 300, 0, **FOLLOW)
@@ -372,3 +390,38 @@ def test_a_planted_fault_is_caught(model, fault_pool, monkeypatch, fault):
     assert cases, fault
     plant(monkeypatch)
     assert mismatches(model, cases, WiseSettings(backend="gather"), [condition]), fault
+
+
+# -- the same faults through `python -m wise.evaluate` ----------------------------------------------
+EVAL_CONTEXT, EVAL_SEED, EVAL_AFFECTED = 256, 7, 1
+
+
+@pytest.fixture(scope="module")
+def chain_folder(tmp_path_factory):
+    return write_chain_checkpoint(tmp_path_factory.mktemp("wise-chain") / "wise-chain")
+
+
+def evaluate_mismatches(capsys, folder, condition: str, n: int) -> int:
+    """`python -m wise.evaluate` in-process on synthchain: the mismatch count of its expected line."""
+    args = ["--model", str(folder), "--benchmark", "synthchain", "--context", str(EVAL_CONTEXT), "--steps", "32",
+            "--n", str(n), "--seed", str(EVAL_SEED), "--condition", condition, "--device", "cpu"]
+    assert wise.evaluate.main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(rf"EM=\d\.\d+ F1=\d\.\d+ n={n}", lines[-1]), lines[-2:]
+    return int(re.match(r"expected EM=\d\.\d+ mismatches=(\d+)", lines[-2]).group(1))
+
+
+def test_evaluate_reports_no_mismatch_without_a_fault(chain_folder, capsys):
+    assert evaluate_mismatches(capsys, chain_folder, "wise", 8) == 0
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_planted_fault_shows_as_mismatches_in_evaluate(chain_folder, capsys, monkeypatch, fault):
+    """Each FAULTS entry planted, `python -m wise.evaluate` on the first n prompts, n taken so that
+    EVAL_AFFECTED of them are prompts the construction says the fault must change."""
+    plant, condition, shows = FAULTS[fault]
+    pool = build_prompts(TOK, "synthchain", EVAL_CONTEXT, 64, EVAL_SEED, 8192, 8, options=FOLLOW)
+    affected = [i for i, p in enumerate(pool) if shows(parse_layout([TOK.id_to_token(t) for t in p.ids]))]
+    assert len(affected) >= EVAL_AFFECTED, fault
+    plant(monkeypatch)
+    assert evaluate_mismatches(capsys, chain_folder, condition, affected[EVAL_AFFECTED - 1] + 1) > 0, fault

@@ -24,7 +24,7 @@ def test_cli_condition_on_the_calibration_model_prints_its_expectation(capsys, t
                      "--n", "12", "--seed", "7", "--condition", condition, "--by-depth"]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         measured = re.fullmatch(r"EM=(\d+\.\d+) F1=\d+\.\d+ n=12", lines[-1]).group(1)
-        assert lines[-2].startswith(f"expected EM={measured} "), (condition, lines[-2:])
+        assert lines[-2].startswith(f"expected EM={measured} mismatches=0 "), (condition, lines[-2:])
         assert any(line.startswith("EM by L+m: ") for line in lines)
 
 

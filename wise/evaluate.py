@@ -17,7 +17,8 @@ the budget are skipped and not counted in n.
 
 On synthchain the default model is the constructed calibration model data/models/wise-chain (built
 in a second if the folder is missing), and the line before the last gives the EM the construction
-predicts (``wise.calibration``) for the same examples and settings.
+predicts (``wise.calibration``) for the same examples and settings, with ``mismatches=<k>``: the
+examples whose measured answer disagrees with the prediction (the first few ids in brackets).
 
 This module is the command line only: the prompts come from wise/data/probes.py, the scores and
 their breakdowns from wise/scoring.py, the lens from wise/lens.py, the table and the quality bars
@@ -236,7 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_scores(args.json, merge_scores(args.json, scores))
     if args.update_card:
         print(f"wrote {write_card(args.model)}")
-    if prompts is not None and (line := expected_line(tok, prompts, args.condition, args.steps, settings)):
+    # the mismatch count compares prompt by prompt, so only when target scored these very prompts
+    # (a --table cell may have scored another n)
+    measured = target.correct if (prompts is not None and len(target.correct) == len(prompts)
+                                  and target.condition == args.condition) else None
+    if prompts is not None and (line := expected_line(tok, prompts, args.condition, args.steps, settings,
+                                                      measured)):
         print(line)
     print(target.line())
     return 0

@@ -98,8 +98,11 @@ def depth_lines(prompts: Sequence[Prompt], score: Score) -> list[str]:
 
 
 def expected_line(tok, prompts: Sequence[Prompt], condition: str, steps: int,
-                  settings: WiseSettings | None) -> str | None:
-    """The EM the construction predicts for these prompts (synthchain), else None."""
+                  settings: WiseSettings | None, measured: Sequence[float] | None = None,
+                  show: int = 5) -> str | None:
+    """The EM the construction predicts for these prompts (synthchain), else None. With `measured`
+    (per prompt, in prompt order: ``Score.correct``) also ``mismatches=<k>``, the prompts whose
+    measured answer disagrees with the prediction, and the ids of the first `show` of them."""
     if not prompts or any(p.benchmark != "synthchain" for p in prompts):
         return None
     s = Settings(steps=steps) if settings is None else Settings(
@@ -107,7 +110,15 @@ def expected_line(tok, prompts: Sequence[Prompt], condition: str, steps: int,
         block_size=settings.block_size, eta=settings.eta)
     hits = [expected_outcome(parse_layout([tok.id_to_token(i) for i in p.ids]), condition, s).correct
             for p in prompts]
-    return f"expected EM={sum(hits) / len(hits):.4f} (the construction's prediction, wise.calibration)"
+    line = f"expected EM={sum(hits) / len(hits):.4f}"
+    if measured is not None:
+        if len(measured) != len(prompts):
+            raise ValueError(f"{len(measured)} measured outcomes for {len(prompts)} prompts")
+        wrong = [p.example_id for p, h, m in zip(prompts, hits, measured) if bool(m) != h]
+        line += f" mismatches={len(wrong)}"
+        if wrong:
+            line += " [" + ", ".join(wrong[:show]) + (", ..." if len(wrong) > show else "") + "]"
+    return line + " (the construction's prediction, wise.calibration)"
 
 
 def kinds_line(score: Score) -> str:

@@ -82,6 +82,14 @@ class ChainSpec:
             raise ValueError(f"max_refine must be in 0..{sc.MAX_REFINE_TOKEN}, got {self.max_refine}")
         if self.max_positions < 64 or self.frequency_trials < 1:
             raise ValueError("max_positions must be >= 64 and frequency_trials >= 1")
+        # The MLP width is what core layer 1 needs (chain_config); core layer 0 needs 2 D units for
+        # the pointer move plus 4 per state-check dim, so D + R >= 2 NOISE_DIMS - 2 (D = 2 code_pairs,
+        # R = max_refine + 1). Below that, build_weights would run out of MLP units.
+        least = 2 * NOISE_DIMS - 3
+        if 2 * self.code_pairs + self.max_refine < least:
+            raise ValueError(f"2 * code_pairs + max_refine must be >= {least} (core layer 0's MLP: the "
+                             f"{NOISE_DIMS}-dim state check), got code_pairs={self.code_pairs}, "
+                             f"max_refine={self.max_refine}")
 
 
 def chain_config(spec: ChainSpec, vocab_size: int) -> RecurrentConfig:
