@@ -48,7 +48,7 @@ import torch
 
 from wise.data import synthchain as sc
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from wise.models.construct import ChainSpec, Slots, code_frequencies, entity_codes, max_code_correlation, successor_rotation
+from wise.models.construct import Slots, code_frequencies, entity_codes, max_code_correlation, successor_rotation
 
 NAME = "recurtrace-chain"
 HEAD_DIM, HEADS, LAYERS, HOP_LAYER = 64, 2, 5, 3
@@ -70,6 +70,7 @@ class ChainBaseSpec:
     max_refine: int = 2  # refinement counts m the counter holds (0..max_refine)
     max_positions: int = 512
     overshoot: bool = True  # false: the successor stops when the count is spent (the latched, ideal base)
+    frequency_trials: int = 300  # draws of the entity-code frequency search (wise.models.chain_parts.code_frequencies)
 
     def __post_init__(self) -> None:
         if not 1 <= self.code_pairs <= HEAD_DIM // 2 - POSITION_PAIRS - 1:
@@ -265,7 +266,7 @@ def build_chain_base(spec: ChainBaseSpec = ChainBaseSpec()):
     model = LlamaForCausalLM(config).double()
     h = S.size
     norm_w = CONST / math.sqrt(h)
-    freqs = code_frequencies(ChainSpec(seed=spec.seed, code_pairs=spec.code_pairs))
+    freqs = code_frequencies(spec)  # the same seeded search as wise-chain's, over this spec's code pairs
     codes, rotation = entity_codes(freqs), successor_rotation(freqs)
     vocab = sc.build_tokenizer().get_vocab()
     position = sc.cycle_position()
