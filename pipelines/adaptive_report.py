@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pipelines.calibration_report import embed
+
 ALL = "all"
 
 
@@ -135,6 +137,4 @@ def adaptive_section(d: dict, figure: str, f, table) -> list[str]:
     """The report's section: the same markdown as data/retrofit/<retrofit.name>/adaptive.md, one level down, and the figure."""
     md = adaptive_markdown(d["summary"], d["depth"], d["wise"], d["notes"], d["wise_settings"], f, table,
                            heading="##")
-    from pipelines.report import embed  # here: pipelines.report imports this module
-
     return [md, "", embed(figure, "accuracy vs mean loops"), ""]

@@ -14,6 +14,17 @@ from pipelines.study import query_rows
 TAUS = ("tau_S", "tau_A", "tau_H", "tau_O")
 
 
+class NoFigure(str):
+    """What a figure function returns when its measurement has no rows: the sentence the report
+    prints in the figure's place (an empty chart would look like a result)."""
+
+
+def embed(figure: str, alt: str) -> str:
+    """The markdown line for a figure: its image, or the sentence of a figure not drawn. (Here, the
+    report's first section, so every report section imports it without a circle.)"""
+    return str(figure) if isinstance(figure, NoFigure) else f"![{alt}]({figure})"
+
+
 def _em_ci(rows: list[dict], p: Params) -> tuple[float, float]:
     """EM interval resampling base examples: a row pooled over lengths holds every context variant
     of a base example (pipelines.statistics says why they are drawn together)."""
@@ -124,8 +135,6 @@ def calibration_markdown(cal: dict, figure: str, p: Params, f, table) -> list[st
     L += table(["condition", *map(str, lengths)],
                [[c, *(f"{f(cells[(c, n)]['em'], 2)} / {f(cells[(c, n)]['expected_em'], 2)}"
                       for n in lengths)] for c in conds])
-    from pipelines.report import embed  # here: pipelines.report imports this module
-
     L += [embed(figure, "EM by chain length"), ""]
     L += ["Mechanism at the question rows (default thresholds): mean measured / expected convergence step "
           "per chain length, and how many examples match exactly. Expected: τ_S = τ_A = τ_O = L + 2, "

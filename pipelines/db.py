@@ -58,8 +58,12 @@ def create_views(con: duckdb.DuckDBPyConnection, root: Path, prefix: str = "") -
     ``prefix`` replaces ``data/`` in the views' paths (the readers' ``wisedata://``)."""
     present = set()
     for name, rel in paths.VIEWS.items():
-        # A glob (the sweeps) becomes one view over all matching files, unioned by column name.
-        if any(root.glob(rel.as_posix())):
+        # A glob (the sweeps, the retrofits) becomes one view over all matching files, unioned by
+        # column name. A plain path is checked with stat, not by listing its folder: a listing taken
+        # while a stage renames the new file over the old one may miss the name.
+        pattern = rel.as_posix()
+        found = any(root.glob(pattern)) if any(c in pattern for c in "*?[") else (root / rel).is_file()
+        if found:
             where = prefix + rel.relative_to(paths.DATA).as_posix() if prefix else rel.as_posix()
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
                         f"read_parquet({_sql_text(where)}, union_by_name = true)")

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pipelines import paper_reference as paper  # noqa: E402
 from pipelines.adaptive_report import adaptive_section, fig_accuracy_vs_loops  # noqa: E402
-from pipelines.calibration_report import calibration_markdown, fig_calibration  # noqa: E402
+from pipelines.calibration_report import NoFigure, calibration_markdown, embed, fig_calibration  # noqa: E402
 from pipelines.artifacts import write_text  # noqa: E402
 from pipelines.params import Params  # noqa: E402
 
@@ -46,16 +46,6 @@ def _log2_axis(ax, values) -> None:
     if ticks:
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
-
-
-class NoFigure(str):
-    """What a figure function returns when its measurement has no rows: the sentence the report
-    prints in the figure's place (an empty chart would look like a result)."""
-
-
-def embed(figure: str, alt: str) -> str:
-    """The markdown line for a figure: its image, or the sentence of a figure not drawn."""
-    return str(figure) if isinstance(figure, NoFigure) else f"![{alt}]({figure})"
 
 
 def no_figure(name: str, sentence: str) -> NoFigure:
