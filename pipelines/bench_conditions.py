@@ -72,6 +72,24 @@ def clock(device: str) -> float:
     return time.perf_counter()
 
 
+def profile_run(path: Path, device: str, run) -> None:
+    """torch.profiler over one call: kernels by device time, then operators by host time (a host-bound
+    phase shows as host time with the device idle)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    start = clock(device)
+    with profile(activities=acts) as prof:
+        run()
+    wall = clock(device) - start
+    table = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"wall {wall:.3f} s (profiled)\n\n" + table.table(sort_by=key, row_limit=40) + "\n\n"
+                    + table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
+    print(f"profile: {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params.yaml")
@@ -87,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--state-gain", type=float, default=None,
                     help="multiply the adapter's weights on the recurrent state by this (> 0)")
     ap.add_argument("--sensitivity", action="store_true", help="print the growth of a perturbed initial state")
+    ap.add_argument("--profile", default=None,
+                    help="write torch.profiler tables of the one-condition-alone runs into this folder")
     ap.add_argument("--plant-density", type=float, default=None,
                     help="WISE support := random WISE-like layout kept with this probability (0 < ρ <= 1)")
     args = ap.parse_args(argv)
@@ -161,6 +181,13 @@ def _bench(args, p, model, device) -> int:
                 alone[c]["total"] += clock(device) - start
                 alone[c]["prefix"] += own["prefix"]
                 alone[c]["late"] += own[f"{c}:late"]
+    if args.profile:  # after the timed runs, so the profiler's overhead stays out of them
+        for c in ("full", "wise"):
+            if c in names:
+                r = rows[0]
+                profile_run(Path(args.profile) / f"profile-{c}.txt", device, lambda: evaluate_example(
+                    model, r["token_ids"], r["answer_ids"], [c], settings, seeds[0], max_new, stop, "cached",
+                    graphs=graphs))
     n, k = len(rows), len(names)
     old_total, new_total = sum(old.values()), sum(new.values())
     print(f"bench_conditions: {p.model.source} ({p.model.dtype}, {device}"

@@ -83,3 +83,24 @@ def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
         for c in ("full", "truncate"):
             assert runs[c].tokens == rerun[c].tokens
             assert runs[c].token_logprobs == pytest.approx(rerun[c].token_logprobs, abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_once_warm_every_pass_of_a_row_group_is_a_replay():
+    """After the first decoder of the process, a row group captures before its first pass instead of
+    running it eagerly: no pass runs outside a capture, and the numbers are still extend's."""
+    model = tiny("cuda")
+    evaluate_examples(model, EXAMPLES[:1], ["full"], SETTINGS, 6, set(), "cached", graphs=True)  # warms
+    capturing = []
+    orig = wise.graph_decode.StaticDecoder._early
+
+    def early(self):
+        capturing.append(torch.cuda.is_current_stream_capturing())
+        return orig(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wise.graph_decode.StaticDecoder, "_early", early)
+        graphs = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
+    assert capturing and all(capturing)
+    plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
+    assert_same(graphs, plain, 1e-4)

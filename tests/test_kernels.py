@@ -177,7 +177,9 @@ def test_kernel_gpu(hq, hkv, d, block_size, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,block_size", [(64, 16), (96, 32), pytest.param(128, 64, marks=pytest.mark.slow),
+# fp32 compiles its own kernels (~8-10 s a case): only Huginn's shape stays in the quick GPU set
+@pytest.mark.parametrize("d,block_size", [pytest.param(64, 16, marks=pytest.mark.slow), (96, 32),
+                                          pytest.param(128, 64, marks=pytest.mark.slow),
                                           pytest.param(64, 128, marks=pytest.mark.slow)])
 def test_kernel_gpu_fp32(d, block_size):
     run_case(4, 2, 500, d, block_size, torch.float32)

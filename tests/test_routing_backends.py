@@ -43,7 +43,8 @@ def test_unknown_backend_is_rejected():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["kernel", "flex", "gather"])
+# FlexAttention is a baseline, not a product path: its compiles (~6 s) stay out of the quick GPU set
+@pytest.mark.parametrize("backend", ["kernel", pytest.param("flex", marks=pytest.mark.slow), "gather"])
 @pytest.mark.parametrize("folder", ["wise-small", "wise-tiny-random"])  # the trained default, random weights
 def test_backends_agree_with_reference_in_bf16_on_the_embedded_model(backend, folder):
     from pathlib import Path
