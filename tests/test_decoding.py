@@ -116,3 +116,32 @@ def test_rows_decoded_together_keep_their_own_supports(tiny):
         alone = evaluate_example(tiny, prompt, answer, [c], SETTINGS, 3, 4, {1}, "cached")[c]
         assert batch[c].tokens == alone.tokens and batch[c].gold_logprob == pytest.approx(alone.gold_logprob, abs=1e-5)
     assert len({round(batch[c].gold_logprob, 4) for c in CONDITIONS}) > 2
+
+
+def test_rows_with_one_late_support_run_once(tiny, monkeypatch):
+    """run_late_rows runs a (prefix, support) pair once however many rows ask for it (here the
+    same condition twice, and a second prompt), and hands every row the numbers of its own run."""
+    from wise.runner import run_late_rows, run_prefix
+
+    p1 = run_prefix(tiny, torch.tensor(ids_of(64, 50)), SETTINGS, 1, cache=True)
+    p2 = run_prefix(tiny, torch.tensor(ids_of(64, 51)), SETTINGS, 2, cache=True)
+    rows = [(p1, "full"), (p1, "wise"), (p1, "static95"), (p1, "wise"), (p2, "wise"), (p1, "freeze_a")]
+    sizes, step = [], tiny.core_step
+
+    def counted(s, *args, **kw):
+        sizes.append(s.shape[0])
+        return step(s, *args, **kw)
+
+    monkeypatch.setattr(tiny, "core_step", counted)
+    lates = run_late_rows(tiny, rows, SETTINGS, cache=True)
+    batch = set(sizes)
+    monkeypatch.undo()
+    assert batch == {5}  # the second (p1, wise) row is not run again
+    for (prefix, c), late in zip(rows, lates):
+        alone = run_late_rows(tiny, [(prefix, c)], SETTINGS, cache=True)[0]
+        assert late.condition == c and torch.allclose(late.state, alone.state, atol=1e-6, rtol=0), c
+        for key, (k, v) in alone.kv.items():
+            assert torch.allclose(late.kv[key][0], k, atol=1e-6, rtol=0)
+            assert torch.allclose(late.kv[key][1], v, atol=1e-6, rtol=0)
+    assert not torch.allclose(lates[1].state, lates[4].state)  # the second prompt kept its own row
+    assert torch.equal(lates[1].state, lates[3].state)

@@ -281,34 +281,52 @@ class _BatchKV:
 def run_late_rows(model, rows, settings: WiseSettings, *, cache: bool = False) -> list[Late]:
     """The late steps of several (prefix, condition) rows at once (prefixes of one length, e.g.
     the conditions of several examples): the dense work of every layer batched, each row attending
-    through its own condition. Truncate has no late steps and is handled alone."""
+    through its own condition; rows of one prefix whose conditions have the same late support run
+    once. Truncate has no late steps and is handled alone."""
     rows = list(rows)
     if any(c == "truncate" for _, c in rows):
         raise ValueError("truncate has no late steps: run it with run_late")
     n = rows[0][0].ids.shape[1]
     if any(p.ids.shape[1] != n for p, _ in rows):
         raise ValueError("batched late steps need prefixes of one length")
-    policies, info = [], []
+    policies, info, unique, slot = [], [], [], []
     for prefix, c in rows:
         policy, layouts, frozen = late_policy(prefix, c, settings)
-        policies.append(policy)
         info.append((layouts, frozen))
-    b = len(rows)
-    prefixes = list({id(p): p for p, _ in rows}.values())
+        # Support conditions whose late support on one prefix is the same (static95 and
+        # size_matched often are) compute the same numbers: one row of the batch serves them all
+        # (a row's dense work does not depend on the batch's other rows).
+        same = next((u for u, (p, lay, pol) in enumerate(unique) if p is prefix and layouts is not None
+                     and frozen is None and lay is not None and type(pol) is type(policy)
+                     and torch.equal(lay, layouts)), None)
+        if same is None:
+            same = len(unique)
+            unique.append((prefix, None if frozen is not None else layouts, policy))
+            policies.append(policy)
+        slot.append(same)
+    b = len(unique)
+    prefixes = list({id(p): p for p, _, _ in unique}.values())
 
     def stacked(attr):
         if len(prefixes) == 1:
             return getattr(prefixes[0], attr).expand(b, -1, -1)
-        return torch.cat([getattr(p, attr) for p, _ in rows])
+        return torch.cat([getattr(p, attr) for p, _, _ in unique])
 
     s, e = stacked("state"), stacked("e")
     seam = _BatchKV(PerCondition(policies))
     for t in range(settings.discovery_step + 1, settings.steps + 1):
         s = model.core_step(s, e, t, rows[0][0].rope, seam)
+    batch_kv = seam.kv
+    if b < len(rows):  # one row per (prefix, condition) again: decoding batches its caches as before
+        # (split caches would batch the appended rows' products differently, moving the last bits)
+        idx = torch.tensor(slot, device=s.device)
+        s = s.index_select(0, idx)
+        if cache:
+            batch_kv = {key: (k.index_select(0, idx), v.index_select(0, idx)) for key, (k, v) in seam.kv.items()}
     out = []
     for i, ((prefix, c), (layouts, frozen)) in enumerate(zip(rows, info)):
-        kv = {key: (k[i:i + 1], v[i:i + 1]) for key, (k, v) in seam.kv.items()} if cache else None
-        out.append(Late(c, s[i:i + 1], layouts, kv, frozen, seam.kv if cache else None, i))
+        kv = {key: (k[i:i + 1], v[i:i + 1]) for key, (k, v) in batch_kv.items()} if cache else None
+        out.append(Late(c, s[i:i + 1], layouts, kv, frozen, batch_kv if cache else None, i))
     return out
 
 
