@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wise.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
+from wise.conditions import ADAPTIVE
 from wise.extension import extend
 from wise.graph_decode import StaticDecoder
 from wise.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
@@ -53,6 +54,7 @@ class ConditionRun:
     # the argmax is from flipping), so two paths' sequences can be compared token by token
     token_logprobs: list[float] = field(default_factory=list)
     token_margins: list[float] = field(default_factory=list)
+    discovery_step: int | None = None  # the depth its late steps start after (None: settings.discovery_step)
 
 
 def _choose(logits: torch.Tensor) -> list[tuple[int, float, float]]:
@@ -125,6 +127,8 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
     exs = [_example(p, a, seed, max_new_tokens) for p, a, seed in examples]
     conds, stop = list(conditions), set(stop_ids)
     if generation == "rerun":
+        if ADAPTIVE in conds:
+            raise ValueError(f"{ADAPTIVE} runs only with cached generation")
         return [_rerun(model, ex.prompt, ex.answer, conds, settings, ex.seed, max_new_tokens, stop) for ex in exs]
     out: list[dict | None] = [None] * len(exs)
     by_length: dict[int, list[int]] = {}
@@ -189,6 +193,14 @@ def _clock(device) -> float:
 
 def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=None,
             graphs: bool | None = None) -> list[dict[str, ConditionRun]]:
+    if ADAPTIVE in conds:  # its own dense prefix per example, to its own depth (wise.adaptive_decoding)
+        from wise.adaptive_decoding import adaptive_runs
+
+        rest = [c for c in conds if c != ADAPTIVE]
+        out = _cached(model, exs, rest, settings, max_new, stop, profile, graphs) if rest else [{} for _ in exs]
+        for o, run in zip(out, adaptive_runs(model, exs, settings, max_new, stop, profile, graphs)):
+            o[ADAPTIVE] = run
+        return [{c: o[c] for c in conds} for o in out]
     start = _clock(model.device) if profile is not None else 0.0
     prefixes = [_prefix(model, ex.prompt, conds, settings, ex.seed, cache=True) for ex in exs]
     if profile is not None:
