@@ -419,6 +419,11 @@ def adaptive_rule(p: Params, **changes) -> AdaptiveDiscovery:
     return AdaptiveDiscovery(**{**p.wise.adaptive, "threshold": float(p.wise.adaptive["threshold"]), **changes})
 
 
+def sweep_default(p: Params, axis: str):
+    """The params value a sweep axis varies (sweeps.<axis> values are compared with it)."""
+    return p.wise.adaptive["threshold"] if axis == "adaptive_threshold" else getattr(p.wise, axis)
+
+
 def parse(raw: dict[str, Any], complete: bool = True) -> Params:
     """Typed params from a parsed params file. ``complete`` (what a params file gets): every
     section and key must be present. ``complete=False`` fills what is absent from the dataclass

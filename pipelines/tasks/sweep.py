@@ -23,8 +23,10 @@ def run_sweep(model, item: dict, context: dict) -> dict:
     generation = context.get("generation", "cached")
 
     def run(conditions, s):
+        # wise_adaptive decodes cached only (its depth is per prompt, not per rerun pass)
+        mode = "cached" if ADAPTIVE in conditions else generation
         return evaluate_example(model, item["token_ids"], item["answer_ids"], conditions, s, seed, max_new,
-                                stop, generation)
+                                stop, mode)
 
     full = run(["full"], base)["full"]
     traces: dict[int, torch.Tensor] = {}  # block size -> Full masses [T, L, H, M, M]
