@@ -19,6 +19,9 @@ def depth_data(con) -> dict | None:
     when no wise_adaptive row exists (the section is left out)."""
     if not has_view(con, "results"):
         return None
+    columns = {r["column_name"] for r in query_rows(con, "DESCRIBE results")}
+    if "discovery_step" not in columns:  # results written before the condition existed
+        return None
     rows = query_rows(con, "SELECT example_id, condition, em, expected_em, discovery_step, expected_discovery_step, "
                            "density FROM results WHERE condition IN ('wise', 'wise_adaptive') "
                            "AND support_matches_trace IS NOT FALSE ORDER BY condition, example_id")
@@ -26,7 +29,8 @@ def depth_data(con) -> dict | None:
         return None
     sweeps = query_rows(con, "SELECT axis, value, em, expected_em, discovery_step FROM sweeps WHERE axis IN "
                              "('discovery_step', 'adaptive_threshold') ORDER BY axis, value") \
-        if has_view(con, "sweeps") else []
+        if has_view(con, "sweeps") and "discovery_step" in {r["column_name"] for r in query_rows(con, "DESCRIBE sweeps")} \
+        else []
     return {"rows": rows, "sweeps": sweeps}
 
 

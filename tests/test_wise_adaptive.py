@@ -101,3 +101,26 @@ def test_the_criterion_evaluated_one_step_late_is_caught(model, monkeypatch):
     _one_step_late(monkeypatch)
     found = mismatches(model, cases)
     assert {what for _, what in found} == {"discovery_step", "answer"}, found
+
+
+def test_the_report_section_counts_costs_and_mismatches():
+    from pipelines.discovery_depth_report import cost_rows, depth_section, sweep_points
+    from pipelines.report import f, table
+
+    rows = [{"condition": "wise", "em": 1.0, "expected_em": 1.0, "discovery_step": 12, "expected_discovery_step": 12,
+             "density": 0.5},
+            {"condition": ADAPTIVE, "em": 1.0, "expected_em": 1.0, "discovery_step": 8,
+             "expected_discovery_step": 8, "density": 0.25},
+            {"condition": ADAPTIVE, "em": 0.0, "expected_em": 1.0, "discovery_step": 4,
+             "expected_discovery_step": 5, "density": 0.5}]
+    wise, adaptive = cost_rows(rows, 32)
+    assert wise["saved"] == pytest.approx(20 * 0.5 / 32)
+    assert adaptive["dense_steps"] == 6 and adaptive["saved"] == pytest.approx((24 * 0.75 + 28 * 0.5) / 64)
+    assert (adaptive["em_mismatches"], adaptive["step_mismatches"]) == (1, 1)
+    sweeps = [{"axis": "adaptive_threshold", "value": 1.0, "em": 1.0, "expected_em": 1.0, "discovery_step": 7},
+              {"axis": "adaptive_threshold", "value": 1.0, "em": 0.0, "expected_em": 0.0, "discovery_step": 9},
+              {"axis": "discovery_step", "value": 4.0, "em": 0.0, "expected_em": 0.0, "discovery_step": 4}]
+    assert sweep_points(sweeps) == {"discovery_step": [(4.0, 4, 0.0, 0.0)],
+                                    "adaptive_threshold": [(1.0, 8, 0.5, 0.5)]}
+    text = "\n".join(depth_section({"rows": rows, "sweeps": sweeps}, "figures/x.png", 32, 12, f, table))
+    assert "4: 1, 8: 1" in text and "| wise_adaptive | 2 | 0.500 | 1.000 | 1 | 1 | 6.00 |" in text
