@@ -124,3 +124,14 @@ def test_the_report_section_counts_costs_and_mismatches():
                                     "adaptive_threshold": [(1.0, 8, 0.5, 0.5)]}
     text = "\n".join(depth_section({"rows": rows, "sweeps": sweeps}, "figures/x.png", 32, 12, f, table))
     assert "4: 1, 8: 1" in text and "| wise_adaptive | 2 | 0.500 | 1.000 | 1 | 1 | 6.00 |" in text
+
+
+def test_the_library_and_cli_defaults_are_the_params_files():
+    """`python -m wise.evaluate --condition wise_adaptive` (AdaptiveDiscovery's defaults) runs the
+    rule the default pipeline runs (params.yaml wise.adaptive)."""
+    import dataclasses
+
+    from pipelines.params import adaptive_rule, load_params
+
+    assert adaptive_rule(load_params(check_model=False)) == AdaptiveDiscovery()
+    assert dataclasses.asdict(RULE) == load_params(check_model=False).wise.adaptive

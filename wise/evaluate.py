@@ -12,7 +12,8 @@ cell, also with --table). Examples are the first n of the test split for --seed,
 variants are built exactly as the cohorts stage builds them (BOS counted, same seed), and the
 answers come from the pipeline's own generation engine (``wise.decoding.evaluate_example``, cached
 decoding; initial state seeded by ``state_seed("<example id>@<context>", init_seed)``), under
-``--condition`` (default full; t_d, w, B, η from the flags). Examples whose evidence alone exceeds
+``--condition`` (default full; t_d, w, B, η from the flags; ``wise_adaptive``'s rule from the
+``--adaptive-*`` flags, defaults as params.yaml's ``wise.adaptive``). Examples whose evidence alone exceeds
 the budget are skipped and not counted in n.
 
 On synthchain the default model is the constructed calibration model data/models/wise-chain (built
