@@ -14,13 +14,16 @@ from wise.conditions import ADAPTIVE
 NAME = "adaptive_discovery_em_vs_steps"
 
 
+def _columns(con, view: str) -> set[str]:
+    return {r["column_name"] for r in query_rows(con, f"DESCRIBE {view}")}
+
+
 def depth_data(con) -> dict | None:
     """wise and wise_adaptive rows of the results view, and the sweep rows of the two axes; None
     when no wise_adaptive row exists (the section is left out)."""
     if not has_view(con, "results"):
         return None
-    columns = {r["column_name"] for r in query_rows(con, "DESCRIBE results")}
-    if "discovery_step" not in columns:  # results written before the condition existed
+    if "discovery_step" not in _columns(con, "results"):  # results written before the condition existed
         return None
     rows = query_rows(con, "SELECT example_id, condition, em, expected_em, discovery_step, expected_discovery_step, "
                            "density FROM results WHERE condition IN ('wise', 'wise_adaptive') "
@@ -29,8 +32,7 @@ def depth_data(con) -> dict | None:
         return None
     sweeps = query_rows(con, "SELECT axis, value, em, expected_em, discovery_step FROM sweeps WHERE axis IN "
                              "('discovery_step', 'adaptive_threshold') ORDER BY axis, value") \
-        if has_view(con, "sweeps") and "discovery_step" in {r["column_name"] for r in query_rows(con, "DESCRIBE sweeps")} \
-        else []
+        if has_view(con, "sweeps") and "discovery_step" in _columns(con, "sweeps") else []
     return {"rows": rows, "sweeps": sweeps}
 
 
@@ -76,7 +78,8 @@ def fig_depth(d: dict, save, plt, no_figure) -> str:
         return no_figure(NAME, "No EM-vs-dense-steps figure: the sweeps view has no discovery_step or "
                                "adaptive_threshold rows.")
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    styles = {"discovery_step": ("o-", "WISE, fixed t_d = {:g}"), "adaptive_threshold": ("s--", "wise_adaptive, θ = {:g}")}
+    styles = {"discovery_step": ("o-", "WISE, fixed t_d = {:g}"),
+              "adaptive_threshold": ("s--", "wise_adaptive, θ = {:g}")}
     for axis, series in pts.items():
         mark, label = styles[axis]
         ax.plot([p[1] for p in series], [p[2] for p in series], mark, label=axis.replace("_", " "))

@@ -1,8 +1,8 @@
 """Sweep stages (one DVC stage per axis: sweep@eta, sweep@discovery_step, sweep@window,
 sweep@block_size, sweep@adaptive_threshold): WISE (wise_adaptive for the last, whose rows record
 each example's discovery step) versus Full on a sub-cohort at each value of one setting, the
-others at their params.yaml defaults. A value equal to the default reproduces the conditions stage's WISE
-rows exactly (same seeds, same code path)."""
+others at their params.yaml defaults. A value equal to the default reproduces the conditions
+stage's WISE (wise_adaptive) rows exactly (same seeds, same code path)."""
 from __future__ import annotations
 
 import dataclasses
@@ -44,7 +44,8 @@ def run_sweep_stage(p: Params, axis: str) -> None:
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
-               "axis": axis, "adaptive_key": ADAPTIVE_AXES.get(axis), "values": values, "max_new_tokens": p.conditions.max_new_tokens,
+               "axis": axis, "adaptive_key": ADAPTIVE_AXES.get(axis), "values": values,
+               "max_new_tokens": p.conditions.max_new_tokens,
                "generation": p.conditions.generation,
                "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
@@ -61,7 +62,8 @@ def run_sweep_stage(p: Params, axis: str) -> None:
             em = exact_match(pred, ex["answers"], ex["benchmark"])
             score = f1(pred, ex["answers"], ex["benchmark"])
             # The row's run spec holds the setting that ran: the swept value in its own column.
-            setting = {} if axis in ADAPTIVE_AXES else {SPEC_COLUMN[axis]: r["value"] if axis == "eta" else int(r["value"])}
+            setting = {} if axis in ADAPTIVE_AXES else \
+                {SPEC_COLUMN[axis]: r["value"] if axis == "eta" else int(r["value"])}
             condition, expected_settings = expected_point(p, base, axis, r["value"])
             rows.append({**spec, **setting, "axis": axis, "value": float(r["value"]), "example_id": ex["example_id"],
                          "base_id": ex["base_id"], "benchmark": ex["benchmark"], "context_length": ex["context_length"],

@@ -15,7 +15,8 @@ from wise.runner import WiseSettings, run_condition, state_seed
 
 def run_sweep(model, item: dict, context: dict) -> dict:
     """One example across the values of one sweep axis: WISE answer (wise_adaptive's on an axis of
-    its rule, with its discovery step), gold log-prob and support metrics per value, plus the Full answer once (it does not depend on the swept settings)."""
+    its rule, with its discovery step), gold log-prob and support metrics per value, plus the Full
+    answer once (it does not depend on the swept settings)."""
     base = WiseSettings(**context["settings"])
     prompt = torch.tensor(item["token_ids"], dtype=torch.long)
     stop = set(context["stop_ids"])
