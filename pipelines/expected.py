@@ -70,15 +70,23 @@ def expected_table(p, cohort: list[dict], tokenizer) -> list[tuple[str, int, flo
 
 
 def main() -> int:
-    """Print the expected EM per condition of the cohort the cohorts stage wrote (no model run)."""
+    """Print the expected EM per condition of the cohort the cohorts stage wrote (no model run), and
+    wise_adaptive's expected mean discovery step."""
     from pipelines import paths
     from pipelines.artifacts import read_parquet
     from pipelines.params import load_params
     from wise.data.synthchain import build_tokenizer
 
     p = load_params(check_model=False)
-    for c, n, em in expected_table(p, read_parquet(paths.COHORT).to_pylist(), build_tokenizer()):
+    cohort, tok = read_parquet(paths.COHORT).to_pylist(), build_tokenizer()
+    for c, n, em in expected_table(p, cohort, tok):
         print(f"{c:13s} {n:4d}  {em:.3f}")
+    # wise_adaptive: the mean discovery step its criterion is expected to choose (vs wise.discovery_step)
+    if ADAPTIVE in p.conditions.names:
+        oracle, s = Oracle(tok), settings_of(p)
+        steps = [oracle.discovery_step(r, ADAPTIVE, s) for r in cohort if r["benchmark"] == "synthchain"]
+        print(f"{ADAPTIVE} mean discovery step {sum(steps) / max(1, len(steps)):.2f} "
+              f"(wise.discovery_step = {p.wise.discovery_step})")
     return 0
 
 
