@@ -9,7 +9,7 @@ import torch
 
 from pipelines import paths, schemas
 from pipelines.artifacts import iter_row_groups, read_parquet, write_parquet
-from pipelines.params import Params
+from pipelines.params import Params, adaptive_rule
 from pipelines.run_spec import model_spec, settings_spec
 from wise.conditions import supports_from_trace
 from wise.support import pack_layout
@@ -39,7 +39,8 @@ def run_supports(p: Params) -> None:
             raise ValueError(f"trace of {ex_id} has {m.shape[0]} steps, params say recurrence.steps="
                              f"{p.recurrence.steps}: rerun the traces stage")
         summaries = supports_from_trace(m, cohort[ex_id]["n_tokens"], p.conditions.names, p.wise.eta,
-                                        p.wise.discovery_step, p.wise.window, p.wise.block_size)
+                                        p.wise.discovery_step, p.wise.window, p.wise.block_size,
+                                        adaptive_rule(p))
         for name, s in summaries.items():
             L, H, M, _ = s.layout.shape
             for layer in range(L):

@@ -71,7 +71,8 @@ def result_rows(p: Params, cohort: list[dict], outputs: list[dict], support: dic
     oracle, expected_settings = oracle_for(p.model.source, tok), settings_of(p)
     rows = []
     for ex, out in zip(cohort, outputs, strict=True):
-        hashes = {r["state_hash_td"] for r in out["rows"]}
+        # wise_adaptive reaches its own t_a: only rows at the shared t_d must share its state
+        hashes = {r["state_hash_td"] for r in out["rows"] if r["discovery_step"] == p.wise.discovery_step}
         if len(hashes) != 1:
             raise PairingError(f"{ex['example_id']}: conditions reached t_d in different states "
                                f"({sorted(hashes)}); pairing is broken")
@@ -111,6 +112,8 @@ def result_rows(p: Params, cohort: list[dict], outputs: list[dict], support: dic
                 "benchmark_split": p.cohorts.split, "hops": ex.get("hops"), "refine": ex.get("refine"),
                 # What the construction says the answer must be (calibration model only).
                 "expected_em": None if oracle is None else oracle.em(ex, name, expected_settings),
+                "discovery_step": r["discovery_step"],
+                "expected_discovery_step": None if oracle is None else oracle.discovery_step(ex, name, expected_settings),
                 **spec,
             })
     return rows

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from wise.calibration import Settings, expected_outcome, expected_taus, parse_layout
+from pipelines.params import adaptive_rule
+from wise.calibration import ADAPTIVE, Settings, adaptive_step, expected_outcome, expected_taus, parse_layout
 from wise.models.checkpoint import load_config, resolve_model_source
 from wise.models.construct import NAME as CALIBRATION_MODEL
 
@@ -39,6 +40,14 @@ class Oracle:
         lay = self.layout(row)
         return None if lay is None else float(expected_outcome(lay, condition, s).correct)
 
+    def discovery_step(self, row: dict, condition: str, s: Settings) -> int | None:
+        """The depth the construction says the condition's late steps start after (wise_adaptive:
+        the step its criterion fires on this prompt)."""
+        lay = self.layout(row)
+        if lay is None:
+            return None
+        return adaptive_step(lay, s) if condition == ADAPTIVE else s.discovery_step
+
     def taus(self, row: dict, steps: int, run: int, first: int) -> dict | None:
         lay = self.layout(row)
         return None if lay is None else expected_taus(lay, steps, run=run, first=first)
@@ -50,7 +59,7 @@ def oracle_for(source: str, tokenizer) -> Oracle | None:
 
 def settings_of(p) -> Settings:
     return Settings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step, window=p.wise.window,
-                    block_size=p.wise.block_size, eta=p.wise.eta)
+                    block_size=p.wise.block_size, eta=p.wise.eta, adaptive=adaptive_rule(p))
 
 
 def expected_table(p, cohort: list[dict], tokenizer) -> list[tuple[str, int, float]]:
@@ -61,15 +70,23 @@ def expected_table(p, cohort: list[dict], tokenizer) -> list[tuple[str, int, flo
 
 
 def main() -> int:
-    """Print the expected EM per condition of the cohort the cohorts stage wrote (no model run)."""
+    """Print the expected EM per condition of the cohort the cohorts stage wrote (no model run), and
+    wise_adaptive's expected mean discovery step."""
     from pipelines import paths
     from pipelines.artifacts import read_parquet
     from pipelines.params import load_params
     from wise.data.synthchain import build_tokenizer
 
     p = load_params(check_model=False)
-    for c, n, em in expected_table(p, read_parquet(paths.COHORT).to_pylist(), build_tokenizer()):
+    cohort, tok = read_parquet(paths.COHORT).to_pylist(), build_tokenizer()
+    for c, n, em in expected_table(p, cohort, tok):
         print(f"{c:13s} {n:4d}  {em:.3f}")
+    # wise_adaptive: the mean discovery step its criterion is expected to choose (vs wise.discovery_step)
+    if ADAPTIVE in p.conditions.names:
+        oracle, s = Oracle(tok), settings_of(p)
+        steps = [oracle.discovery_step(r, ADAPTIVE, s) for r in cohort if r["benchmark"] == "synthchain"]
+        print(f"{ADAPTIVE} mean discovery step {sum(steps) / max(1, len(steps)):.2f} "
+              f"(wise.discovery_step = {p.wise.discovery_step})")
     return 0
 
 

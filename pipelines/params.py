@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from pipelines.paths import CALIBRATION_MODEL
-from wise.conditions import CONDITIONS
+from wise.conditions import ADAPTIVE, ALL_CONDITIONS
+from wise.discovery_depth import CRITERIA, AdaptiveDiscovery
 from wise.diagnostics import THRESHOLD_SETTINGS
 from wise.models.checkpoint import is_hub_id
 
@@ -72,11 +73,14 @@ class WiseParams:
     window: int = 4  # w
     block_size: int = 32  # B
     eta: float = 0.95
+    # condition wise_adaptive's settling rule: criterion, threshold, min_step, max_step, window
+    # (wise.discovery_depth.AdaptiveDiscovery; checked key by key in validate_adaptive)
+    adaptive: dict = field(default_factory=lambda: dataclasses.asdict(AdaptiveDiscovery()))
 
 
 @dataclass(frozen=True)
 class ConditionParams:
-    names: tuple[str, ...] = CONDITIONS
+    names: tuple[str, ...] = ALL_CONDITIONS
     max_new_tokens: int = 8
     backend: str = "reference"  # late attention: reference | gather | kernel | flex
     generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
@@ -120,6 +124,7 @@ class SweepParams:
     discovery_step: tuple[int, ...] = (8, 12, 16)
     window: tuple[int, ...] = (1, 4, 8)
     block_size: tuple[int, ...] = (16, 32, 64)
+    adaptive_threshold: tuple[float, ...] = (0.25, 0.5, 1.0)  # wise.adaptive.threshold (condition wise_adaptive)
     examples_per_benchmark: int = 2  # sweeps run on the first examples of the main cohort
     context_length: int = 512  # ... at this context length (must be in cohorts.context_lengths)
 
@@ -238,6 +243,7 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
              f"must satisfy 1 <= t_d < recurrence.steps ({r.steps})")
     _require(1 <= w.window <= w.discovery_step, "wise.window", w.window,
              f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
+    validate_adaptive(p)
     _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
              "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
     _require(len(set(c.context_lengths)) == len(c.context_lengths), "cohorts.context_lengths",
@@ -271,9 +277,9 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
              "must be one of train, validation, test")
     _require(0.0 <= c.max_bad_rows_fraction < 1.0, "cohorts.max_bad_rows_fraction", c.max_bad_rows_fraction,
              "must be in [0, 1)")
-    unknown = [n for n in p.conditions.names if n not in CONDITIONS]
+    unknown = [n for n in p.conditions.names if n not in ALL_CONDITIONS]
     _require(not unknown, "conditions.names", list(p.conditions.names),
-             f"unknown condition(s) {unknown}; known: {list(CONDITIONS)}")
+             f"unknown condition(s) {unknown}; known: {list(ALL_CONDITIONS)}")
     _require("full" in p.conditions.names, "conditions.names", list(p.conditions.names),
              "must include 'full' (every comparison pairs against it)")
     _require(len(set(p.conditions.names)) == len(p.conditions.names), "conditions.names",
@@ -377,6 +383,45 @@ def validate(p: Params, max_positions: int | None = None) -> Params:
     _require(cp.gpus_per_worker > 0, "compute.gpus_per_worker", cp.gpus_per_worker, "must be > 0")
     _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
     return p
+
+
+def validate_adaptive(p: Params) -> None:
+    """wise.adaptive (condition wise_adaptive): every key present, each in range, the relations
+    2 <= window <= min_step <= max_step < recurrence.steps; sweeps.adaptive_threshold in (0, 1]."""
+    a, T = p.wise.adaptive, p.recurrence.steps
+    keys = [f.name for f in dataclasses.fields(AdaptiveDiscovery)]
+    unknown, missing = sorted(set(a) - set(keys)), [k for k in keys if k not in a]
+    if unknown or missing:
+        raise ParamsError(f"params.yaml: wise.adaptive: unknown key(s) {unknown}, missing key(s) {missing}; "
+                          f"it takes {keys}")
+    _require(a["criterion"] in CRITERIA, "wise.adaptive.criterion", a["criterion"], f"must be one of {list(CRITERIA)}")
+    th = a["threshold"]
+    _require(isinstance(th, (int, float)) and not isinstance(th, bool) and 0 < th <= 1, "wise.adaptive.threshold",
+             th, "must be a number in (0, 1]")
+    for k in ("min_step", "max_step", "window"):
+        _require(isinstance(a[k], int) and not isinstance(a[k], bool), f"wise.adaptive.{k}", a[k],
+                 "must be an integer")
+    _require(a["window"] >= 2, "wise.adaptive.window", a["window"], "must be >= 2 (consecutive steps compared)")
+    _require(a["window"] <= a["min_step"], "wise.adaptive.min_step", a["min_step"],
+             f"must be >= wise.adaptive.window ({a['window']})")
+    _require(a["min_step"] <= a["max_step"] < T, "wise.adaptive.max_step", a["max_step"],
+             f"must satisfy wise.adaptive.min_step ({a['min_step']}) <= max_step < recurrence.steps ({T})")
+    sw = p.sweeps.adaptive_threshold
+    _require(len(sw) > 0 and len(set(sw)) == len(sw) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in sw),
+        "sweeps.adaptive_threshold", list(sw), "must be a non-empty list of distinct numbers in (0, 1]")
+    _require(ADAPTIVE not in p.conditions.names or p.conditions.generation == "cached", "conditions.names",
+             list(p.conditions.names), f"{ADAPTIVE} runs only with conditions.generation = cached")
+
+
+def adaptive_rule(p: Params, **changes) -> AdaptiveDiscovery:
+    """wise.adaptive as the engine's rule (after validate), with `changes` (a sweep's value)."""
+    return AdaptiveDiscovery(**{**p.wise.adaptive, "threshold": float(p.wise.adaptive["threshold"]), **changes})
+
+
+def sweep_default(p: Params, axis: str):
+    """The params value a sweep axis varies (sweeps.<axis> values are compared with it)."""
+    return p.wise.adaptive["threshold"] if axis == "adaptive_threshold" else getattr(p.wise, axis)
 
 
 def parse(raw: dict[str, Any], complete: bool = True) -> Params:

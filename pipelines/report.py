@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from pipelines import paper_reference as paper  # noqa: E402
 from pipelines.adaptive_report import adaptive_section, fig_accuracy_vs_loops  # noqa: E402
 from pipelines.calibration_report import NoFigure, calibration_markdown, embed, fig_calibration  # noqa: E402
+from pipelines.discovery_depth_report import depth_figure, depth_lines  # noqa: E402
 from pipelines.artifacts import write_text  # noqa: E402
 from pipelines.params import Params  # noqa: E402
 
@@ -246,6 +247,7 @@ def build_markdown(p: Params, d: dict) -> str:
         L += [paper.pointer("controls on HotpotQA, N=100", "CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS",
                             cmp["controls"]), ""]
     L += [embed(d["figures"]["delta_f1"], "ΔF1 by condition"), ""]
+    L += depth_lines(p, d, f, table)  # wise_adaptive beside the controls
 
     L += ["## Table 2 — attention timing", ""]
     attention = [r for r in d["timing"] if r.get("source") != "whole_model"]
@@ -386,6 +388,7 @@ def write_report(p: Params, d: dict, family: str | None) -> None:
         "delta_f1": fig_delta_f1(d["summary"]),
         "block_size": fig_block_size(d["sweeps"], d["timing"], not d["paper"]["block_size"]),
         "jaccard": fig_jaccard(d["jaccard_mean"], p.wise.discovery_step),
+        "depth": depth_figure(d, _save, plt, no_figure),
     }
     # the calibration and adaptive sections are left out when their tables are absent; present but
     # empty, they say so in place of the figure

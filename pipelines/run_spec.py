@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pipelines.params import Params
+from pipelines.params import Params, adaptive_rule
 from wise.models.checkpoint import resolve_model_source, weight_files
 from wise.runner import WiseSettings
 
@@ -34,7 +34,7 @@ WORKER_COLUMNS = ("device", "device_name", "dtype")
 def wise_settings(p: Params) -> WiseSettings:
     return WiseSettings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step,
                         window=p.wise.window, block_size=p.wise.block_size, eta=p.wise.eta,
-                        backend=p.conditions.backend)
+                        backend=p.conditions.backend, adaptive=adaptive_rule(p))
 
 
 def file_sha256(path: Path) -> str:

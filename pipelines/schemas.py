@@ -60,14 +60,15 @@ CONDITION_RESULTS = _schema([
     ("answer_change", STR), ("gold_logprob", FLOAT), ("delta_logprob", FLOAT), ("density", FLOAT),
     ("retained_future_mass", FLOAT), ("block_count", INT), ("state_hash_td", STR),
     ("support_matches_trace", BOOL), ("benchmark_split", STR), ("hops", INT), ("refine", INT),
-    ("expected_em", FLOAT)], RUN_SPEC)
+    ("expected_em", FLOAT), ("discovery_step", INT), ("expected_discovery_step", INT)], RUN_SPEC)
 
 SWEEPS = _schema(RUN_SPEC, [
     ("axis", STR), ("value", FLOAT), ("example_id", STR), ("base_id", STR), ("benchmark", STR),
     ("context_length", INT), ("prediction", STR), ("full_prediction", STR)],
     _floats("em", "f1", "full_em", "full_f1", "delta_f1", "delta_em", "gold_logprob", "delta_logprob"),
     [("answer_change", STR), ("density", FLOAT), ("block_count", INT), ("retained_future_mass", FLOAT),
-     ("expected_em", FLOAT), ("expected_full_em", FLOAT)])
+     ("expected_em", FLOAT), ("expected_full_em", FLOAT), ("discovery_step", INT),
+     ("expected_discovery_step", INT)])
 
 # benchmarks.bench rows: its metadata, then every measured column (NaN until measured), then what
 # the timing stage adds.

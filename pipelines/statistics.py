@@ -153,6 +153,7 @@ def headline_metrics(summary: list[dict], stability: dict) -> dict:
 def run_statistics(p: Params) -> None:
     from pipelines.adaptive_report import adaptive_data
     from pipelines.calibration_report import calibration_data
+    from pipelines.discovery_depth_report import depth_data
     from pipelines.cohorts import model_text
     from pipelines.discovery import iter_trace_masses
     from pipelines.expected import oracle_for
@@ -171,6 +172,7 @@ def run_statistics(p: Params) -> None:
         sweeps = sweep_summary(con, p)
         timing = query_rows(con, "SELECT * FROM timing ORDER BY label, n, block_size")
         adaptive = adaptive_data(con)
+        depth = depth_data(con)
         md = paths.RECURTRACE_CALIBRATED_MD  # its figure links, relative to data/report/
         calibrated = md.read_text().replace("](figures/", f"](../{md.parent.relative_to(paths.DATA).as_posix()}/figures/") \
             if md.is_file() else None
@@ -197,7 +199,7 @@ def run_statistics(p: Params) -> None:
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
                      "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive,
-                     "recurtrace_calibrated": calibrated},
+                     "recurtrace_calibrated": calibrated, "depth": depth},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

@@ -9,7 +9,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from pipelines.params import Params
+from pipelines.params import Params, sweep_default
 from wise.diagnostics import (QUANTITIES, convergence_by_setting, convergence_step,
                               fraction_converged_by_step, stability_summary)
 from wise.stats import paired_bootstrap
@@ -130,7 +130,7 @@ def sweep_summary(con, p: Params) -> list[dict]:
     for (axis, value), g in sorted(groups.items()):
         changes = [r["answer_change"] for r in g]
         out.append({"axis": axis, "value": value, "n": len(g),
-                    "is_default": value == float(getattr(p.wise, axis)),
+                    "is_default": value == float(sweep_default(p, axis)),
                     "f1": float(np.mean([r["f1"] for r in g])),
                     "full_f1": float(np.mean([r["full_f1"] for r in g])),
                     **bootstrap_cols([r["delta_f1"] for r in g], p, "delta_f1"),

@@ -1,7 +1,8 @@
 """Sweep stages (one DVC stage per axis: sweep@eta, sweep@discovery_step, sweep@window,
-sweep@block_size): WISE versus Full on a sub-cohort at each value of one setting, the others at
-their params.yaml defaults. A value equal to the default reproduces the conditions stage's WISE
-rows exactly (same seeds, same code path)."""
+sweep@block_size, sweep@adaptive_threshold): WISE (wise_adaptive for the last, whose rows record
+each example's discovery step) versus Full on a sub-cohort at each value of one setting, the
+others at their params.yaml defaults. A value equal to the default reproduces the conditions
+stage's WISE (wise_adaptive) rows exactly (same seeds, same code path)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,13 +11,16 @@ from pipelines import paths, schemas
 from pipelines.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
 from pipelines.expected import oracle_for, settings_of
-from pipelines.params import Params, ParamsError
+from pipelines.params import Params, ParamsError, adaptive_rule
 from pipelines.pool import WorkerPool
 from pipelines.run_spec import run_spec, wise_settings
+from wise.conditions import ADAPTIVE
 from wise.metrics import answer_change, exact_match, f1
 
-AXES = ("eta", "discovery_step", "window", "block_size")
+AXES = ("eta", "discovery_step", "window", "block_size", "adaptive_threshold")
 SPEC_COLUMN = {"eta": "eta", "discovery_step": "t_d", "window": "w", "block_size": "B"}  # run-spec column of an axis
+# Axes of wise_adaptive's rule (wise.adaptive.<key>): the sweep runs wise_adaptive, not wise.
+ADAPTIVE_AXES = {"adaptive_threshold": "threshold"}
 
 
 def sweep_cohort(p: Params) -> list[dict]:
@@ -40,7 +44,8 @@ def run_sweep_stage(p: Params, axis: str) -> None:
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
     context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
-               "axis": axis, "values": values, "max_new_tokens": p.conditions.max_new_tokens,
+               "axis": axis, "adaptive_key": ADAPTIVE_AXES.get(axis), "values": values,
+               "max_new_tokens": p.conditions.max_new_tokens,
                "generation": p.conditions.generation,
                "stop_ids": list(text.stop_ids)}
     with WorkerPool(p.model, p.compute, len(items)) as pool:
@@ -57,7 +62,9 @@ def run_sweep_stage(p: Params, axis: str) -> None:
             em = exact_match(pred, ex["answers"], ex["benchmark"])
             score = f1(pred, ex["answers"], ex["benchmark"])
             # The row's run spec holds the setting that ran: the swept value in its own column.
-            setting = {SPEC_COLUMN[axis]: r["value"] if axis == "eta" else int(r["value"])}
+            setting = {} if axis in ADAPTIVE_AXES else \
+                {SPEC_COLUMN[axis]: r["value"] if axis == "eta" else int(r["value"])}
+            condition, expected_settings = expected_point(p, base, axis, r["value"])
             rows.append({**spec, **setting, "axis": axis, "value": float(r["value"]), "example_id": ex["example_id"],
                          "base_id": ex["base_id"], "benchmark": ex["benchmark"], "context_length": ex["context_length"],
                          "prediction": pred, "full_prediction": full_pred, "em": em, "f1": score,
@@ -68,8 +75,18 @@ def run_sweep_stage(p: Params, axis: str) -> None:
                                                         ex["benchmark"]),
                          "density": r["density"], "block_count": r["block_count"],
                          "retained_future_mass": r["retained_future_mass"],
-                         "expected_em": None if oracle is None else oracle.em(
-                             ex, "wise", dataclasses.replace(base, **{axis: r["value"]})),
+                         "expected_em": None if oracle is None else oracle.em(ex, condition, expected_settings),
+                         "discovery_step": r["discovery_step"],
+                         "expected_discovery_step": None if oracle is None else oracle.discovery_step(
+                             ex, condition, expected_settings),
                          "expected_full_em": None if oracle is None else oracle.em(ex, "full", base)})
     write_parquet(rows, paths.SWEEPS_DIR / f"{axis}.parquet", schemas.SWEEPS)
     print(f"sweep {axis}: {len(values)} values x {len(cohort)} examples -> {paths.SWEEPS_DIR / f'{axis}.parquet'}")
+
+
+def expected_point(p: Params, base, axis: str, value):
+    """(condition, calibration Settings) of one sweep point: wise with the axis' setting changed,
+    or wise_adaptive with its rule's key changed."""
+    if axis in ADAPTIVE_AXES:
+        return ADAPTIVE, dataclasses.replace(base, adaptive=adaptive_rule(p, **{ADAPTIVE_AXES[axis]: value}))
+    return "wise", dataclasses.replace(base, **{axis: value})

@@ -1,5 +1,6 @@
 """Stage `sweep@<axis>`: WISE vs Full at each value of one setting (eta, discovery_step, window,
-block_size) on a sub-cohort; the other settings stay at their params.yaml values."""
+block_size; adaptive_threshold runs wise_adaptive at each wise.adaptive.threshold) on a
+sub-cohort; the other settings stay at their params.yaml values."""
 import argparse
 import sys
 

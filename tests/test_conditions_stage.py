@@ -1,11 +1,15 @@
 """The conditions stage's work items: examples of one prompt length go to a worker together, and a
 batched item gives each example the rows it gets alone."""
+import dataclasses
+
 import pytest
 import torch
 
 from pipelines.evaluate import work_items
 from pipelines.tasks.conditions import run_conditions
 from wise.calibration import CONDITIONS
+from wise.conditions import ADAPTIVE
+from wise.discovery_depth import AdaptiveDiscovery
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
 from wise.runner import WiseSettings
 
@@ -28,16 +32,20 @@ def test_work_items_group_prompts_of_one_length_up_to_the_batch_size():
 def test_a_batched_item_gives_every_example_its_own_rows():
     cfg = RecurrentConfig.from_name("tiny-random").replace(mean_recurrence=8)
     model = init_weights(RecurrentDepthModel(cfg), seed=0).eval()
-    settings = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
-    context = {"settings": settings.__dict__, "init_seed": 0, "conditions": list(CONDITIONS), "max_new_tokens": 3,
+    # wise_adaptive: the random model's supports hold from step 1, so it settles at min_step
+    settings = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6,
+                            adaptive=AdaptiveDiscovery(threshold=0.5, min_step=2, max_step=7, window=2))
+    context = {"settings": dataclasses.asdict(settings), "init_seed": 0, "conditions": [*CONDITIONS, ADAPTIVE],
+               "max_new_tokens": 3,
                "stop_ids": [1], "generation": "cached"}
     cohort = [row(i, 48) for i in range(3)]
     (item,) = work_items(cohort, 8)
     batched = run_conditions(model, item, context)["examples"]
     assert [b["example_id"] for b in batched] == ["ex0", "ex1", "ex2"]
+    assert [b["rows"][-1]["discovery_step"] for b in batched] == [2, 2, 2]  # its own depth, not t_d = 4
     for b, alone_item in zip(batched, work_items(cohort, 1)):
         (alone,) = run_conditions(model, alone_item, context)["examples"]
         for x, y in zip(b["rows"], alone["rows"]):
-            assert (x["condition"], x["prediction_ids"], x["state_hash_td"], x["layout_bits"]) == (
-                y["condition"], y["prediction_ids"], y["state_hash_td"], y["layout_bits"])
+            assert (x["condition"], x["prediction_ids"], x["state_hash_td"], x["layout_bits"], x["discovery_step"]) == (
+                y["condition"], y["prediction_ids"], y["state_hash_td"], y["layout_bits"], y["discovery_step"])
             assert x["gold_logprob"] == pytest.approx(y["gold_logprob"], abs=1e-5)

@@ -54,6 +54,20 @@ def test_default_params_are_valid():
     (lambda r: r["model"].update(revision=123), "model.revision"),
     (lambda r: r["statistics"].update(bootstrap_seed=-1), "statistics.bootstrap_seed"),
     (lambda r: r["diagnostics"].update(run=40), "diagnostics.run"),
+    # wise.adaptive (condition wise_adaptive), key by key
+    (lambda r: r["wise"]["adaptive"].update(criterion="entropy"), "wise.adaptive.criterion"),
+    (lambda r: r["wise"]["adaptive"].update(threshold=0), "wise.adaptive.threshold"),
+    (lambda r: r["wise"]["adaptive"].update(threshold=1.5), "wise.adaptive.threshold"),
+    (lambda r: r["wise"]["adaptive"].update(threshold="high"), "wise.adaptive.threshold"),
+    (lambda r: r["wise"]["adaptive"].update(window=1, min_step=1), "wise.adaptive.window"),
+    (lambda r: r["wise"]["adaptive"].update(min_step=2), "wise.adaptive.min_step"),
+    (lambda r: r["wise"]["adaptive"].update(max_step=32), "wise.adaptive.max_step"),
+    (lambda r: r["wise"]["adaptive"].update(max_step=2.5), "wise.adaptive.max_step"),
+    (lambda r: r["wise"]["adaptive"].update(patience=2), "wise.adaptive"),
+    (lambda r: r["wise"]["adaptive"].pop("window"), "wise.adaptive"),
+    (lambda r: r["wise"].update(adaptive=3), "wise.adaptive"),
+    (lambda r: r["sweeps"].update(adaptive_threshold=[0.5, 0]), "sweeps.adaptive_threshold"),
+    (lambda r: r["conditions"].update(generation="rerun"), "conditions.names"),
 ])
 def test_bad_values_name_the_key(tmp_path, edit, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):

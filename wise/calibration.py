@@ -154,6 +154,7 @@ class Settings:
     window: int = 4
     block_size: int = 32
     eta: float = 0.95
+    adaptive: object | None = None  # wise_adaptive's rule (threshold, min_step, max_step, window)
 
 
 def support_row(condition: str, masses_at, q: int, s: Settings) -> set[int] | None:
@@ -231,6 +232,8 @@ def chase_progress(chase: Chase, condition: str, s: Settings, visible: set[int] 
 
 def expected_outcome(layout: ChainLayout, condition: str, s: Settings) -> Outcome:
     """Progress of the chasing rows after the run and whether the answer is right."""
+    if condition == ADAPTIVE:
+        return expected_adaptive(layout, s)[1]
     if condition not in CONDITIONS:
         raise ValueError(f"unknown condition {condition!r}")
     last = s.discovery_step if condition == "truncate" else s.steps
@@ -276,3 +279,44 @@ def expected_full_em_at(layouts: list[ChainLayout], steps: int) -> float:
     def right(lay):
         return lay.hops + lay.refine <= steps and (lay.follow is None or lay.follow.hops <= steps)
     return sum(map(right, layouts)) / len(layouts) if layouts else math.nan
+
+
+# -- wise_adaptive: the discovery depth each question settles at (issue 33) ----------------------
+ADAPTIVE = "wise_adaptive"
+
+
+def _jaccard(a: set[int], b: set[int]) -> float:
+    return len(a & b) / len(a | b)
+
+
+def adaptive_step(layout: ChainLayout, s: Settings) -> int:
+    """The step wise_adaptive's criterion fires on this prompt (``jaccard_min``): the first t in
+    min_step..max_step at which every pair of consecutive steps in t-w+1..t has mass supports
+    with Jaccard >= threshold in every query block; max_step if none. Supports are this module's
+    (mass_support_row over block_masses); the heads block_masses does not describe attend BOS at
+    every step, so their supports never change and cannot hold the criterion up."""
+    rule, B = s.adaptive, s.block_size
+    blocks = range(-(-layout.n // B))
+    supports: dict[int, list[set[int]]] = {}
+
+    def support(t: int) -> list[set[int]]:
+        if t not in supports:
+            supports[t] = [mass_support_row(block_masses(layout, t, B, q), q, s.eta) for q in blocks]
+        return supports[t]
+
+    for t in range(rule.min_step, rule.max_step + 1):
+        if t >= rule.window and all(_jaccard(a, b) >= rule.threshold
+                                    for u in range(t - rule.window + 2, t + 1)
+                                    for a, b in zip(support(u - 1), support(u))):
+            return t
+    return rule.max_step
+
+
+def expected_adaptive(layout: ChainLayout, s: Settings) -> tuple[int, Outcome]:
+    """(t_a, outcome) of wise_adaptive: WISE with t_d = t_a and the rule's window."""
+    if s.adaptive is None:
+        raise ValueError(f"{ADAPTIVE} needs Settings.adaptive (its rule)")
+    t_a = adaptive_step(layout, s)
+    wise = Settings(steps=s.steps, discovery_step=t_a, window=s.adaptive.window, block_size=s.block_size,
+                    eta=s.eta)
+    return t_a, expected_outcome(layout, "wise", wise)

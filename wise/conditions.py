@@ -12,6 +12,10 @@ attend to:
 | freeze_a      | WISE support with the step-t_d weights frozen (renormalised), fresh V       |
 | truncate      | no late steps: exit through coda/head after t_d                             |
 
+Beyond the paper's seven, ``EXTENSIONS`` lists conditions of this project: ``wise_adaptive`` is
+WISE with a per-example discovery depth t_a (``wise.discovery_depth``: the first step whose
+supports have settled); it shares steps 1..t_a with Full, not 1..t_d.
+
 Masses are [L, H, M, M] tensors (core layer, head, query block, key block).
 """
 from __future__ import annotations
@@ -21,10 +25,13 @@ from typing import Callable, Sequence
 
 import torch
 
+from wise.discovery_depth import NAME as ADAPTIVE, AdaptiveDiscovery, settled_step_from_trace
 from wise.support import (mass_matched_support, size_matched_support, static_support,
                           working_set)
 
 CONDITIONS = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate")
+EXTENSIONS = (ADAPTIVE,)  # beyond the paper's seven
+ALL_CONDITIONS = CONDITIONS + EXTENSIONS
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,12 @@ class SupportSummary:
     density: float  # kept causal blocks / causal blocks
     block_count: int  # kept blocks over all layers, heads and query blocks
     retained_future_mass: float  # Full mass at steps t > t_d inside the layout (mean)
+    discovery_step: int | None = None  # the discovery depth the layout comes from (wise_adaptive: t_a)
 
 
 def supports_from_trace(masses: torch.Tensor, n_tokens: int, names: Sequence[str], eta: float,
-                        discovery_step: int, window: int, block_size: int) -> dict[str, SupportSummary]:
+                        discovery_step: int, window: int, block_size: int,
+                        adaptive: AdaptiveDiscovery | None = None) -> dict[str, SupportSummary]:
     """Late supports of every support-type condition from a Full trace.
 
     masses: [T, L, H, M, M] block masses of the Full trajectory (step 1 first). Retained future
@@ -101,12 +110,30 @@ def supports_from_trace(masses: torch.Tensor, n_tokens: int, names: Sequence[str
                         window=[masses[t - 1] for t in discovery_steps(discovery_step, window)])
     late = masses[discovery_step:]
     out = {}
+    if ADAPTIVE in names:
+        out[ADAPTIVE] = _adaptive_from_trace(masses, n_tokens, eta, adaptive or AdaptiveDiscovery(), block_size)
     for name in names:
+        if name == ADAPTIVE:
+            continue
         layout = condition_support(name, d, eta)
         if layout is None:
             continue
         future = sum(float(retained_mass(late[i], layout, n_tokens, block_size=block_size))
                      for i in range(late.shape[0]))
         out[name] = SupportSummary(layout, float(density(layout)), int(layout.sum()),
-                                   future / late.shape[0])
+                                   future / late.shape[0], discovery_step)
     return out
+
+
+def _adaptive_from_trace(masses: torch.Tensor, n_tokens: int, eta: float, rule: AdaptiveDiscovery,
+                         block_size: int) -> SupportSummary:
+    """wise_adaptive's late support from a Full trace: t_a by the rule, then WISE's working set of
+    steps t_a-w+1..t_a (the rule's w); future mass over steps t_a+1..T."""
+    from wise.support import density, retained_mass
+
+    t_a = settled_step_from_trace(masses, eta, rule)
+    layout = working_set([masses[t - 1] for t in discovery_steps(t_a, rule.window)], eta)
+    late = masses[t_a:]
+    future = (sum(float(retained_mass(late[i], layout, n_tokens, block_size=block_size))
+                  for i in range(late.shape[0])) / late.shape[0]) if late.shape[0] else 1.0
+    return SupportSummary(layout, float(density(layout)), int(layout.sum()), future, t_a)

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from wise.adaptive_decoding import adaptive_settings, run_adaptive_prefix
 from wise.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
+from wise.conditions import ADAPTIVE
 from wise.extension import extend
 from wise.graph_decode import StaticDecoder
 from wise.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
@@ -53,6 +55,7 @@ class ConditionRun:
     # the argmax is from flipping), so two paths' sequences can be compared token by token
     token_logprobs: list[float] = field(default_factory=list)
     token_margins: list[float] = field(default_factory=list)
+    discovery_step: int | None = None  # the depth its late steps start after (None: settings.discovery_step)
 
 
 def _choose(logits: torch.Tensor) -> list[tuple[int, float, float]]:
@@ -125,6 +128,8 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
     exs = [_example(p, a, seed, max_new_tokens) for p, a, seed in examples]
     conds, stop = list(conditions), set(stop_ids)
     if generation == "rerun":
+        if ADAPTIVE in conds:
+            raise ValueError(f"{ADAPTIVE} runs only with cached generation")
         return [_rerun(model, ex.prompt, ex.answer, conds, settings, ex.seed, max_new_tokens, stop) for ex in exs]
     out: list[dict | None] = [None] * len(exs)
     by_length: dict[int, list[int]] = {}
@@ -189,6 +194,12 @@ def _clock(device) -> float:
 
 def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=None,
             graphs: bool | None = None) -> list[dict[str, ConditionRun]]:
+    if ADAPTIVE in conds:  # its own dense prefix per example, to its own depth
+        rest = [c for c in conds if c != ADAPTIVE]
+        out = _cached(model, exs, rest, settings, max_new, stop, profile, graphs) if rest else [{} for _ in exs]
+        for o, run in zip(out, _adaptive_runs(model, exs, settings, max_new, stop, profile, graphs)):
+            o[ADAPTIVE] = run
+        return [{c: o[c] for c in conds} for o in out]
     start = _clock(model.device) if profile is not None else 0.0
     prefixes = [_prefix(model, ex.prompt, conds, settings, ex.seed, cache=True) for ex in exs]
     if profile is not None:
@@ -216,6 +227,38 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
                 profile[c] = profile.get(c, 0.0) + secs
                 profile[f"{c}:late"] = profile.get(f"{c}:late", 0.0) + late_secs  # the late steps over the prompts
     return [{c: o[c] for c in conds} for o in out]
+
+
+def _adaptive_runs(model, exs, settings: WiseSettings, max_new: int, stop, profile=None, graphs=None) -> list:
+    """One ``ConditionRun`` of wise_adaptive per example (of one prompt length), with its t_a as
+    ``discovery_step``: its own prefix to t_a (``wise.adaptive_decoding``), then WISE's late steps
+    and decoding with t_d = t_a, examples that settled at one step as one row group."""
+    start = _clock(model.device) if profile is not None else 0.0
+    found = [run_adaptive_prefix(model, torch.tensor(ex.prompt), settings, ex.seed, cache=True) for ex in exs]
+    by_step: dict[int, list[int]] = {}
+    for j, (_, t_a) in enumerate(found):
+        by_step.setdefault(t_a, []).append(j)
+    out: list = [None] * len(exs)
+    late_secs = 0.0
+    for t_a, idx in sorted(by_step.items()):
+        s_t = adaptive_settings(settings, t_a)
+        prefixes = [found[j][0] for j in idx]
+        t0 = _clock(model.device) if profile is not None else 0.0
+        if model.device.type == "cuda":
+            lates = run_late_rows(model, [(p, "wise") for p in prefixes], s_t, cache=True)
+        else:  # one prompt at a time on the CPU, as wise.decoding does
+            lates = [run_late_rows(model, [(p, "wise")], s_t, cache=True)[0] for p in prefixes]
+        late_secs += (_clock(model.device) - t0) if profile is not None else 0.0
+        rg = RowGroup(model, s_t, prefixes, lates, list(range(len(idx))))
+        tokens, stats, gold = _decode(rg, [exs[j].answer for j in idx], max_new, stop, graphs)
+        for i, j in enumerate(idx):
+            out[j] = ConditionRun(ADAPTIVE, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[i].state_hash,
+                                  lates[i].layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]],
+                                  discovery_step=t_a)
+    if profile is not None:
+        profile[ADAPTIVE] = profile.get(ADAPTIVE, 0.0) + _clock(model.device) - start
+        profile[f"{ADAPTIVE}:late"] = profile.get(f"{ADAPTIVE}:late", 0.0) + late_secs
+    return out
 
 
 def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,

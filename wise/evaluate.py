@@ -12,7 +12,8 @@ cell, also with --table). Examples are the first n of the test split for --seed,
 variants are built exactly as the cohorts stage builds them (BOS counted, same seed), and the
 answers come from the pipeline's own generation engine (``wise.decoding.evaluate_example``, cached
 decoding; initial state seeded by ``state_seed("<example id>@<context>", init_seed)``), under
-``--condition`` (default full; t_d, w, B, η from the flags). Examples whose evidence alone exceeds
+``--condition`` (default full; t_d, w, B, η from the flags; ``wise_adaptive``'s rule from the
+``--adaptive-*`` flags, defaults as params.yaml's ``wise.adaptive``). Examples whose evidence alone exceeds
 the budget are skipped and not counted in n.
 
 On synthchain the default model is the constructed calibration model data/models/wise-chain (built
@@ -36,7 +37,8 @@ from typing import Sequence
 
 import torch
 
-from wise.conditions import CONDITIONS
+from wise.conditions import ALL_CONDITIONS
+from wise.discovery_depth import AdaptiveDiscovery
 from wise.data.probes import Prompt, build_prompts
 from wise.data.prompts import PROMPT_STYLES
 from wise.data.tokenizer import load_tokenizer
@@ -107,12 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--split", default="test")
     ap.add_argument("--init-seed", type=int, default=0, help="base seed of the initial state")
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--condition", default="full", choices=CONDITIONS,
+    ap.add_argument("--condition", default="full", choices=ALL_CONDITIONS,
                     help="inference condition of the late steps (default: full)")
     ap.add_argument("--discovery-step", type=int, default=12, help="t_d (conditions other than full)")
     ap.add_argument("--window", type=int, default=4, help="w")
     ap.add_argument("--block-size", type=int, default=32, help="B")
     ap.add_argument("--eta", type=float, default=0.95, help="η")
+    rule = AdaptiveDiscovery()
+    ap.add_argument("--adaptive-threshold", type=float, default=rule.threshold,
+                    help="wise_adaptive: Jaccard threshold θ of consecutive supports")
+    ap.add_argument("--adaptive-window", type=int, default=rule.window, help="wise_adaptive: window w")
+    ap.add_argument("--adaptive-min-step", type=int, default=rule.min_step, help="wise_adaptive: min step")
+    ap.add_argument("--adaptive-max-step", type=int, default=rule.max_step, help="wise_adaptive: max step")
     ap.add_argument("--backend", default="auto",
                     help="late sparse attention: auto (gather on the CPU, reference elsewhere) | reference | "
                          "gather | kernel | flex")
@@ -166,7 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("error: --condition applies to the single cell (not --table / --lens)")
         try:
             settings = WiseSettings(steps=args.steps, discovery_step=args.discovery_step, window=args.window,
-                                    block_size=args.block_size, eta=args.eta, backend=args.backend)
+                                    block_size=args.block_size, eta=args.eta, backend=args.backend,
+                                    adaptive=AdaptiveDiscovery(threshold=args.adaptive_threshold,
+                                                               window=args.adaptive_window,
+                                                               min_step=args.adaptive_min_step,
+                                                               max_step=args.adaptive_max_step))
         except ValueError as exc:
             raise SystemExit(f"error: --condition {args.condition}: {exc}") from None
 

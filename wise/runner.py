@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, discovery_steps
+from wise.discovery_depth import AdaptiveDiscovery
 from wise.mechanism import Observers, TrajectoryObserver
 from wise.models.recurrent import RecurrentDepthModel, causal_attention
 from wise.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
@@ -38,8 +39,11 @@ class WiseSettings:
     block_size: int = 32  # B
     eta: float = 0.95
     backend: str = "reference"  # late sparse attention: "reference" (masked dense), "kernel", "flex"
+    adaptive: AdaptiveDiscovery = AdaptiveDiscovery()  # wise_adaptive's settling rule (wise.discovery_depth)
 
     def __post_init__(self) -> None:
+        if isinstance(self.adaptive, dict):  # from dataclasses.asdict (work items carry plain dicts)
+            object.__setattr__(self, "adaptive", AdaptiveDiscovery(**self.adaptive))
         # t_d = T is allowed (no late steps: every condition is Full); the pipeline asks t_d < T
         if not 1 <= self.window <= self.discovery_step <= self.steps:
             raise ValueError(f"need 1 <= window <= discovery_step <= steps, got {self}")

@@ -107,7 +107,7 @@ def expected_line(tok, prompts: Sequence[Prompt], condition: str, steps: int,
         return None
     s = Settings(steps=steps) if settings is None else Settings(
         steps=settings.steps, discovery_step=settings.discovery_step, window=settings.window,
-        block_size=settings.block_size, eta=settings.eta)
+        block_size=settings.block_size, eta=settings.eta, adaptive=settings.adaptive)
     hits = [expected_outcome(parse_layout([tok.id_to_token(i) for i in p.ids]), condition, s).correct
             for p in prompts]
     line = f"expected EM={sum(hits) / len(hits):.4f}"

@@ -27,6 +27,8 @@ def run_conditions(model, item: dict, context: dict) -> dict:
                 "prediction_ids": run.tokens,
                 "gold_logprob": run.gold_logprob,
                 "state_hash_td": run.state_hash,
+                # the depth its late steps start after (wise_adaptive: its own t_a)
+                "discovery_step": settings.discovery_step if run.discovery_step is None else run.discovery_step,
                 # Per-layer bits, the same encoding the supports stage writes, for the pairing check.
                 "layout_bits": None if run.layouts is None else [pack_layout(layer).tobytes() for layer in run.layouts],
             })
