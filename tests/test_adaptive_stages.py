@@ -1,6 +1,6 @@
 """The stages train_halting and adaptive_eval end to end on a tiny random retrofit (in-process,
 seconds): every artifact with exactly its schema, the heads' card, the table's McNemar equal to
-wise.stats.mcnemar on the example rows, WISE rows paired with Full-adaptive, a stale card refused."""
+wise.analysis.stats.mcnemar on the example rows, WISE rows paired with Full-adaptive, a stale card refused."""
 import json
 import shutil
 
@@ -64,7 +64,7 @@ def run(tmp_path_factory):
 
 
 def test_every_artifact_has_exactly_its_schema(run):
-    from pipelines import paths, schemas
+    from pipelines.config import paths, schemas
 
     for view in ("halting_loops", "halting_selection", "adaptive_loops", "adaptive_examples", "adaptive_summary",
                  "adaptive_depth", "adaptive_histogram", "adaptive_wise", "adaptive_wise_summary"):
@@ -86,7 +86,7 @@ def test_the_card_and_the_selection(run):
 
 
 def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
-    from wise.stats import mcnemar
+    from wise.analysis.stats import mcnemar
 
     examples = pq.read_table(run / "data/retrofit/tiny/adaptive_examples.parquet").to_pylist()
     summary = pq.read_table(run / "data/retrofit/tiny/adaptive_summary.parquet").to_pylist()
@@ -126,9 +126,9 @@ def test_metrics_json_is_accuracy_and_mean_loops_of_the_best_fixed_depth_and_eac
 
 
 def test_the_report_section_reads_the_views(run, monkeypatch):
-    from pipelines.adaptive_report import adaptive_data, adaptive_section, fig_accuracy_vs_loops
-    from pipelines.db import connect_views
-    from pipelines.report import _save, f, plt, table
+    from pipelines.reports.adaptive_report import adaptive_data, adaptive_section, fig_accuracy_vs_loops
+    from pipelines.store.db import connect_views
+    from pipelines.reports.report import _save, f, plt, table
 
     monkeypatch.chdir(run)
     con = connect_views(run)

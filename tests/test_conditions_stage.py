@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from pipelines.evaluate import work_items
-from pipelines.tasks.conditions import run_conditions
-from wise.calibration import CONDITIONS
+from pipelines.compute.tasks.conditions import run_conditions
+from wise.analysis.calibration import CONDITIONS
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.runner import WiseSettings
+from wise.engine.runner import WiseSettings
 
 
 def row(i, n):

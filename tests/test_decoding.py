@@ -3,13 +3,13 @@ conditions, the shared prefix changes no number, and initial states are position
 import pytest
 import torch
 
-from wise.calibration import CONDITIONS
+from wise.analysis.calibration import CONDITIONS
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.tokenizer import load_tokenizer
-from wise.decoding import evaluate_example, evaluate_examples
+from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights, load_checkpoint
 from wise.models.construct import build_chain_model
-from wise.runner import WiseSettings, initial_state, state_seed
+from wise.engine.runner import WiseSettings, initial_state, state_seed
 
 SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 

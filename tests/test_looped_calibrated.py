@@ -152,13 +152,13 @@ def _needs_loop(it, tokens, p, window_loops) -> bool:
 @pytest.mark.parametrize("fault", ["window_shifted", "working_set_ignored"])
 def test_wise_faults_show_as_mismatches(fault, monkeypatch):
     import wise.adaptive.online
-    import wise.runner
+    import wise.engine.runner
     from wise.data.synthchain import build_tokenizer
 
     p = CellParams(seed=1, wise_n=3)
     td, w, tok = p.wise_discovery_step, p.wise_window, build_tokenizer()
     if fault == "window_shifted":  # discovery loops t_d-w..t_d-1
-        monkeypatch.setattr(wise.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
+        monkeypatch.setattr(wise.engine.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
         shows = lambda it, toks: (_needs_loop(it, toks, p, range(td - w, td)) !=
                                   _needs_loop(it, toks, p, range(td - w + 1, td + 1)))
     else:  # late loops attend every key

@@ -54,7 +54,7 @@ class Positions:
         return int(self.ids.shape[1])
 
     def rows(self, start: int, stop: int) -> "Positions":
-        """Positions start..stop-1 (rows appended after a cached prefix: wise.decoding)."""
+        """Positions start..stop-1 (rows appended after a cached prefix: wise.engine.decoding)."""
         return Positions(self.ids[:, start:stop], self.cos[:, start:stop], self.sin[:, start:stop])
 
 

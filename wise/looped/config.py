@@ -66,7 +66,7 @@ class LoopedConfig:
     def model_type(self) -> str:
         return MODEL_TYPE
 
-    # The runner draws every forward pass's initial state s0 (wise.runner.initial_state: a seeded
+    # The runner draws every forward pass's initial state s0 (wise.engine.runner.initial_state: a seeded
     # truncated normal times init_state_scale). A retrofit's loop starts at the block input,
     # h = e + s0 with s0 = 0, which is what keeps one loop equal to the base.
     @property
