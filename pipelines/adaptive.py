@@ -137,7 +137,8 @@ def headline_metrics(summary: list[dict], best: str) -> dict:
 def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.reports.adaptive_report import adaptive_markdown, notes_from_card
     from pipelines.reports.report import f, table
-    from pipelines.config.run_spec import code_version, file_sha256, weights_id as weights_id_of
+    from pipelines.config.run_spec import code_version
+    from wise.fingerprint import file_sha256, weights_id as weights_id_of
     from wise.adaptive import tables
     from wise.adaptive.heads import WEIGHTS, load_heads
     from wise.adaptive.rules import method_rules

@@ -79,7 +79,7 @@ def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
     from wise.adaptive import heads as H
     from wise.adaptive import rules as R
     from wise.adaptive.trajectory import stacked
-    from pipelines.config.run_spec import weights_id
+    from wise.fingerprint import weights_id
 
     h = params.halting
     folder, config, model, tok, special = load_model(params, h.variant, device)

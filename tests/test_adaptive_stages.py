@@ -9,7 +9,8 @@ import pytest
 import torch
 import yaml
 
-from wise.looped.base import build_base, fingerprint
+from wise.looped.base import build_base
+from wise.fingerprint import base_fingerprint
 from wise.looped.checkpoint import base_pointer, save_retrofit
 from wise.looped.model import build_looped
 
@@ -25,7 +26,7 @@ def make_retrofit(root):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(f"{TOKENIZER}/{name}", models / "tiny-base" / name)
     out = models / "tiny-lma"
-    model = build_looped(base, base_pointer(str(models / "tiny-base"), out), fingerprint(models / "tiny-base"),
+    model = build_looped(base, base_pointer(str(models / "tiny-base"), out), base_fingerprint(models / "tiny-base"),
                          block_start=1, block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4)
     with torch.no_grad():
         model.alpha.fill_(0.5)

@@ -56,14 +56,15 @@ def _cell(**kw) -> dict:
 def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from wise.looped.base import fingerprint, load_base
+    from wise.looped.base import load_base
+    from wise.fingerprint import base_fingerprint
     from wise.looped.model import build_looped, check_safe_floor
 
     folder = save_chain_base(tmp_path / "recurtrace-chain")
     base = load_base(folder)
     assert isinstance(base, LlamaForCausalLM)
     assert "constructed" in (folder / "README.md").read_text() and "not trained" in (folder / "README.md").read_text()
-    assert fingerprint(folder)
+    assert base_fingerprint(folder)
     built, _ = build_chain_base()
     for (name, a), b in zip(built.state_dict().items(), base.state_dict().values()):
         assert torch.equal(a, b), name

@@ -226,7 +226,7 @@ def test_every_runner_condition_runs_on_the_looped_model(fam):
 
 @torch.no_grad()
 def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
-    from wise.looped.base import fingerprint
+    from wise.fingerprint import base_fingerprint
     from wise.looped.checkpoint import base_pointer
     from wise.models import load_checkpoint
     from wise.models.checkpoint import load_config
@@ -234,7 +234,7 @@ def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
     base = tiny_base("qwen3")
     base.save_pretrained(tmp_path / "base")
     out = tmp_path / "retrofit"
-    model = build_looped(base, base_pointer(str(tmp_path / "base"), out), fingerprint(tmp_path / "base"),
+    model = build_looped(base, base_pointer(str(tmp_path / "base"), out), base_fingerprint(tmp_path / "base"),
                          **LMA)
     with torch.no_grad():
         model.alpha.fill_(0.3)

@@ -16,15 +16,14 @@ whole setting in columns).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pipelines.config.params import Params
-from wise.models.checkpoint import resolve_model_source, weight_files
+from wise.models.checkpoint import resolve_model_source
+from wise.fingerprint import weights_id as folder_weights_id
 from wise.engine.runner import WiseSettings
 
 # Worker-side columns; rows built without a worker (the supports stage) leave them out.
@@ -37,11 +36,6 @@ def wise_settings(p: Params) -> WiseSettings:
                         backend=p.conditions.backend)
 
 
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 @lru_cache(maxsize=8)
 def weights_id(source: str, revision: str | None = None) -> str:
     """``sha256:<hex>`` of the checkpoint's weights (a retrofit: of its added weights and its base's
@@ -49,17 +43,7 @@ def weights_id(source: str, revision: str | None = None) -> str:
     if source.startswith("preset:"):
         name, _, seed = source[len("preset:"):].partition("@")
         return f"preset:{name}@{int(seed or 0)}"
-    folder = resolve_model_source(source, revision)
-    added = folder / "retrofit.safetensors"
-    if added.is_file():  # a RecurTrace retrofit: its added weights and the base they sit on
-        base = json.loads((folder / "config.json").read_text()).get("base_sha256", "")
-        listing = f"{file_sha256(added)}  retrofit.safetensors\n{base}  base\n"
-        return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
-    files, weight_map = weight_files(folder)
-    if weight_map is None:
-        return f"sha256:{file_sha256(files[0])}"
-    listing = "".join(f"{file_sha256(f)}  {f.name}\n" for f in sorted(files, key=lambda f: f.name))
-    return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
+    return folder_weights_id(resolve_model_source(source, revision))
 
 
 @lru_cache(maxsize=1)
