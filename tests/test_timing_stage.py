@@ -1,5 +1,5 @@
 """The timing stage times a model's own supports in the model's own attention geometry."""
-from pipelines.config.params import model_facts
+from pipelines.config.validate import model_facts
 from pipelines.timing import model_geometry
 
 

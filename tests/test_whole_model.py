@@ -14,7 +14,8 @@ from pipelines.config import schemas
 from benchmarks import timers
 from benchmarks import whole_model as wm
 from pipelines.store.artifacts import write_parquet
-from pipelines.config.params import Params, ParamsError, parse, validate
+from pipelines.config.params import Params, parse
+from pipelines.config.validate import ParamsError, validate
 from pipelines.reports.timing_report import whole_model_markdown
 from wise.models.config import RecurrentConfig
 from wise.engine.routing import MaskedSupportAttention
