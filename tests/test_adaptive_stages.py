@@ -129,7 +129,8 @@ def test_metrics_json_is_accuracy_and_mean_loops_of_the_best_fixed_depth_and_eac
 def test_the_report_section_reads_the_views(run, monkeypatch):
     from pipelines.reports.adaptive_report import adaptive_data, adaptive_section, fig_accuracy_vs_loops
     from pipelines.store.db import connect_views
-    from pipelines.reports.report import _save, f, plt, table
+    from pipelines.reports.figures import plt, save_figure
+    from pipelines.reports.report import f, table
 
     monkeypatch.chdir(run)
     con = connect_views(run)
@@ -140,7 +141,7 @@ def test_the_report_section_reads_the_views(run, monkeypatch):
     card = json.loads((run / "data/models/tiny-halting/halting.json").read_text())
     assert (d["notes"]["tau"], d["notes"]["best_fixed"]) == (card["tau"], card["best_fixed_depth"])
     assert d["wise_settings"] == {"t_d": 2, "w": 1, "B": 16, "eta": 0.95}
-    figure = fig_accuracy_vs_loops(d["summary"], _save, plt)
+    figure = fig_accuracy_vs_loops(d["summary"], save_figure, plt)
     text = "\n".join(adaptive_section(d, figure, f, table))
     assert text.startswith("## RecurTrace — adaptive depth") and "| oracle_correct |" in text
     assert (run / "data/report" / figure).is_file()
