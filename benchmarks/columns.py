@@ -1,5 +1,5 @@
 """The columns benchmarks.bench measures, by name only (no imports): the timing stage's Parquet
-schema (pipelines.schemas) is built from these lists, so the bench and the schema cannot drift."""
+schema (pipelines.config.schemas) is built from these lists, so the bench and the schema cannot drift."""
 
 # Every measured column, NaN until measured (planned rows hold exactly these, plus the metadata).
 MEASURED_KEYS = [

@@ -6,12 +6,12 @@ through the block-sparse kernel vs Full, beside what attention is worth inside o
 What one timed forward computes (random-init weights of the shape, ``wise.models.init_weights``;
 seeded random token ids and initial state; bf16 by default): embedding and prelude, t_d dense
 steps, T - t_d late steps, coda and lm_head over every position: everything
-``wise.runner.run_condition`` computes for one pass except drawing the initial state. The steps
+``wise.engine.runner.run_condition`` computes for one pass except drawing the initial state. The steps
 are timed directly through ``model.core_step``, the function the runner calls per step:
 
 - full: every step through the model's own causal attention (SDPA);
-- wise: the late steps through ``wise.routing.make_support_policy(layouts, B, backend)``, the
-  policy ``wise.runner.run_late`` uses, created inside each timed forward, so its schedule build
+- wise: the late steps through ``wise.engine.routing.make_support_policy(layouts, B, backend)``, the
+  policy ``wise.engine.runner.run_late`` uses, created inside each timed forward, so its schedule build
   and call preparation (paid once per example and condition in the pipeline) are included.
 
 Why not ``run_prefix`` / ``run_late`` themselves: ``run_late`` derives its support from the
@@ -42,7 +42,7 @@ import torch
 from kernels.reference import masked_attention_reference, relative_error
 from wise.models.config import RecurrentConfig
 from wise.models.recurrent import RecurrentDepthModel, causal_attention, init_weights
-from wise.routing import make_support_policy
+from wise.engine.routing import make_support_policy
 
 from . import timers
 from .inputs import DTYPES, REL_ERR_BOUND, density, random_wise_layout
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--rounds", type=int, default=5, help="whole forwards per condition (median)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", default="kernel", help="late attention backend (wise.routing.BACKENDS)")
+    p.add_argument("--backend", default="kernel", help="late attention backend (wise.engine.routing.BACKENDS)")
     p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
     p.add_argument("--check-n", type=int, default=256, help="length of the check against the reference")
     p.add_argument("--out", default="whole_model.parquet", help="Parquet, or CSV for *.csv")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from pipelines import paths, schemas
-from pipelines.artifacts import write_json, write_parquet, write_text
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import write_json, write_parquet, write_text
 from pipelines.halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
 from wise.looped.recipe import RetrofitParams
 
@@ -91,7 +91,7 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
     """WISE under adaptive depth for every rule that reads only the state (halting head, ACT,
     PonderNet); each Full continuation must decide as the rule's table row."""
     from wise.adaptive.online import wise_adaptive
-    from wise.runner import WiseSettings, state_seed
+    from wise.engine.runner import WiseSettings, state_seed
 
     settings = WiseSettings(steps=h.t_max, discovery_step=ad.wise_discovery_step, window=ad.wise_window,
                             block_size=ad.wise_block_size, eta=ad.wise_eta, backend="reference")
@@ -135,9 +135,10 @@ def headline_metrics(summary: list[dict], best: str) -> dict:
 
 
 def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
-    from pipelines.adaptive_report import adaptive_markdown, notes_from_card
-    from pipelines.report import f, table
-    from pipelines.run_spec import code_version, file_sha256, weights_id as weights_id_of
+    from pipelines.reports.adaptive_report import adaptive_markdown, notes_from_card
+    from pipelines.reports.report import f, table
+    from pipelines.config.run_spec import code_version
+    from wise.fingerprint import file_sha256, weights_id as weights_id_of
     from wise.adaptive import tables
     from wise.adaptive.heads import WEIGHTS, load_heads
     from wise.adaptive.rules import method_rules

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from pipelines.params import Params
+from pipelines.config.params import Params
 from wise.data import build_cohort_variants, format_prompt, load_examples, public_benchmarks
 from wise.data.prompts import answer_continuation
 from wise.data.tokenizer import load_tokenizer

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipelines import paths, schemas
-from pipelines.artifacts import iter_row_groups, read_parquet, write_parquet
-from pipelines.params import Params, adaptive_rule
-from pipelines.run_spec import model_spec, settings_spec
-from wise.conditions import supports_from_trace
-from wise.support import pack_layout
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import iter_row_groups, read_parquet, write_parquet
+from pipelines.config.params import Params, adaptive_rule
+from pipelines.config.run_spec import model_spec, settings_spec
+from wise.engine.conditions import supports_from_trace
+from wise.engine.support import pack_layout
 
 
 def iter_trace_masses(path=paths.TRACE_MASSES):

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from pipelines.cohorts import cohort_row, generation_reserve
-from pipelines.run_spec import wise_settings
-from pipelines.params import load_params
-from pipelines.pool import ModelWorker
+from pipelines.config.run_spec import wise_settings
+from pipelines.config.params import load_params
+from pipelines.compute.pool import ModelWorker
 from wise.data import build_cohort_variants, load_examples
 from wise.data.tokenizer import load_tokenizer
 

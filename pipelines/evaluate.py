@@ -1,7 +1,7 @@
 """The conditions stage: every condition on every example, scored, paired against Full.
 
 Work items are up to ``conditions.batch_examples`` examples of one prompt length, decoded as one
-batch (``wise.decoding.evaluate_examples``). Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
+batch (``wise.engine.decoding.evaluate_examples``). Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
 normalisation), classifies answer changes versus Full, joins the support metrics of the supports
 stage, and checks pairing: all conditions of an example must reach t_d in the same state, and
 each run's late support must be the one derived from the Full trace (an error naming the example
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipelines import paths, schemas
-from pipelines.artifacts import read_parquet, write_parquet
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
-from pipelines.expected import oracle_for, settings_of
-from pipelines.params import Params
-from pipelines.pool import WorkerPool
-from pipelines.run_spec import run_spec, wise_settings
-from wise.metrics import answer_change, exact_match, f1
+from pipelines.reports.expected import oracle_for, settings_of
+from pipelines.config.params import Params
+from pipelines.compute.pool import WorkerPool
+from pipelines.config.run_spec import run_spec, wise_settings
+from wise.analysis.metrics import answer_change, exact_match, f1
 
 
 class PairingError(RuntimeError):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from pipelines import paths, schemas
-from pipelines.artifacts import write_parquet
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import write_parquet
 from wise.looped.recipe import RetrofitParams
 
 SPLITS = {"train": "train", "heldout": "validation"}
@@ -79,7 +79,7 @@ def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
     from wise.adaptive import heads as H
     from wise.adaptive import rules as R
     from wise.adaptive.trajectory import stacked
-    from pipelines.run_spec import weights_id
+    from wise.fingerprint import weights_id
 
     h = params.halting
     folder, config, model, tok, special = load_model(params, h.variant, device)

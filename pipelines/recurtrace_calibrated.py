@@ -160,7 +160,8 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
     """The trained LMA retrofit data/models/<name>-lma (trained here unless its recipe matches)."""
     import json
 
-    from wise.looped.base import fingerprint, load_base
+    from wise.looped.base import load_base
+    from wise.fingerprint import base_fingerprint
     from wise.looped.calibrate import items_and_rows
     from wise.looped.chain_base import HOP_LAYER
     from wise.looped.checkpoint import base_pointer, load_retrofit, save_retrofit
@@ -173,7 +174,7 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
     seed = c.seeds[0]
     recipe = {"lma_steps": c.lma_steps, "lma": dict(c.lma), "seed": seed, "fit_n": c.fit_n, "context": c.context,
               "max_hops": c.max_hops, "max_refine": c.max_refine, "unreachable": c.unreachable, "t_max": c.t_max,
-              "base_sha256": fingerprint(base_folder), "shape": LMA_SHAPE}
+              "base_sha256": base_fingerprint(base_folder), "shape": LMA_SHAPE}
     if (out / "train_recipe.json").is_file() and json.loads((out / "train_recipe.json").read_text()) == recipe:
         log(f"recurtrace_calibrated: {out} holds this recipe; keeping it")
         return load_retrofit(out)

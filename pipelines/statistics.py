@@ -6,8 +6,8 @@ and/or context_length = 0 (all lengths). Every delta pairs a condition with Full
 Resampling unit: the base example (benchmark, base_id). A pooled row over lengths holds every
 context variant of a base example, and those are not independent (same question, same evidence,
 nested contexts), so the bootstrap draws base examples with all their variants together
-(``wise.stats.cluster_bootstrap``) and the pooled McNemar is the exact sign test over base
-examples (``wise.stats.mcnemar(..., clusters=)``). A group with one row per base example (one
+(``wise.analysis.stats.cluster_bootstrap``) and the pooled McNemar is the exact sign test over base
+examples (``wise.analysis.stats.mcnemar(..., clusters=)``). A group with one row per base example (one
 context length) gets exactly the example bootstrap and McNemar's exact test. Rows whose support
 differed from the trace's (``support_matches_trace = false``, kept only with
 ``conditions.allow_support_mismatch``) are left out and counted per group.
@@ -18,11 +18,11 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipelines import paths, schemas
-from pipelines.artifacts import write_csv, write_json, write_parquet, write_text
-from pipelines.db import connect_views, publish_database
-from pipelines.params import Params
-from wise.stats import cluster_bootstrap, mcnemar
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import write_csv, write_json, write_parquet, write_text
+from pipelines.store.db import connect_views, publish_database
+from pipelines.config.params import Params
+from wise.analysis.stats import cluster_bootstrap, mcnemar
 
 PAIRED_SQL = """
 SELECT benchmark, context_length, condition, example_id, base_id, f1, em, full_f1, full_em,
@@ -128,7 +128,7 @@ def table1_markdown(summary: list[dict], p: Params) -> str:
             f"{r['delta_logprob']:+.3f} [{r['delta_logprob_low']:+.3f}, {r['delta_logprob_high']:+.3f}] | "
             f"{r['mcnemar_p']:.3g} | {r['correct_to_wrong']} | {r['wrong_to_correct']} | "
             f"{_fmt(r['density'])} | {_fmt(r['retained_future_mass'])} |")
-    lines += ["", "Per benchmark and context length: `python -m pipelines.query "
+    lines += ["", "Per benchmark and context length: `python -m pipelines.store.query "
               "\"SELECT * FROM condition_summary\"`.", ""]
     return "\n".join(lines)
 
@@ -151,15 +151,15 @@ def headline_metrics(summary: list[dict], stability: dict) -> dict:
 
 
 def run_statistics(p: Params) -> None:
-    from pipelines.adaptive_report import adaptive_data
-    from pipelines.calibration_report import calibration_data
-    from pipelines.discovery_depth_report import depth_data
+    from pipelines.reports.adaptive_report import adaptive_data
+    from pipelines.reports.calibration_report import calibration_data
+    from pipelines.reports.discovery_depth_report import depth_data
     from pipelines.cohorts import model_text
     from pipelines.discovery import iter_trace_masses
-    from pipelines.expected import oracle_for
-    from pipelines.params import model_facts
-    from pipelines.report import write_report
-    from pipelines.study import (context_scaling, convergence_tables, query_rows, stability_tables,
+    from pipelines.reports.expected import oracle_for
+    from pipelines.config.validate import model_facts
+    from pipelines.reports.report import write_report
+    from pipelines.reports.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
 
     con = connect_views()  # in memory: data/wise.duckdb is published once, at the end

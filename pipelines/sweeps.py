@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipelines import paths, schemas
-from pipelines.artifacts import read_parquet, write_parquet
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
-from pipelines.expected import oracle_for, settings_of
-from pipelines.params import Params, ParamsError, adaptive_rule
-from pipelines.pool import WorkerPool
-from pipelines.run_spec import run_spec, wise_settings
-from wise.conditions import ADAPTIVE
-from wise.metrics import answer_change, exact_match, f1
+from pipelines.reports.expected import oracle_for, settings_of
+from pipelines.config.params import Params, ParamsError, adaptive_rule
+from pipelines.compute.pool import WorkerPool
+from pipelines.config.run_spec import run_spec, wise_settings
+from wise.engine.conditions import ADAPTIVE
+from wise.analysis.metrics import answer_change, exact_match, f1
 
 AXES = ("eta", "discovery_step", "window", "block_size", "adaptive_threshold")
 SPEC_COLUMN = {"eta": "eta", "discovery_step": "t_d", "window": "w", "block_size": "B"}  # run-spec column of an axis

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from pipelines import paths, schemas
-from pipelines.artifacts import read_parquet, write_parquet
-from pipelines.params import KERNEL_BLOCK_SIZES, Params, model_facts
-from wise.support import unpack_layout
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import read_parquet, write_parquet
+from pipelines.config.params import Params
+from pipelines.config.validate import KERNEL_BLOCK_SIZES, model_facts
+from wise.engine.support import unpack_layout
 
 
 def model_supports(p: Params) -> list[tuple[str, int, torch.Tensor]]:

@@ -8,11 +8,11 @@ import dataclasses
 
 import numpy as np
 
-from pipelines import paths, schemas
-from pipelines.artifacts import ParquetStream, read_parquet
-from pipelines.params import Params
-from pipelines.pool import WorkerPool
-from pipelines.run_spec import model_spec, wise_settings, worker_spec
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import ParquetStream, read_parquet
+from pipelines.config.params import Params
+from pipelines.compute.pool import WorkerPool
+from pipelines.config.run_spec import model_spec, wise_settings, worker_spec
 
 
 def trace_spec(p: Params, worker: dict) -> dict:

@@ -2,8 +2,8 @@
 import dataclasses
 import sys
 
-from pipelines import paths
-from pipelines.cli import stage_main
+from pipelines.config import paths
+from pipelines.config.cli import stage_main
 from wise.models.chain_card import write_chain_checkpoint
 from wise.models.construct import ChainSpec
 

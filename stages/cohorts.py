@@ -1,9 +1,9 @@
 """Stage `cohorts`: deterministic examples × context lengths, tokenised, with prompt sha256."""
 import sys
 
-from pipelines import paths, schemas
-from pipelines.artifacts import write_parquet
-from pipelines.cli import stage_main
+from pipelines.config import paths, schemas
+from pipelines.store.artifacts import write_parquet
+from pipelines.config.cli import stage_main
 from pipelines.cohorts import build_cohort
 
 

@@ -1,7 +1,7 @@
 """Stage `conditions`: every condition on every example: prediction, EM/F1, gold log-prob, pairing."""
 import sys
 
-from pipelines.cli import stage_main
+from pipelines.config.cli import stage_main
 from pipelines.evaluate import run_condition_stage
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from pipelines.paths import retrofit_tables
+from pipelines.config.paths import retrofit_tables
 from wise.looped.recipe import VARIANTS, load_retrofit_params
 from wise.looped.runs import ensure_table
 

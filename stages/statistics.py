@@ -1,7 +1,7 @@
 """Stage `statistics`: DuckDB views over all outputs, paired bootstrap / McNemar, metrics, summary."""
 import sys
 
-from pipelines.cli import stage_main
+from pipelines.config.cli import stage_main
 from pipelines.statistics import run_statistics
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Stage `supports`: late supports of every condition (WISE working set and controls) per example."""
 import sys
 
-from pipelines.cli import stage_main
+from pipelines.config.cli import stage_main
 from pipelines.discovery import run_supports
 
 if __name__ == "__main__":

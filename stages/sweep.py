@@ -4,7 +4,7 @@ sub-cohort; the other settings stay at their params.yaml values."""
 import argparse
 import sys
 
-from pipelines.cli import stage_main
+from pipelines.config.cli import stage_main
 from pipelines.sweeps import AXES, run_sweep_stage
 
 if __name__ == "__main__":

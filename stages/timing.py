@@ -1,7 +1,7 @@
 """Stage `timing`: dense attention vs the block-sparse path per context length (skips without CUDA)."""
 import sys
 
-from pipelines.cli import stage_main
+from pipelines.config.cli import stage_main
 from pipelines.timing import run_timing
 
 if __name__ == "__main__":

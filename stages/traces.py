@@ -1,7 +1,7 @@
 """Stage `traces`: the Full trajectory of every example (block masses per step, state change)."""
 import sys
 
-from pipelines.cli import stage_main
+from pipelines.config.cli import stage_main
 from pipelines.traces import run_traces
 
 if __name__ == "__main__":

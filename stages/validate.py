@@ -5,12 +5,12 @@ would already have cost its outputs. Every other stage lists this stage's stamp 
 so DVC runs this one first whenever params.yaml changed, and a bad value stops `dvc repro` here,
 naming the key, with every file under data/ untouched. The stamp is a persistent output (DVC never
 deletes it) and its content is constant, so a params edit reruns only the stages that read the
-edited keys. Checked: every section and key of pipelines.params (present, typed, in range, the
+edited keys. Checked: every section and key of pipelines.config.params (present, typed, in range, the
 relations between keys), the model's positions and the kernel backend where the model can be read
 now (the calibration model is checked from `calibration:`, which builds it later), `train:`
 (every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
 (every key of wise.looped.recipe.RetrofitParams, as the RecurTrace stages read it), and before
-any work (pipelines.preflight): the compute request against this machine, the model's weight files
+any work (pipelines.config.preflight): the compute request against this machine, the model's weight files
 (not truncated), and every context length against the generated benchmarks' prompts.
 """
 import argparse
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from pipelines import paths
-from pipelines.artifacts import write_text
-from pipelines.params import ParamsError, load_params
-from pipelines.preflight import (check_compute_here, check_context_lengths, check_weights,
+from pipelines.config import paths
+from pipelines.store.artifacts import write_text
+from pipelines.config.params import ParamsError, load_params
+from pipelines.config.preflight import (check_compute_here, check_context_lengths, check_weights,
                                  prompt_tokenizer)
 from wise.training import TrainConfig
 

@@ -1,7 +1,7 @@
 """Driver for tests/test_cluster.py, run as its own process (``python tests/cluster_stages.py WORKDIR``):
 the `traces` and `conditions` stage bodies on a small cohort, first in-process (``compute.executor:
 local``, the reference), then attached to a Ray cluster of a head and two worker nodes on loopback
-(``pipelines.local_cluster``), undisturbed, with nodes lost and joining mid-stage, and past the
+(``pipelines.compute.local_cluster``), undisturbed, with nodes lost and joining mid-stage, and past the
 retry budget. Writes WORKDIR/result.json: per scenario, what the test asserts on.
 
 Nodes are removed and added from a hook that runs after the n-th result a stage receives
@@ -45,7 +45,7 @@ def micro_params(workdir: Path) -> None:
 
 
 def hooked_imap():
-    from pipelines.pool import WorkerPool
+    from pipelines.compute.pool import WorkerPool
 
     plain = WorkerPool.imap
 
@@ -86,8 +86,8 @@ def main(workdir: Path) -> None:
     hooked_imap()
     from pipelines.discovery import run_supports
     from pipelines.evaluate import run_condition_stage
-    from pipelines.local_cluster import LocalCluster
-    from pipelines.params import load_params
+    from pipelines.compute.local_cluster import LocalCluster
+    from pipelines.config.params import load_params
     from pipelines.traces import run_traces
     from stages import build_calibration, cohorts
 

@@ -5,7 +5,7 @@ DVC stage's dependencies cover the code it runs). Imports inside functions count
 still runs that module's code. Two kinds of edge that are not import statements count too:
 - a package's ``__init__`` runs before any of its modules (``import a.b.c`` runs a, a.b, a.b.c);
 - a work item dispatched by name (``pool.map("conditions", ...)``) runs the task module that
-  ``pipelines.work.TASKS`` names for it (imported there with importlib).
+  ``pipelines.compute.work.TASKS`` names for it (imported there with importlib).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("wise", "kernels", "benchmarks", "pipelines", "stages")
-WORK_REGISTRY = ROOT / "pipelines" / "work.py"
-DISPATCH_METHODS = ("map", "imap")  # pipelines.pool.WorkerPool methods that take a task name first
+WORK_REGISTRY = ROOT / "pipelines" / "compute" / "work.py"
+DISPATCH_METHODS = ("map", "imap")  # pipelines.compute.pool.WorkerPool methods that take a task name first
 
 
 def module_name(path: Path) -> str:
@@ -56,7 +56,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def task_registry() -> dict[str, str]:
-    """Work item name -> the module that runs it, read from the TASKS literal of pipelines/work.py."""
+    """Work item name -> the module that runs it, read from the TASKS literal of pipelines/compute/work.py."""
     for node in ast.walk(ast.parse(WORK_REGISTRY.read_text())):
         if isinstance(node, ast.AnnAssign | ast.Assign):
             targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets

@@ -1,7 +1,7 @@
 """Adaptive depth (wise.adaptive): the loss-improvement oracle's labels on hand-made loss curves,
 the threshold selection on constructed cases, the ACT / PonderNet weights, the halting floor and
 budget (replayed and online, on a tiny random looped model), every rule deciding online exactly as
-replayed, WISE under adaptive depth, and McNemar on adaptive pairs equal to wise.stats.mcnemar."""
+replayed, WISE under adaptive depth, and McNemar on adaptive pairs equal to wise.analysis.stats.mcnemar."""
 import pytest
 import torch
 
@@ -13,8 +13,8 @@ from wise.adaptive.trajectory import LoopSignal, Trajectory, trajectory
 from wise.looped.base import build_base
 from wise.looped.data import PromptRow
 from wise.looped.model import build_looped
-from wise.runner import WiseSettings
-from wise.stats import mcnemar
+from wise.engine.runner import WiseSettings
+from wise.analysis.stats import mcnemar
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
@@ -274,7 +274,7 @@ def test_halting_and_adaptive_params_name_the_bad_key():
 def test_validate_requires_every_halting_and_adaptive_key():
     import yaml
 
-    from pipelines.params import ParamsError
+    from pipelines.config.params import ParamsError
     from stages.validate import check_retrofit
 
     raw = yaml.safe_load(open("params.yaml").read())

@@ -1,6 +1,6 @@
 """The stages train_halting and adaptive_eval end to end on a tiny random retrofit (in-process,
 seconds): every artifact with exactly its schema, the heads' card, the table's McNemar equal to
-wise.stats.mcnemar on the example rows, WISE rows paired with Full-adaptive, a stale card refused."""
+wise.analysis.stats.mcnemar on the example rows, WISE rows paired with Full-adaptive, a stale card refused."""
 import json
 import shutil
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 import yaml
 
-from wise.looped.base import build_base, fingerprint
+from wise.looped.base import build_base
+from wise.fingerprint import base_fingerprint
 from wise.looped.checkpoint import base_pointer, save_retrofit
 from wise.looped.model import build_looped
 
@@ -25,7 +26,7 @@ def make_retrofit(root):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(f"{TOKENIZER}/{name}", models / "tiny-base" / name)
     out = models / "tiny-lma"
-    model = build_looped(base, base_pointer(str(models / "tiny-base"), out), fingerprint(models / "tiny-base"),
+    model = build_looped(base, base_pointer(str(models / "tiny-base"), out), base_fingerprint(models / "tiny-base"),
                          block_start=1, block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4)
     with torch.no_grad():
         model.alpha.fill_(0.5)
@@ -64,7 +65,7 @@ def run(tmp_path_factory):
 
 
 def test_every_artifact_has_exactly_its_schema(run):
-    from pipelines import paths, schemas
+    from pipelines.config import paths, schemas
 
     for view in ("halting_loops", "halting_selection", "adaptive_loops", "adaptive_examples", "adaptive_summary",
                  "adaptive_depth", "adaptive_histogram", "adaptive_wise", "adaptive_wise_summary"):
@@ -86,7 +87,7 @@ def test_the_card_and_the_selection(run):
 
 
 def test_the_table_pairs_every_method_with_the_best_fixed_depth(run):
-    from wise.stats import mcnemar
+    from wise.analysis.stats import mcnemar
 
     examples = pq.read_table(run / "data/retrofit/tiny/adaptive_examples.parquet").to_pylist()
     summary = pq.read_table(run / "data/retrofit/tiny/adaptive_summary.parquet").to_pylist()
@@ -126,9 +127,10 @@ def test_metrics_json_is_accuracy_and_mean_loops_of_the_best_fixed_depth_and_eac
 
 
 def test_the_report_section_reads_the_views(run, monkeypatch):
-    from pipelines.adaptive_report import adaptive_data, adaptive_section, fig_accuracy_vs_loops
-    from pipelines.db import connect_views
-    from pipelines.report import _save, f, plt, table
+    from pipelines.reports.adaptive_report import adaptive_data, adaptive_section, fig_accuracy_vs_loops
+    from pipelines.store.db import connect_views
+    from pipelines.reports.figures import plt, save_figure
+    from pipelines.reports.report import f, table
 
     monkeypatch.chdir(run)
     con = connect_views(run)
@@ -139,7 +141,7 @@ def test_the_report_section_reads_the_views(run, monkeypatch):
     card = json.loads((run / "data/models/tiny-halting/halting.json").read_text())
     assert (d["notes"]["tau"], d["notes"]["best_fixed"]) == (card["tau"], card["best_fixed_depth"])
     assert d["wise_settings"] == {"t_d": 2, "w": 1, "B": 16, "eta": 0.95}
-    figure = fig_accuracy_vs_loops(d["summary"], _save, plt)
+    figure = fig_accuracy_vs_loops(d["summary"], save_figure, plt)
     text = "\n".join(adaptive_section(d, figure, f, table))
     assert text.startswith("## RecurTrace — adaptive depth") and "| oracle_correct |" in text
     assert (run / "data/report" / figure).is_file()

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.artifacts import ParquetStream, iter_row_groups, write_csv, write_parquet, write_text
+from pipelines.store.artifacts import ParquetStream, iter_row_groups, write_csv, write_parquet, write_text
 from wise.atomic_files import temporary_name
 
 V = pa.schema([("v", pa.int64())])

@@ -1,11 +1,11 @@
-"""pipelines.bench_conditions on the calibration model: its table, its JSON and its last line."""
+"""benchmarks.pipeline.bench_conditions on the calibration model: its table, its JSON and its last line."""
 import json
 import math
 import re
 
 import torch
 
-from pipelines.bench_conditions import main
+from benchmarks.pipeline.bench_conditions import main
 from wise.models.chain_card import write_chain_checkpoint
 
 CONDITIONS = {"full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate"}
@@ -45,13 +45,13 @@ def test_skip_today_times_the_new_path_only(tmp_path, capsys):
 
 
 def run(tokens, logprobs, margins=None):
-    from wise.decoding import ConditionRun
+    from wise.engine.decoding import ConditionRun
 
     return ConditionRun("full", tokens, 0.0, "h", None, logprobs, margins or [1.0] * len(tokens))
 
 
 def test_agreement_counts_tokens_before_the_first_divergence():
-    from pipelines.bench_agreement import agreement, agreement_table
+    from benchmarks.pipeline.bench_agreement import agreement, agreement_table
 
     before = [{"full": run([5, 6, 7, 8], [-1.0, -2.0, -3.0, -4.0], [0.5, 0.4, 0.3, 0.2])},
               {"full": run([1, 2], [-0.5, -0.5])}]
@@ -68,7 +68,7 @@ def test_agreement_counts_tokens_before_the_first_divergence():
 
 
 def test_bench_many_loads_each_model_once_and_undoes_a_state_gain(tmp_path, capsys, monkeypatch):
-    import pipelines.bench_many as many
+    import benchmarks.pipeline.bench_many as many
 
     folder = write_chain_checkpoint(tmp_path / "wise-chain")
     loads = []

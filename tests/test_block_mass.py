@@ -1,5 +1,5 @@
 """Block-mass kernel (kernels/block_mass.py) vs the dense fp32 references, its argument checks, and
-wise.support.fast_block_mass (the recorder's entry).
+wise.engine.support.fast_block_mass (the recorder's entry).
 
 On CPU the kernel runs under TRITON_INTERPRET=1 (set by conftest) at tiny sizes with fp32/fp16
 (bf16 is broken in the interpreter). Tests marked gpu cover bf16/fp16 up to n=4096, every block
@@ -17,8 +17,8 @@ import torch
 from kernels import BlockMassConfig, block_mass, block_mass_supported
 from kernels.block_mass import default_block_mass_config
 from kernels.reference import block_mass_reference
-from wise.mechanism import layer_probs
-from wise.support import attention_block_mass, block_mass as probs_block_mass, fast_block_mass
+from wise.engine.mechanism import layer_probs
+from wise.engine.support import attention_block_mass, block_mass as probs_block_mass, fast_block_mass
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -75,7 +75,7 @@ def test_kernel_matches_references(hq, hkv, n, d, block_size, dtype):
     out = block_mass(q, k, block_size)
     ref = block_mass_reference(q, k, block_size)
     check(out, ref, dtype, block_size, n)
-    # the definition the pipeline uses (wise.support) gives the same masses
+    # the definition the pipeline uses (wise.engine.support) gives the same masses
     wise_ref = attention_block_mass(q.float(), k.float(), block_size)
     assert (out - wise_ref).abs().max().item() <= BOUND[dtype]
 
@@ -169,7 +169,7 @@ def test_reference_is_the_recorders_computation():
 
 
 # ---------------------------------------------------------------------------------------------
-# wise.support.fast_block_mass
+# wise.engine.support.fast_block_mass
 
 def test_fast_block_mass_off_cuda_is_the_recorders_dense_path():
     q, k = qk(4, 2, 70, 32, torch.float32, seed=9, device="cpu")

@@ -1,5 +1,5 @@
 """The calibration model wise-chain on synthchain: measured answers, attention and convergence steps
-equal what the construction predicts (wise.calibration), example by example, for every condition,
+equal what the construction predicts (wise.analysis.calibration), example by example, for every condition,
 on the engine the conditions stage and `python -m wise.evaluate` run (cached, batched
 ``evaluate_examples``: late steps batched, both answer tokens decoded through the appended rows'
 caches) and on ``run_condition``; and broken methods planted one at a time (``FAULTS``) are caught.
@@ -10,26 +10,26 @@ import re
 import pytest
 import torch
 
-import wise.appended_rows
-import wise.conditions
+import wise.engine.appended_rows
+import wise.engine.conditions
 import wise.evaluate
-import wise.extension
-import wise.routing
-import wise.runner
-import wise.support
-from wise.calibration import CONDITIONS, Settings, expected_outcome, expected_taus, parse_layout
+import wise.engine.extension
+import wise.engine.routing
+import wise.engine.runner
+import wise.engine.support
+from wise.analysis.calibration import CONDITIONS, Settings, expected_outcome, expected_taus, parse_layout
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.probes import build_prompts
 from wise.data.synthchain import build_tokenizer, successor
-from wise.decoding import evaluate_example, evaluate_examples
-from wise.diagnostics import convergence_summary
-from wise.mechanism import TrajectoryObserver
+from wise.engine.decoding import evaluate_example, evaluate_examples
+from wise.engine.diagnostics import convergence_summary
+from wise.engine.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
 from wise.models.construct import NOISE_DIMS, ChainSpec, build_chain_model
-from wise.routing import MaskedSupportAttention
-from wise.runner import WiseSettings, run_condition, state_seed
-from wise.scoring import full_settings
-from wise.support import causal_attention_probs, num_blocks
+from wise.engine.routing import MaskedSupportAttention
+from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.analysis.scoring import full_settings
+from wise.engine.support import causal_attention_probs, num_blocks
 
 TOK = build_tokenizer()
 FOLLOW = {"follow_hops": 16}  # two-token answers, as the default run asks them
@@ -205,7 +205,7 @@ def test_a_question_row_without_a_visible_fact_keeps_its_pointer(model):
         rope = model.rotary(len(ids))
         with torch.no_grad():
             e = model.embed(e_ids, rope)
-            s = wise.runner.initial_state(model, e, seed)
+            s = wise.engine.runner.initial_state(model, e, seed)
             for t in range(1, 13):
                 s = model.core_step(s, e, t, rope)
             at_td = model.readout(s, rope)[0, -1].argmax()
@@ -271,12 +271,12 @@ def test_question_row_convergence_steps_match_their_expectation(model):
 # 1024 --steps 32 --n 64 --condition <c>` with the same edit) is in the report of this change and
 # in CHANGELOG.md.
 def _attend_every_key(mp):  # appended rows ignore their late support
-    mp.setattr(wise.extension.CoreRows, "late_bias", lambda self, layer: None)
+    mp.setattr(wise.engine.extension.CoreRows, "late_bias", lambda self, layer: None)
 
 
 def _row0_initial_state(mp):  # new tokens get row 0's initial state instead of their own
-    real = wise.extension.initial_state
-    mp.setattr(wise.extension, "initial_state", lambda model, e, seed, start=0: real(model, e, seed, 0))
+    real = wise.engine.extension.initial_state
+    mp.setattr(wise.engine.extension, "initial_state", lambda model, e, seed, start=0: real(model, e, seed, 0))
 
 
 def _freeze_a_not_renormalised(mp):
@@ -285,50 +285,50 @@ def _freeze_a_not_renormalised(mp):
 
         probs = causal_attention_probs(q, k.repeat_interleave(q.shape[0] // k.shape[0], dim=0))
         return probs * expand_layout(layout, block_size, q.shape[1])
-    mp.setattr(wise.runner, "masked_softmax_weights", weights)
-    mp.setattr(wise.extension.CoreRows, "frozen_weights",
+    mp.setattr(wise.engine.runner, "masked_softmax_weights", weights)
+    mp.setattr(wise.engine.extension.CoreRows, "frozen_weights",
                lambda self, layer: self.td_probs[layer] * self.allowed_keys()[self.freeze, layer])
 
 
 def _eta_strict(mp):  # a block joins while the mass before it is < eta (not <=): one block short
-    real = wise.support._prefix_reaching
+    real = wise.engine.support._prefix_reaching
 
     def short(mass, target, rel_tol):
-        order, sorted_mass, sorted_causal = wise.support._ranked(mass)
+        order, sorted_mass, sorted_causal = wise.engine.support._ranked(mass)
         before = torch.cumsum(sorted_mass, dim=-1)  # the bug: counts the block itself
         keep = before < target.to(torch.float64)[..., None] * (1.0 - rel_tol)
         keep[..., 0] = True
-        return wise.support._scatter_ranked(order, keep & sorted_causal)
+        return wise.engine.support._scatter_ranked(order, keep & sorted_causal)
     assert real is not None
-    mp.setattr(wise.support, "_prefix_reaching", short)
+    mp.setattr(wise.engine.support, "_prefix_reaching", short)
 
 
 def _last_step_only(mp):  # the working set from step t_d alone
     for name in ("wise", "freeze_a"):
-        mp.setitem(wise.conditions.SUPPORT_RULES, name, lambda d, eta: wise.support.working_set([d.window[-1]], eta))
+        mp.setitem(wise.engine.conditions.SUPPORT_RULES, name, lambda d, eta: wise.engine.support.working_set([d.window[-1]], eta))
 
 
 def _window_shifted(mp):  # steps t_d-w..t_d-1 instead of t_d-w+1..t_d
     def steps(t_d, w):
         return list(range(t_d - w, t_d))
-    for module in (wise.conditions, wise.runner, wise.extension, wise.appended_rows):
+    for module in (wise.engine.conditions, wise.engine.runner, wise.engine.extension, wise.engine.appended_rows):
         mp.setattr(module, "discovery_steps", steps)
 
 
 def _layers_swapped(mp):
-    real = wise.conditions.condition_support
-    mp.setattr(wise.conditions, "condition_support",
+    real = wise.engine.conditions.condition_support
+    mp.setattr(wise.engine.conditions, "condition_support",
                lambda name, masses, eta: None if (l := real(name, masses, eta)) is None else l.flip(0))
-    for module in (wise.runner, wise.appended_rows):
-        mp.setattr(module, "condition_support", wise.conditions.condition_support)
+    for module in (wise.engine.runner, wise.engine.appended_rows):
+        mp.setattr(module, "condition_support", wise.engine.conditions.condition_support)
 
 
 def _heads_swapped(mp):
-    real = wise.conditions.condition_support
-    mp.setattr(wise.conditions, "condition_support",
+    real = wise.engine.conditions.condition_support
+    mp.setattr(wise.engine.conditions, "condition_support",
                lambda name, masses, eta: None if (l := real(name, masses, eta)) is None else l.flip(1))
-    for module in (wise.runner, wise.appended_rows):
-        mp.setattr(module, "condition_support", wise.conditions.condition_support)
+    for module in (wise.engine.runner, wise.engine.appended_rows):
+        mp.setattr(module, "condition_support", wise.engine.conditions.condition_support)
 
 
 def _late_need(lay, s=Settings()):  # WISE right, and the question rows need a fact after t_d
@@ -337,7 +337,7 @@ def _late_need(lay, s=Settings()):  # WISE right, and the question rows need a f
 
 def _wise_with(lay, window):
     """WISE's expected answer if the working set came from `window` (steps) with t_d unchanged."""
-    from wise.calibration import block_masses, chase_progress, support_row
+    from wise.analysis.calibration import block_masses, chase_progress, support_row
 
     s = Settings()
     steps = list(window)

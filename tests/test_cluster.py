@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.run_spec import WORKER_COLUMNS
+from pipelines.config.run_spec import WORKER_COLUMNS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,8 +140,8 @@ def test_every_process_the_cluster_started_is_gone(run):
 
 ATTACH = """
 import sys
-from pipelines.params import ComputeParams, ModelParams
-from pipelines.pool import WorkerPool
+from pipelines.config.params import ComputeParams, ModelParams
+from pipelines.compute.pool import WorkerPool
 items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 23 + i))} for i in range(4)]
 ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
 with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(ray_address=sys.argv[1]), 4) as pool:
@@ -151,7 +151,7 @@ with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(ray_ad
 
 
 def test_the_readme_command_starts_a_cluster_the_stages_attach_to(tmp_path):
-    """`python -m pipelines.local_cluster`, the README's recipe for one host: it prints the address
+    """`python -m pipelines.compute.local_cluster`, the README's recipe for one host: it prints the address
     for compute.ray_address, a pool attached to it uses both worker nodes, and Ctrl-C (SIGTERM here)
     stops every process it started."""
     ray_tmp = tempfile.mkdtemp(prefix="wr", dir="/tmp")
@@ -160,7 +160,7 @@ def test_the_readme_command_starts_a_cluster_the_stages_attach_to(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = tmp_path / "cluster.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.local_cluster", "--workers", "2", "--cpus", "1"],
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.compute.local_cluster", "--workers", "2", "--cpus", "1"],
                                 env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         address = None

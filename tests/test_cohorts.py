@@ -4,7 +4,7 @@ import hashlib
 from pathlib import Path
 
 from pipelines.cohorts import ANSWER_HEADROOM, build_cohort, generation_reserve
-from pipelines.params import load_params
+from pipelines.config.params import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

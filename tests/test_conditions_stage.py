@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from pipelines.evaluate import work_items
-from pipelines.tasks.conditions import run_conditions
-from wise.calibration import CONDITIONS
-from wise.conditions import ADAPTIVE
-from wise.discovery_depth import AdaptiveDiscovery
+from pipelines.compute.tasks.conditions import run_conditions
+from wise.analysis.calibration import CONDITIONS
+from wise.engine.conditions import ADAPTIVE
+from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.runner import WiseSettings
+from wise.engine.runner import WiseSettings
 
 
 def row(i, n):

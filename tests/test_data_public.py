@@ -195,7 +195,8 @@ def test_cohorts_stage_lists_dropped_rows_and_local_files_must_be_a_dvc_dependen
     import yaml
 
     from pipelines.cohorts import build_cohort
-    from pipelines.params import LOCAL_BENCHMARKS, ParamsError, parse, validate
+    from pipelines.config.params import parse
+    from pipelines.config.validate import LOCAL_BENCHMARKS, ParamsError, validate
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)

@@ -10,10 +10,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from pipelines import paths
-from pipelines.artifacts import write_parquet
-from pipelines.db import connect, publish_database
-from pipelines.query import main as query_main
+from pipelines.config import paths
+from pipelines.store.artifacts import write_parquet
+from pipelines.store.db import connect, publish_database
+from pipelines.store.query import main as query_main
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_python_api_reader_cannot_write_or_delete_any_file(project):
 
 
 def test_the_readers_file_system_refuses_every_method_that_is_not_a_read(project):
-    from pipelines.readonly_fs import READ_METHODS, ReadOnlyDataFS, ReadOnlyError, refused_methods
+    from pipelines.store.readonly_fs import READ_METHODS, ReadOnlyDataFS, ReadOnlyError, refused_methods
 
     fs = ReadOnlyDataFS(project / "data")
     assert fs.cat_file("conditions/results.parquet")[:4] == b"PAR1"
@@ -142,7 +142,7 @@ def test_query_cli_memory_stays_bounded_on_a_large_result(project):
 
     # The peak is this process's own VmHWM: ru_maxrss would also count the pytest parent's
     # resident memory (Linux carries the forked copy's high-water mark across exec).
-    code = ("import re, sys; from pipelines.query import main; "
+    code = ("import re, sys; from pipelines.store.query import main; "
             "rc = main(['SELECT * FROM range(10000000)']); "
             "hwm = re.search(r'VmHWM:\\s*(\\d+) kB', open('/proc/self/status').read()); "
             "print('peak_mb=%d' % (int(hwm.group(1)) // 1024), file=sys.stderr); "
@@ -236,7 +236,7 @@ def test_readers_read_parquet_with_many_row_groups_exactly(project):
 
 
 def test_positional_reader_keeps_one_position_per_thread(tmp_path):
-    from pipelines.readonly_fs import PositionalReader
+    from pipelines.store.readonly_fs import PositionalReader
 
     path = tmp_path / "f.bin"
     data = bytes(range(256)) * 64

@@ -3,13 +3,13 @@ conditions, the shared prefix changes no number, and initial states are position
 import pytest
 import torch
 
-from wise.calibration import CONDITIONS
+from wise.analysis.calibration import CONDITIONS
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.tokenizer import load_tokenizer
-from wise.decoding import evaluate_example, evaluate_examples
+from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights, load_checkpoint
 from wise.models.construct import build_chain_model
-from wise.runner import WiseSettings, initial_state, state_seed
+from wise.engine.runner import WiseSettings, initial_state, state_seed
 
 SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 
@@ -121,7 +121,7 @@ def test_rows_decoded_together_keep_their_own_supports(tiny):
 def test_rows_with_one_late_support_run_once(tiny, monkeypatch):
     """run_late_rows runs a (prefix, support) pair once however many rows ask for it (here the
     same condition twice, and a second prompt), and hands every row the numbers of its own run."""
-    from wise.runner import run_late_rows, run_prefix
+    from wise.engine.runner import run_late_rows, run_prefix
 
     p1 = run_prefix(tiny, torch.tensor(ids_of(64, 50)), SETTINGS, 1, cache=True)
     p2 = run_prefix(tiny, torch.tensor(ids_of(64, 51)), SETTINGS, 2, cache=True)

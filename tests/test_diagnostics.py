@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from wise import diagnostics as D
+from wise.engine import diagnostics as D
 
 nan = math.nan
 

@@ -49,18 +49,18 @@ def stage_module(cmd: str) -> str:
 
 def test_the_closure_follows_lazy_imports_packages_and_dispatched_tasks():
     files = code_files("stages.conditions")
-    assert "wise/mechanism.py" in files  # decoding -> runner -> mechanism
-    assert "pipelines/tasks/conditions.py" in files  # pool.map("conditions", ...) in pipelines.evaluate
-    assert "pipelines/tasks/sweep.py" not in files  # another stage's task
+    assert "wise/engine/mechanism.py" in files  # decoding -> runner -> mechanism
+    assert "pipelines/compute/tasks/conditions.py" in files  # pool.map("conditions", ...) in pipelines.evaluate
+    assert "pipelines/compute/tasks/sweep.py" not in files  # another stage's task
     assert {"stages/__init__.py", "pipelines/__init__.py", "wise/__init__.py"} <= files
     assert "kernels/block_mass.py" in code_files("stages.traces")  # imported inside a function
-    assert uncovered({"wise/mechanism.py", "wise/models/config.py"}, ["wise/models", "wise/mechanism"]) == [
-        "wise/mechanism.py"]
+    assert uncovered({"wise/engine/mechanism.py", "wise/models/config.py"}, ["wise/models", "wise/engine/mechanism"]) == [
+        "wise/engine/mechanism.py"]
 
 
 def test_work_items_are_imported_only_through_the_registry():
     # A module loaded by name anywhere else would be invisible to the closure.
-    assert dynamic_imports() == {"pipelines.work": 1}
+    assert dynamic_imports() == {"pipelines.compute.work": 1}
     assert set(task_registry()) == {"trace", "conditions", "sweep"}
 
 
@@ -72,8 +72,8 @@ def test_every_stage_depends_on_the_code_it_runs():
 
 
 def test_editing_the_mechanism_observer_reruns_every_stage_that_runs_it():
-    # The example: wise/mechanism.py computes the discovery masses of these stages.
-    runs = {name for name, st in stages().items() if not uncovered({"wise/mechanism.py"}, st["deps"])}
+    # The example: wise/engine/mechanism.py computes the discovery masses of these stages.
+    runs = {name for name, st in stages().items() if not uncovered({"wise/engine/mechanism.py"}, st["deps"])}
     assert {"conditions", "traces", "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window",
             "sweep@block_size"} <= runs
 

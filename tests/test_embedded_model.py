@@ -9,10 +9,10 @@ import yaml
 
 from wise.data.tokenizer import load_tokenizer
 from wise.data.probes import build_prompts
-from wise.metrics import exact_match
+from wise.analysis.metrics import exact_match
 from wise.models.checkpoint import load_checkpoint, load_config
-from wise.decoding import evaluate_example
-from wise.runner import WiseSettings, state_seed
+from wise.engine.decoding import evaluate_example
+from wise.engine.runner import WiseSettings, state_seed
 from wise.training import TrainConfig
 
 MODEL = Path("data/models/wise-small")

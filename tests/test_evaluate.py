@@ -1,5 +1,5 @@
 """The evaluation entry point (wise.evaluate) and the modules it prints from: prompts as the
-cohorts stage builds them (wise.data.probes), scores (wise.scoring), the lens (wise.lens), the
+cohorts stage builds them (wise.data.probes), scores (wise.analysis.scoring), the lens (wise.analysis.lens), the
 quality table and the card it regenerates (wise.training.quality, wise.training.card)."""
 import re
 
@@ -8,7 +8,7 @@ import pytest
 from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer
 from wise.evaluate import load_model, main
-from wise.scoring import full_settings, score_cell
+from wise.analysis.scoring import full_settings, score_cell
 from wise.training.quality import CARD_BEGIN, CARD_END
 
 MODEL = "data/models/wise-tiny-random"
@@ -110,8 +110,8 @@ def test_probe_questions_and_per_type_scores(capsys):
 
 def greedy(model, seqs, example_ids, steps, max_new_tokens):
     """Full greedy continuations from the generation engine (what the CLI scores)."""
-    from wise.decoding import evaluate_example
-    from wise.runner import state_seed
+    from wise.engine.decoding import evaluate_example
+    from wise.engine.runner import state_seed
 
     return [evaluate_example(model, s, [0], ["full"], full_settings(steps), state_seed(i, 0), max_new_tokens,
                              set())["full"].tokens for s, i in zip(seqs, example_ids)]
@@ -121,7 +121,7 @@ def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
     """The lens row at T is the first greedy token at T: its top-1 share equals the share of
     prompts whose greedy first token is the gold answer's first token (shipped model, so the
     shares are not trivially 0)."""
-    from wise.lens import answer_lens
+    from wise.analysis.lens import answer_lens
 
     model, tok = load_model("data/models/wise-small", "cpu")
     prompts = build_prompts(tok, "synthhop", 256, 8, seed=123, max_positions=4096, max_new_tokens=8)

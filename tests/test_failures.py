@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.failures import log_failure, one_line
-from pipelines.work import example_ids
+from pipelines.config.failures import log_failure, one_line
+from pipelines.compute.work import example_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 CTX = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
@@ -26,8 +26,8 @@ def test_work_items_are_named_by_their_example_ids():
 
 
 def test_a_task_failure_is_one_line_naming_the_example_and_the_cause(tmp_path):
-    from pipelines.params import ComputeParams, ModelParams
-    from pipelines.pool import WorkerPool
+    from pipelines.config.params import ComputeParams, ModelParams
+    from pipelines.compute.pool import WorkerPool
 
     items = [{"example_id": "ok@64", "token_ids": list(range(3, 40))},
              {"examples": [{"example_id": "broken@64"}, {"example_id": "also@64"}]}]
@@ -43,8 +43,8 @@ def test_a_task_failure_is_one_line_naming_the_example_and_the_cause(tmp_path):
 
 RAY_STAGE = textwrap.dedent("""
     import sys
-    from pipelines.cli import stage_main
-    from pipelines.pool import WorkerPool
+    from pipelines.config.cli import stage_main
+    from pipelines.compute.pool import WorkerPool
 
     def run(p):
         items = [{"example_id": "ok@64", "token_ids": list(range(3, 40))},

@@ -1,14 +1,14 @@
-"""Decoding on static buffers (wise.graph_decode): the same tokens and log-probabilities as
+"""Decoding on static buffers (wise.engine.graph_decode): the same tokens and log-probabilities as
 ``extend`` pass by pass, eagerly on the CPU and as replayed CUDA graphs on a GPU, and cached Full
 still equal to rerun Full on the graph path."""
 import pytest
 import torch
 
-import wise.graph_decode
-from wise.calibration import CONDITIONS
-from wise.decoding import evaluate_example, evaluate_examples
+import wise.engine.graph_decode
+from wise.analysis.calibration import CONDITIONS
+from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.runner import WiseSettings
+from wise.engine.runner import WiseSettings
 
 SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 
@@ -46,14 +46,14 @@ def test_static_buffers_give_the_numbers_of_extend():
 def test_static_decoder_refuses_more_passes_than_it_holds():
     model = tiny()
     runs = []
-    orig = wise.graph_decode.StaticDecoder.step
+    orig = wise.engine.graph_decode.StaticDecoder.step
 
     def step(self, tokens=None):
         runs.append(self)
         return orig(self, tokens)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wise.graph_decode.StaticDecoder, "step", step)
+        mp.setattr(wise.engine.graph_decode.StaticDecoder, "step", step)
         evaluate_example(model, EXAMPLES[0][0], EXAMPLES[0][1], ["full"], SETTINGS, 5, 3, set(), "cached", graphs=True)
     dec = runs[-1]
     assert dec.passes == dec.C == 2
@@ -65,7 +65,7 @@ def test_static_decoder_refuses_more_passes_than_it_holds():
 def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
     model = tiny("cuda")
     captured = []
-    orig = wise.graph_decode.StaticDecoder._capture
+    orig = wise.engine.graph_decode.StaticDecoder._capture
 
     def capture(self, side):
         out = orig(self, side)
@@ -73,7 +73,7 @@ def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
         return out
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wise.graph_decode.StaticDecoder, "_capture", capture)
+        mp.setattr(wise.engine.graph_decode.StaticDecoder, "_capture", capture)
         graphs = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
     assert captured and all(captured)  # every row group's passes were replayed graphs
     plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
@@ -92,14 +92,14 @@ def test_once_warm_every_pass_of_a_row_group_is_a_replay():
     model = tiny("cuda")
     evaluate_examples(model, EXAMPLES[:1], ["full"], SETTINGS, 6, set(), "cached", graphs=True)  # warms
     capturing = []
-    orig = wise.graph_decode.StaticDecoder._early
+    orig = wise.engine.graph_decode.StaticDecoder._early
 
     def early(self):
         capturing.append(torch.cuda.is_current_stream_capturing())
         return orig(self)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wise.graph_decode.StaticDecoder, "_early", early)
+        mp.setattr(wise.engine.graph_decode.StaticDecoder, "_early", early)
         graphs = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
     assert capturing and all(capturing)
     plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)

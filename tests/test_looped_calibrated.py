@@ -56,14 +56,15 @@ def _cell(**kw) -> dict:
 def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from wise.looped.base import fingerprint, load_base
+    from wise.looped.base import load_base
+    from wise.fingerprint import base_fingerprint
     from wise.looped.model import build_looped, check_safe_floor
 
     folder = save_chain_base(tmp_path / "recurtrace-chain")
     base = load_base(folder)
     assert isinstance(base, LlamaForCausalLM)
     assert "constructed" in (folder / "README.md").read_text() and "not trained" in (folder / "README.md").read_text()
-    assert fingerprint(folder)
+    assert base_fingerprint(folder)
     built, _ = build_chain_base()
     for (name, a), b in zip(built.state_dict().items(), base.state_dict().values()):
         assert torch.equal(a, b), name
@@ -152,13 +153,13 @@ def _needs_loop(it, tokens, p, window_loops) -> bool:
 @pytest.mark.parametrize("fault", ["window_shifted", "working_set_ignored"])
 def test_wise_faults_show_as_mismatches(fault, monkeypatch):
     import wise.adaptive.online
-    import wise.runner
+    import wise.engine.runner
     from wise.data.synthchain import build_tokenizer
 
     p = CellParams(seed=1, wise_n=3)
     td, w, tok = p.wise_discovery_step, p.wise_window, build_tokenizer()
     if fault == "window_shifted":  # discovery loops t_d-w..t_d-1
-        monkeypatch.setattr(wise.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
+        monkeypatch.setattr(wise.engine.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
         shows = lambda it, toks: (_needs_loop(it, toks, p, range(td - w, td)) !=
                                   _needs_loop(it, toks, p, range(td - w + 1, td + 1)))
     else:  # late loops attend every key

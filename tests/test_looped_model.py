@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from wise.conditions import CONDITIONS
+from wise.engine.conditions import CONDITIONS
 from wise.looped.base import build_base, parameter_count
 from wise.looped.checkpoint import load_retrofit, save_retrofit
 from wise.looped.lma import LoopMemoryAttention, alibi_slopes
 from wise.looped.model import LoopedModel, build_looped, check_safe_floor
-from wise.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import WiseSettings, run_condition, state_seed
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
@@ -47,7 +47,7 @@ def test_one_loop_reproduces_the_base_exactly(family):
         s = model.core_step(model.initial_state(e), e, 1, rope)
         assert torch.equal(model.readout(s, rope), reference)
         # and through the runner's own initial state and prefix (t_d = T = 1)
-        from wise.runner import initial_state
+        from wise.engine.runner import initial_state
 
         assert torch.equal(model.readout(model.core_step(initial_state(model, e, 3), e, 1, rope), rope), reference)
     # with trained (non-zero) gates too: a single loop never reaches the added modules
@@ -136,7 +136,7 @@ def test_state_carries_each_block_layers_last_outputs():
     s = model.initial_state(e)
     k, W, h = 2, 3, 64
     assert s.shape == e.shape and not s.any()  # s0 = 0, as the runner draws it for this config
-    from wise.runner import initial_state
+    from wise.engine.runner import initial_state
 
     assert torch.equal(initial_state(model, e, seed=7), s)
     history = []
@@ -226,7 +226,7 @@ def test_every_runner_condition_runs_on_the_looped_model(fam):
 
 @torch.no_grad()
 def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
-    from wise.looped.base import fingerprint
+    from wise.fingerprint import base_fingerprint
     from wise.looped.checkpoint import base_pointer
     from wise.models import load_checkpoint
     from wise.models.checkpoint import load_config
@@ -234,7 +234,7 @@ def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
     base = tiny_base("qwen3")
     base.save_pretrained(tmp_path / "base")
     out = tmp_path / "retrofit"
-    model = build_looped(base, base_pointer(str(tmp_path / "base"), out), fingerprint(tmp_path / "base"),
+    model = build_looped(base, base_pointer(str(tmp_path / "base"), out), base_fingerprint(tmp_path / "base"),
                          **LMA)
     with torch.no_grad():
         model.alpha.fill_(0.3)
@@ -274,9 +274,9 @@ def test_kernel_backend_matches_the_reference_on_the_looped_model():
 
 @pytest.mark.parametrize("fam", ["qwen3", "llama"])
 def test_cached_decoding_equals_rerun_on_the_looped_model(fam):
-    """wise.decoding's KV-cached generation (new rows run their loops against the prompt's cached
+    """wise.engine.decoding's KV-cached generation (new rows run their loops against the prompt's cached
     keys and values, their loop memory in their own state rows) matches re-running everything."""
-    from wise.decoding import evaluate_example
+    from wise.engine.decoding import evaluate_example
 
     model = build_looped(tiny_base(fam), **LMA)
     with torch.no_grad():  # open gates, so the memory and the re-injection matter

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from wise.looped.base import build_base, fingerprint
+from wise.looped.base import build_base
+from wise.fingerprint import base_fingerprint
 from wise.looped.checkpoint import base_pointer, save_retrofit
 from wise.looped.model import build_looped
 
@@ -24,7 +25,7 @@ def make_retrofit(root):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(f"{TOKENIZER}/{name}", root / "base" / name)
     out = root / "retrofit"
-    model = build_looped(base, base_pointer(str(root / "base"), out), fingerprint(root / "base"), block_start=1,
+    model = build_looped(base, base_pointer(str(root / "base"), out), base_fingerprint(root / "base"), block_start=1,
                          block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4, mean_recurrence=8)
     with torch.no_grad():  # a trained retrofit's gates are open: make the memory matter
         model.alpha.fill_(0.5)
@@ -35,13 +36,13 @@ def make_retrofit(root):
 
 
 def test_wise_stages_run_on_the_looped_model(tmp_path, monkeypatch):
-    from pipelines import paths, schemas
-    from pipelines.artifacts import write_parquet
+    from pipelines.config import paths, schemas
+    from pipelines.store.artifacts import write_parquet
     from pipelines.cohorts import build_cohort
     from pipelines.discovery import run_supports
     from pipelines.traces import run_traces
     from pipelines.evaluate import run_condition_stage
-    from pipelines.params import load_params
+    from pipelines.config.params import load_params
 
     source = make_retrofit(tmp_path)
     raw = yaml.safe_load(open("params.yaml").read())

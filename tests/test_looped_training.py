@@ -74,7 +74,7 @@ def test_retrofit_params_name_the_bad_key():
 
 
 def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
-    from pipelines.params import load_params
+    from pipelines.config.params import load_params
     from wise.looped.recipe import load_retrofit_params
 
     load_params("params.yaml", check_model=False)  # `retrofit:` is an allowed section

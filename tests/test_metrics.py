@@ -1,7 +1,7 @@
 """EM / F1 with each benchmark's normalisation, on hand-computed cases (issue 4)."""
 import pytest
 
-from wise.metrics import ANSWER_CHANGES, answer_change, exact_match, f1, normalize_answer
+from wise.analysis.metrics import ANSWER_CHANGES, answer_change, exact_match, f1, normalize_answer
 
 
 def test_hotpot_normalisation():
@@ -73,7 +73,7 @@ def test_answer_change():
 
 
 def test_answer_source_finds_where_a_wrong_answer_was_copied_from():
-    from wise.metrics import ANSWER_SOURCES, answer_source
+    from wise.analysis.metrics import ANSWER_SOURCES, answer_source
 
     passages = [("Dorta: Dorta is a town in Roswen. It was founded in 1602.", True),
                 ("Majas: Majas was founded in 1,664 by the Roswen Guild.", False)]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.params import ParamsError, load_params, parse, validate
+from pipelines.config.params import load_params, parse
+from pipelines.config.validate import ParamsError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "params").glob("*.yaml"))

@@ -112,7 +112,7 @@ def test_queries_during_a_stage_rerun_never_see_a_missing_view(project):
                                  text=True, timeout=300)
     first = run()
     assert first.returncode == 0, first.stdout + first.stderr
-    code = ("import sys, time; from pipelines.db import connect\n"
+    code = ("import sys, time; from pipelines.store.db import connect\n"
             "ok = bad = 0; stop = __import__('pathlib').Path(sys.argv[1])\n"
             "while not stop.exists():\n"
             "    try:\n"

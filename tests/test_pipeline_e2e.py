@@ -1,6 +1,6 @@
 """A micro end-to-end `dvc repro` in a temporary git repo: every stage, DVC's rerun logic on a params
 edit and on a code edit, a no-op second repro, identical Parquet from a forced rerun, every artifact
-with exactly its schema (pipelines/schemas.py) and the run spec on every result row, and the SQL
+with exactly its schema (pipelines/config/schemas.py) and the run spec on every result row, and the SQL
 entry point."""
 import json
 import os
@@ -182,13 +182,13 @@ def test_sql_entry_point(project):
     tmp, env, _ = project
     sql = ("SELECT condition, count(*) AS n, avg(delta_f1) AS mean_delta_f1 FROM paired "
            "GROUP BY condition ORDER BY condition")
-    out = run([sys.executable, "-m", "pipelines.query", sql], tmp, env).stdout
+    out = run([sys.executable, "-m", "pipelines.store.query", sql], tmp, env).stdout
     assert "mean_delta_f1" in out and "size_matched" in out and "(7 rows)" in out
-    ci = run([sys.executable, "-m", "pipelines.query", "--csv",
+    ci = run([sys.executable, "-m", "pipelines.store.query", "--csv",
               "SELECT condition, delta_f1, delta_f1_low, delta_f1_high FROM condition_summary "
               "WHERE benchmark = 'all' AND context_length = 0"], tmp, env).stdout.splitlines()
     assert ci[0] == "condition,delta_f1,delta_f1_low,delta_f1_high" and len(ci) == 8
-    bad = run([sys.executable, "-m", "pipelines.query", "SELECT nope FROM results"], tmp, env, check=False)
+    bad = run([sys.executable, "-m", "pipelines.store.query", "SELECT nope FROM results"], tmp, env, check=False)
     assert bad.returncode == 1 and "nope" in bad.stderr
 
 
@@ -214,7 +214,7 @@ def test_local_benchmark_files_are_a_dependency_of_cohorts(project):
 
 
 def test_every_artifact_has_exactly_its_schema(project):
-    from pipelines import paths, schemas
+    from pipelines.config import paths, schemas
 
     tmp, _, _ = project
     checked = 0
@@ -231,9 +231,9 @@ def test_every_artifact_has_exactly_its_schema(project):
 
 
 def test_editing_the_mechanism_observer_marks_every_stage_that_runs_it(project):
-    # The issue's example: wise/mechanism.py computes the discovery masses of these stages.
+    # The issue's example: wise/engine/mechanism.py computes the discovery masses of these stages.
     tmp, env, _ = project
-    path = tmp / "wise/mechanism.py"
+    path = tmp / "wise/engine/mechanism.py"
     original = path.read_text()
     path.write_text(original + "\n# edited\n")
     try:

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 POOL_SCRIPT = textwrap.dedent("""
     import sys
-    from pipelines.params import ModelParams, ComputeParams
-    from pipelines.pool import WorkerPool
+    from pipelines.config.params import ModelParams, ComputeParams
+    from pipelines.compute.pool import WorkerPool
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 20 + i))} for i in range(3)]
     ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
     with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2), 3) as pool:
@@ -85,8 +85,8 @@ def test_detector_sees_probes_of_an_unprotected_ray_start(tmp_path):
 KILL_SCRIPT = textwrap.dedent("""
     import dataclasses
     import ray
-    from pipelines.params import ComputeParams, ModelParams
-    from pipelines.pool import WorkerPool
+    from pipelines.config.params import ComputeParams, ModelParams
+    from pipelines.compute.pool import WorkerPool
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 40 + i))} for i in range(6)]
     ctx = {"settings": dict(steps=12, discovery_step=4, window=2, block_size=16, eta=0.9), "init_seed": 0}
     with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2, max_retries=1),
@@ -136,8 +136,8 @@ def test_killed_actors_are_replaced_and_every_item_comes_back_once(tmp_path):
 
 
 def test_a_failing_task_names_its_example():
-    from pipelines.params import ComputeParams, ModelParams
-    from pipelines.pool import WorkerPool
+    from pipelines.config.params import ComputeParams, ModelParams
+    from pipelines.compute.pool import WorkerPool
 
     items = [{"example_id": "ok", "token_ids": list(range(3, 40))}, {"example_id": "broken"}]
     ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}

@@ -1,4 +1,4 @@
-"""Checks before any work (pipelines.preflight), run by `validate` and by every stage itself: the
+"""Checks before any work (pipelines.config.preflight), run by `validate` and by every stage itself: the
 compute request against the machine, the model's weight files, context lengths against the
 prompts. Each used to pass `validate`: `compute.cpus_per_worker: 4` on a 2-core machine hung the
 traces stage with no output, a truncated model.safetensors failed inside every Ray worker, and
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.params import ComputeParams, ParamsError
-from pipelines.preflight import check_compute, check_weights
+from pipelines.config.params import ComputeParams, ParamsError
+from pipelines.config.preflight import check_compute, check_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """How many actors a cluster's live nodes can host, and which Ray addresses are loopback (no Ray
 is started here; tests/test_cluster.py runs a real cluster)."""
-from pipelines.params import ComputeParams
-from pipelines.ray_runtime import actor_request, is_loopback, node_capacity
+from pipelines.config.params import ComputeParams
+from pipelines.compute.ray_runtime import actor_request, is_loopback, node_capacity
 
 NODES = [{"Alive": True, "Resources": {"CPU": 3.0, "GPU": 1.0}},
          {"Alive": True, "Resources": {"CPU": 0.0, "memory": 1e9}},  # a head started with --num-cpus=0

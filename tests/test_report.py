@@ -1,14 +1,14 @@
 """The report: its HTML page (Python-Markdown, tables extension) has every table and image; the
 paper's numbers stand beside ours only where the run's setting matches the paper's (Huginn family,
 the table's benchmark, T / t_d / w / B / eta), elsewhere one line points to
-pipelines/paper_reference.py and says what differs; it says what the bootstrap resampled."""
+pipelines/reports/paper_reference.py and says what differs; it says what the bootstrap resampled."""
 import dataclasses
 from html.parser import HTMLParser
 import re
 from pathlib import Path
 
-from pipelines.params import load_params
-from pipelines.report import build_markdown, markdown_to_html, paper_comparisons, table
+from pipelines.config.params import load_params
+from pipelines.reports.report import build_markdown, markdown_to_html, paper_comparisons, table
 from pipelines.statistics import summarise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,12 +66,12 @@ def test_paper_controls_appear_only_beside_a_matching_run():
             huginn, cohorts=dataclasses.replace(huginn.cohorts, benchmarks=(bench,), sources={}))
         text = _markdown(p, family, bench)
         assert "F1 (paper)" not in text and "0.232" not in text, (family, bench)
-        assert "`CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS` in `pipelines/paper_reference.py`" in text
+        assert "`CONTROLS_F1, CONTROLS_DENSITY, CONTROLS_FUTURE_MASS` in `pipelines/reports/paper_reference.py`" in text
     assert "draw *base examples*" in shown  # what the bootstrap resampled
 
 MD = "\n".join([
     "# WISE report", "",
-    "Columns marked *paper* are Huginn's; rows that differ: **0** of 12 (`wise.calibration`).", "",
+    "Columns marked *paper* are Huginn's; rows that differ: **0** of 12 (`wise.analysis.calibration`).", "",
     "## Table 1 — controls", "",
     *table(["condition", "F1", "ΔF1 [CI]"], [["full", "0.500", "+0.000 [+0.000, +0.000]"],
                                              ["wise", "0.480", "-0.020 [-0.050, +0.010]"]]),
@@ -96,7 +96,7 @@ def test_html_has_every_table_image_and_heading():
         ("density vs context", "figures/context_scaling.png")]
     assert re.findall(r"<h2>(.*?)</h2>", page) == ["Table 1 — controls", "Context scaling"]
     assert "<em>paper</em>" in page and "<strong>0</strong>" in page
-    assert "<code>wise.calibration</code>" in page
+    assert "<code>wise.analysis.calibration</code>" in page
 
 
 class _Page(HTMLParser):
@@ -137,7 +137,7 @@ def test_a_measurement_with_no_rows_is_a_sentence_not_an_empty_figure(tmp_path, 
     """Kernel timing skipped (no CUDA), no sweeps, no traces for the working set, no context rows:
     the report's HTML has no <img> of those figures (and the PNGs an earlier run left are gone),
     one sentence each in their place; the figures with rows are drawn and embedded."""
-    from pipelines.report import write_report
+    from pipelines.reports.report import write_report
 
     monkeypatch.chdir(tmp_path)
     p = load_params(ROOT / "params.yaml", check_model=False)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.routing import make_support_policy
-from wise.runner import WiseSettings, run_condition
+from wise.engine.routing import make_support_policy
+from wise.engine.runner import WiseSettings, run_condition
 
 
 # These tests run the Triton kernel on CPU tensors, which only the interpreter can do; conftest turns
@@ -67,7 +67,7 @@ def test_backends_agree_with_reference_in_bf16_on_the_embedded_model(backend, fo
 def test_kernel_policy_prepares_once_and_packs_dense_supports():
     """The kernel policy builds one schedule per layer (dense layers with the dense-support pack),
     prepares the call once and reuses it across late steps, matching the masked reference."""
-    from wise.routing import KernelSupportAttention, MaskedSupportAttention
+    from wise.engine.routing import KernelSupportAttention, MaskedSupportAttention
 
     gen = torch.Generator().manual_seed(3)
     heads, n, d, B = 2, 200, 96, 32  # 7 blocks, the last one partial
@@ -93,7 +93,7 @@ def test_kernel_policy_asks_for_head_groups(monkeypatch):
     """The kernel policy describes the K/V it will read (kv heads, length, dtype, dense or not) to
     kernels.default_head_group and builds the schedule with the answer."""
     import kernels
-    from wise.routing import KernelSupportAttention
+    from wise.engine.routing import KernelSupportAttention
 
     asked = []
 

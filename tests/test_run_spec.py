@@ -1,4 +1,4 @@
-"""The run spec result rows carry (pipelines.run_spec): the weights' hash, the code version, and the
+"""The run spec result rows carry (pipelines.config.run_spec): the weights' hash, the code version, and the
 device and dtype of the worker that ran the item; and the conditions stage's pairing checks: a run
 whose support differs from the trace's fails the stage, or with conditions.allow_support_mismatch
 is kept flagged."""
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import schemas
-from pipelines.artifacts import to_table
+from pipelines.config import schemas
+from pipelines.store.artifacts import to_table
 from pipelines.evaluate import PairingError, SupportMismatchError, result_rows
-from pipelines.params import ModelParams, Params
-from pipelines.pool import ModelWorker
-from pipelines.run_spec import code_version, run_spec, weights_id
+from pipelines.config.params import ModelParams, Params
+from pipelines.compute.pool import ModelWorker
+from pipelines.config.run_spec import code_version, run_spec, weights_id
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data/models/wise-tiny-random"

@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from wise.conditions import CONDITIONS, DiscoveryMasses, condition_support, supports_from_trace
+from wise.engine.conditions import CONDITIONS, DiscoveryMasses, condition_support, supports_from_trace
 from wise.models import RecurrentDepthModel, RecurrentConfig, init_weights
-from wise.mechanism import TrajectoryObserver
-from wise.routing import MaskedSupportAttention
-from wise.decoding import evaluate_example
-from wise.runner import WiseSettings, run_condition, state_seed
-from wise.support import density
+from wise.engine.mechanism import TrajectoryObserver
+from wise.engine.routing import MaskedSupportAttention
+from wise.engine.decoding import evaluate_example
+from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.support import density
 
 SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 

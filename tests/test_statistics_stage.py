@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipelines import schemas
-from pipelines.artifacts import to_table
-from pipelines.params import Params
+from pipelines.config import schemas
+from pipelines.store.artifacts import to_table
+from pipelines.config.params import Params
 from pipelines.statistics import summarise
 
 LENGTHS = (256, 512, 1024)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from wise.stats import (bootstrap_means, cluster_bootstrap, cluster_bootstrap_means, discordant_counts, mcnemar,
+from wise.analysis.stats import (bootstrap_means, cluster_bootstrap, cluster_bootstrap_means, discordant_counts, mcnemar,
                         paired_bootstrap)
 
 

@@ -1,6 +1,6 @@
 """Study tables computed from summary rows: context scaling joins the timing speedups by length and
 names the supports they were measured on."""
-from pipelines.study import context_scaling
+from pipelines.reports.study import context_scaling
 
 
 def test_context_scaling_joins_random_support_speedups_on_the_length():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from wise import support as S
+from wise.engine import support as S
 
 # n = 5 tokens, B = 2 -> blocks {0,1}, {2,3}, {4}: the last block is partial (1 real row).
 ATTN5 = torch.tensor(

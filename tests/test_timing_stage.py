@@ -1,5 +1,5 @@
 """The timing stage times a model's own supports in the model's own attention geometry."""
-from pipelines.params import model_facts
+from pipelines.config.validate import model_facts
 from pipelines.timing import model_geometry
 
 
@@ -26,7 +26,7 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
 
     import pipelines.timing as timing
     from benchmarks import bench, timers
-    from pipelines.params import Params
+    from pipelines.config.params import Params
 
     p = Params()
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1, late_calls=7,
@@ -51,9 +51,9 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
 def test_timing_rows_fit_the_timing_schema(monkeypatch):
     import dataclasses
 
-    from pipelines import schemas
-    from pipelines.artifacts import to_table
-    from pipelines.params import Params
+    from pipelines.config import schemas
+    from pipelines.store.artifacts import to_table
+    from pipelines.config.params import Params
     import pipelines.timing as timing
     from pipelines.timing import timing_rows
 
@@ -72,7 +72,7 @@ def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(m
 
     import pipelines.timing as timing
     from benchmarks import bench, timers
-    from pipelines.params import Params
+    from pipelines.config.params import Params
 
     p = Params()
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1),

@@ -10,14 +10,15 @@ import pytest
 import torch
 
 import pipelines.timing as timing
-from pipelines import schemas
+from pipelines.config import schemas
 from benchmarks import timers
 from benchmarks import whole_model as wm
-from pipelines.artifacts import write_parquet
-from pipelines.params import Params, ParamsError, parse, validate
-from pipelines.timing_report import whole_model_markdown
+from pipelines.store.artifacts import write_parquet
+from pipelines.config.params import Params, parse
+from pipelines.config.validate import ParamsError, validate
+from pipelines.reports.timing_report import whole_model_markdown
 from wise.models.config import RecurrentConfig
-from wise.routing import MaskedSupportAttention
+from wise.engine.routing import MaskedSupportAttention
 from wise.models.recurrent import causal_attention
 
 CUDA = torch.cuda.is_available()
@@ -235,7 +236,7 @@ def test_bad_whole_model_params_name_the_key(value, key):
 
 
 def test_report_rows_and_sentence_come_from_the_measured_numbers():
-    from pipelines.report import f, table
+    from pipelines.reports.report import f, table
 
     def row(n, label="random_rho0.37", **kw):
         r = wm.planned_row(RecurrentConfig.from_name("huginn-0125"), n, 32, 32, 12, label, torch.bfloat16,

@@ -1,18 +1,18 @@
 """Condition wise_adaptive (adaptive discovery depth, issue 33): the settling rule, its measured
-discovery step and answers on the calibration model against the construction's (wise.calibration),
+discovery step and answers on the calibration model against the construction's (wise.analysis.calibration),
 a planted fault (the criterion evaluated one step late) caught, and the supports stage's trace
 derivation agreeing with the run."""
 import pytest
 import torch
 
-import wise.adaptive_decoding
-from wise.calibration import Settings, adaptive_step, expected_outcome
-from wise.conditions import ADAPTIVE, supports_from_trace
-from wise.decoding import evaluate_examples
-from wise.discovery_depth import AdaptiveDiscovery, fires, settled_step, support_jaccard
-from wise.mechanism import TrajectoryObserver
+import wise.engine.adaptive_decoding
+from wise.analysis.calibration import Settings, adaptive_step, expected_outcome
+from wise.engine.conditions import ADAPTIVE, supports_from_trace
+from wise.engine.decoding import evaluate_examples
+from wise.engine.discovery_depth import AdaptiveDiscovery, fires, settled_step, support_jaccard
+from wise.engine.mechanism import TrajectoryObserver
 from wise.models.construct import build_chain_model
-from wise.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import WiseSettings, run_condition, state_seed
 
 from test_calibration import TOK, prompts
 
@@ -79,8 +79,8 @@ def test_the_trace_derivation_agrees_with_the_run(model):
 
 
 def _one_step_late(mp):
-    real = wise.adaptive_decoding.fires
-    mp.setattr(wise.adaptive_decoding, "fires", lambda support_of, t, rule: real(support_of, t - 1, rule))
+    real = wise.engine.adaptive_decoding.fires
+    mp.setattr(wise.engine.adaptive_decoding, "fires", lambda support_of, t, rule: real(support_of, t - 1, rule))
 
 
 def test_the_criterion_evaluated_one_step_late_is_caught(model, monkeypatch):
@@ -104,8 +104,8 @@ def test_the_criterion_evaluated_one_step_late_is_caught(model, monkeypatch):
 
 
 def test_the_report_section_counts_costs_and_mismatches():
-    from pipelines.discovery_depth_report import cost_rows, depth_section, sweep_points
-    from pipelines.report import f, table
+    from pipelines.reports.discovery_depth_report import cost_rows, depth_section, sweep_points
+    from pipelines.reports.report import f, table
 
     rows = [{"condition": "wise", "em": 1.0, "expected_em": 1.0, "discovery_step": 12, "expected_discovery_step": 12,
              "density": 0.5},
@@ -131,7 +131,7 @@ def test_the_library_and_cli_defaults_are_the_params_files():
     rule the default pipeline runs (params.yaml wise.adaptive)."""
     import dataclasses
 
-    from pipelines.params import adaptive_rule, load_params
+    from pipelines.config.params import adaptive_rule, load_params
 
     assert adaptive_rule(load_params(check_model=False)) == AdaptiveDiscovery()
     assert dataclasses.asdict(RULE) == load_params(check_model=False).wise.adaptive

@@ -10,7 +10,7 @@
 The last line printed is ``EM=<float> F1=<float> n=<int>`` (for the --benchmark/--context/--steps
 cell, also with --table). Examples are the first n of the test split for --seed, their context
 variants are built exactly as the cohorts stage builds them (BOS counted, same seed), and the
-answers come from the pipeline's own generation engine (``wise.decoding.evaluate_example``, cached
+answers come from the pipeline's own generation engine (``wise.engine.decoding.evaluate_example``, cached
 decoding; initial state seeded by ``state_seed("<example id>@<context>", init_seed)``), under
 ``--condition`` (default full; t_d, w, B, η from the flags; ``wise_adaptive``'s rule from the
 ``--adaptive-*`` flags, defaults as params.yaml's ``wise.adaptive``). Examples whose evidence alone exceeds
@@ -18,11 +18,11 @@ the budget are skipped and not counted in n.
 
 On synthchain the default model is the constructed calibration model data/models/wise-chain (built
 in a second if the folder is missing), and the line before the last gives the EM the construction
-predicts (``wise.calibration``) for the same examples and settings, with ``mismatches=<k>``: the
+predicts (``wise.analysis.calibration``) for the same examples and settings, with ``mismatches=<k>``: the
 examples whose measured answer disagrees with the prediction (the first few ids in brackets).
 
 This module is the command line only: the prompts come from wise/data/probes.py, the scores and
-their breakdowns from wise/scoring.py, the lens from wise/lens.py, the table and the quality bars
+their breakdowns from wise/analysis/scoring.py, the lens from wise/analysis/lens.py, the table and the quality bars
 from wise/training/quality.py, and --update-card regenerates the model card through
 wise/training/card.py (which renders its quality section from quality.json).
 """
@@ -37,15 +37,15 @@ from typing import Sequence
 
 import torch
 
-from wise.conditions import ALL_CONDITIONS
-from wise.discovery_depth import AdaptiveDiscovery
+from wise.engine.conditions import ALL_CONDITIONS
+from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.data.probes import Prompt, build_prompts
 from wise.data.prompts import PROMPT_STYLES
 from wise.data.tokenizer import load_tokenizer
-from wise.lens import answer_lens, lens_table
+from wise.analysis.lens import answer_lens, lens_table
 from wise.models.checkpoint import load_checkpoint
-from wise.runner import WiseSettings
-from wise.scoring import Score, depth_lines, expected_line, kinds_line, score_cell, sources_line
+from wise.engine.runner import WiseSettings
+from wise.analysis.scoring import Score, depth_lines, expected_line, kinds_line, score_cell, sources_line
 from wise.training.card import QUALITY, RECIPE, write_card
 from wise.training.quality import bars_report, markdown_table, merge_scores, write_scores
 

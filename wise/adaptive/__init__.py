@@ -6,6 +6,6 @@ loop (the pooled block state, the answer's loss, correctness, confidence, predic
 ``rules`` the depth rules (fixed, the halting head, CALM confidence, ACT, PonderNet, the
 stability rule (token mismatch, no gold) and the correctness oracle), replayed on trajectories or driven loop by loop, and the
 held-out threshold selection; ``online`` runs a rule loop by loop for wall time and WISE under
-adaptive depth (through ``wise.runner``); ``tables`` the per-method summary, McNemar and depth vs
+adaptive depth (through ``wise.engine.runner``); ``tables`` the per-method summary, McNemar and depth vs
 difficulty.
 """

@@ -6,7 +6,7 @@ a readout for the confidence rule and the oracles), stop when the rule says so o
 then read the answer. Its wall time is the cost of the method, per example; its decision must be
 the one ``rules.replay`` takes on the row's trajectory (same arithmetic, batch of one).
 
-``wise_adaptive`` runs the halting head over the WISE runner (``wise.runner``): loops 1..t_d with
+``wise_adaptive`` runs the halting head over the WISE runner (``wise.engine.runner``): loops 1..t_d with
 full attention through ``run_prefix`` (recording the block masses of the discovery loops
 t_d−w+1..t_d), then two continuations from that shared prefix until the head stops: Full
 (unrestricted attention, the Full-adaptive reference) and WISE (attention restricted to the
@@ -25,7 +25,7 @@ import torch
 from wise.adaptive.rules import Decision
 from wise.adaptive.trajectory import LoopSignal, Scorer
 from wise.looped.data import PromptRow
-from wise.runner import WiseSettings, late_policy, run_prefix
+from wise.engine.runner import WiseSettings, late_policy, run_prefix
 
 
 @torch.no_grad()

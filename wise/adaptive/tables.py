@@ -3,14 +3,14 @@
 A row: example_id, benchmark, method, depth, loops_computed, correct, nll, correct_at_1 (the
 example's answer after one loop: "hard" items are wrong there). Groups are each benchmark and
 "all" (every example). McNemar pairs every method with the best fixed depth on example id
-(``wise.stats.mcnemar``: exact, two-sided).
+(``wise.analysis.stats.mcnemar``: exact, two-sided).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Sequence
 
-from wise.stats import discordant_counts, mcnemar
+from wise.analysis.stats import discordant_counts, mcnemar
 
 ALL = "all"
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from wise.looped.data import PromptRow
+from wise.looped.evaluate import read_answer
 from wise.looped.recipe import POOLS
 
 
@@ -79,9 +80,8 @@ class Scorer:
     def read(self, s: torch.Tensor, rope) -> LoopSignal:
         """The continuation's readings of state s (suffix layers, final norm, lm head)."""
         logp = torch.log_softmax(self.model.readout(s, rope, at=self.at), dim=-1)  # [a, vocab] fp32
-        gold = logp.gather(-1, self.target[:, None])[:, 0]
-        pred = logp.argmax(-1)
-        return LoopSignal(nll=float(-gold.mean()), correct=bool((pred == self.target).all()),
+        nll, correct, gold, pred = read_answer(logp, self.target)
+        return LoopSignal(nll=nll, correct=correct,
                           top1=float(logp.max(-1).values.min().exp()), pred=tuple(int(x) for x in pred.tolist()),
                           gold_logprob=tuple(float(x) for x in gold.tolist()))
 

@@ -11,13 +11,13 @@ right-padded training rows) the base's own forward passes no attention mask to S
 layer applied here gives bit-identical hidden states (``tests/test_looped_model.py``).
 
 Supported families: Qwen3 and Llama (``model.model.{embed_tokens, layers, norm, rotary_emb}`` +
-``lm_head``, full causal attention in every layer). Weights are identified by ``fingerprint``:
-sha256 over the config and weight files, recorded in every retrofit checkpoint.
+``lm_head``, full causal attention in every layer). Weights are identified by
+``wise.fingerprint.base_fingerprint``: sha256 over the config and weight files, recorded in
+every retrofit checkpoint.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 SUPPORTED_FAMILIES = ("qwen3", "llama")
-FINGERPRINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class Positions:
         return int(self.ids.shape[1])
 
     def rows(self, start: int, stop: int) -> "Positions":
-        """Positions start..stop-1 (rows appended after a cached prefix: wise.decoding)."""
+        """Positions start..stop-1 (rows appended after a cached prefix: wise.engine.decoding)."""
         return Positions(self.ids[:, start:stop], self.cos[:, start:stop], self.sin[:, start:stop])
 
 
@@ -132,22 +131,6 @@ def resolve_base(source: str) -> Path:
 
         return Path(snapshot_download(source, allow_patterns=["*.json", "*.safetensors"]))
     raise FileNotFoundError(f"base {source!r} is neither a folder nor a hub id")
-
-
-def fingerprint(folder: str | os.PathLike) -> str:
-    """sha256 over (name, sha256) of the base's config.json and weight files, sorted by name."""
-    folder = Path(folder)
-    files = sorted({p for pattern in FINGERPRINT_FILES for p in folder.glob(pattern)})
-    if not any(p.suffix == ".safetensors" for p in files):
-        raise FileNotFoundError(f"base folder {folder} has no *.safetensors weights")
-    outer = hashlib.sha256()
-    for path in files:
-        inner = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                inner.update(chunk)
-        outer.update(f"{path.name}\0{inner.hexdigest()}\n".encode())
-    return outer.hexdigest()
 
 
 def load_base(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,

@@ -170,7 +170,7 @@ def halting_methods(p: CellParams, train, held, test, variant: str) -> tuple[lis
 
 def matched_mcnemar(decisions: dict, test) -> dict:
     """Exact McNemar of each method's chosen knob against the fixed depth nearest its mean loops."""
-    from wise.stats import mcnemar
+    from wise.analysis.stats import mcnemar
 
     out = {}
     for method, (d, c) in decisions.items():
@@ -279,7 +279,7 @@ def wise_rows(p: CellParams, latched, items, rows) -> list[dict]:
     """Full- and WISE-adaptive at the oracle's depth on the first p.wise_n items, with expected values."""
     from wise.adaptive.online import wise_adaptive
     from wise.data.synthchain import build_tokenizer
-    from wise.runner import WiseSettings, state_seed
+    from wise.engine.runner import WiseSettings, state_seed
 
     tok = build_tokenizer()
     items, rows = items[:p.wise_n], rows[:p.wise_n]

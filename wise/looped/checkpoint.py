@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from wise.looped.base import fingerprint, is_hub_id, load_base, resolve_base
+from wise.looped.base import is_hub_id, load_base, resolve_base
 from wise.looped.config import LoopedConfig
 from wise.looped.model import LoopedModel
+from wise.fingerprint import base_fingerprint
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "retrofit.safetensors"
@@ -101,7 +102,7 @@ def load_retrofit(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     config = read_config(folder)
     if shared_base is None:
         where = Path(base) if base is not None else base_folder(config, folder)
-        found = fingerprint(where)
+        found = base_fingerprint(where)
         if found != config.base_sha256:
             raise ValueError(f"{folder / CONFIG_NAME}: base {where} has fingerprint {found[:16]}…, the "
                              f"retrofit was trained on {config.base_sha256[:16]}… (a different base)")

@@ -17,7 +17,7 @@ MODEL_TYPE = "recurtrace_looped"
 class LoopedConfig:
     # -- the base (facts copied from its config at retrofit time) ---------------------------------
     base: str  # hub id, or the base folder relative to the retrofit folder
-    base_sha256: str  # wise.looped.base.fingerprint of the base folder
+    base_sha256: str  # wise.fingerprint.base_fingerprint of the base folder
     base_model_type: str  # qwen3 | llama
     hidden: int
     num_layers: int
@@ -66,7 +66,7 @@ class LoopedConfig:
     def model_type(self) -> str:
         return MODEL_TYPE
 
-    # The runner draws every forward pass's initial state s0 (wise.runner.initial_state: a seeded
+    # The runner draws every forward pass's initial state s0 (wise.engine.runner.initial_state: a seeded
     # truncated normal times init_state_scale). A retrofit's loop starts at the block input,
     # h = e + s0 with s0 = 0, which is what keeps one loop equal to the base.
     @property

@@ -20,6 +20,16 @@ import torch
 from wise.looped.data import PromptRow
 
 
+def read_answer(logp: torch.Tensor, target: torch.Tensor) -> tuple[float, bool, torch.Tensor, torch.Tensor]:
+    """The teacher-forced reading of a continuation: `logp` [a, vocab] are the log-probabilities at
+    the a positions that predict its tokens `target` [a]. Returns (nll, correct, gold log-probs [a],
+    argmax tokens [a]); the fixed-depth table (``score_rows``) and the halting signals
+    (``wise.adaptive.trajectory.Scorer``) both read answers here."""
+    gold = logp.gather(-1, target[:, None])[:, 0]
+    pred = logp.argmax(-1)
+    return float(-gold.mean()), bool((pred == target).all()), gold, pred
+
+
 @torch.no_grad()
 def score_rows(forward: Callable[[torch.Tensor], torch.Tensor], rows: Sequence[PromptRow], pad: int,
                device: torch.device, batch_rows: int = 32) -> list[dict]:
@@ -37,10 +47,9 @@ def score_rows(forward: Callable[[torch.Tensor], torch.Tensor], rows: Sequence[P
         for j, i in enumerate(chunk):
             p, a = len(rows[i].prompt_ids), len(rows[i].answer_ids)
             target = torch.tensor(rows[i].answer_ids, device=logp.device)
-            row_logp = logp[j, p - 1:p - 1 + a]  # position k predicts token k + 1
+            nll, correct, _, _ = read_answer(logp[j, p - 1:p - 1 + a], target)  # position k predicts token k + 1
             out[i] = {"example_id": rows[i].example_id, "benchmark": rows[i].benchmark, "hops": rows[i].hops,
-                      "nll": float(-row_logp.gather(-1, target[:, None]).mean()),
-                      "correct": bool((row_logp.argmax(-1) == target).all()), "answer_tokens": a}
+                      "nll": nll, "correct": correct, "answer_tokens": a}
     return [out[i] for i in range(len(rows))]
 
 
@@ -99,7 +108,11 @@ def markdown_table(summary: Sequence[dict]) -> str:
 
 
 def checkpoint_fingerprint(folder) -> str:
-    """sha256 of a retrofit's config.json and retrofit.safetensors (what the table was made from)."""
+    """sha256 of a retrofit's config.json and retrofit.safetensors (what the table was made from).
+
+    Not ``wise.fingerprint.weights_id``: the committed fixed_depth_recipe.json stores this
+    digest (of the files' bytes, config included), and the table is kept only while it matches, so
+    another formula would recompute the committed table."""
     import hashlib
     from pathlib import Path
 

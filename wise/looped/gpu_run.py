@@ -14,6 +14,11 @@ Copy $OUT/data over the repository's data/ and `dvc commit` the four stages (tra
 train_retrofit@lma, train_retrofit@plain, retrofit_eval): every folder carries the recipe its stage
 compares against, so `dvc repro` keeps them. --smoke shrinks every size (tiny base, a few steps,
 a few examples) to check the whole path end to end on a CPU.
+
+It holds no training or evaluation of its own: it calls ``wise.looped.runs`` (``ensure_base``,
+``ensure_retrofit``, ``ensure_table``), the functions the stages train_recurtrace_base,
+train_retrofit and retrofit_eval call, with retraining forced; what it adds is the --smoke
+settings and the timing summary.
 """
 from __future__ import annotations
 

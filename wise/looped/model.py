@@ -10,7 +10,7 @@
     logits = lm_head(norm(suffix(h)))             # base layers s+k..L-1
 
 With T = 1 this is the base model's forward pass, bit for bit (the safe floor). The runner's
-protocol (``wise.runner``): ``rotary``, ``embed``, ``initial_state``, ``core_step``, ``readout``,
+protocol (``wise.engine.runner``): ``rotary``, ``embed``, ``initial_state``, ``core_step``, ``readout``,
 ``config`` (heads, kv_heads, head_dim, max_positions, mean_recurrence, special ids), ``device``,
 ``dtype``; a routing policy and an observer plug into the block layers' attention, with the
 layer index inside the block.
@@ -103,7 +103,7 @@ class LoopedModel(nn.Module):
         return h
 
     def initial_state(self, e: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """s0 [b, n, hidden] = 0, what wise.runner.initial_state draws for this config (scale 0)."""
+        """s0 [b, n, hidden] = 0, what wise.engine.runner.initial_state draws for this config (scale 0)."""
         return torch.zeros_like(e)
 
     def core_step(self, s: torch.Tensor, e: torch.Tensor, step: int, rope: Positions,

@@ -5,7 +5,7 @@ The looped block's attention modules get a private copy of the base config whose
 ``_attn_implementation`` names ``SEAM`` (the other layers keep the base's SDPA). transformers then
 calls ``seam_attention(module, q, k, v, mask, ...)`` for every block layer with q [b, H, n, d] and
 k/v [b, Hkv, n, d] after q/k-norm and RoPE, the same tensors a routing policy of
-``wise.routing`` takes. Inside ``routed(step, policy, observer)`` (what ``core_step`` opens around
+``wise.engine.routing`` takes. Inside ``routed(step, policy, observer)`` (what ``core_step`` opens around
 one loop) the call goes to ``policy(q, k, v, step=, layer=)`` and ``observer.on_attention``, with
 ``layer`` the index inside the block (0..k-1), as for the recurrent models' core layers. Without a
 policy the base's own implementation computes the output (so the loop without routing is exactly
@@ -29,8 +29,8 @@ _ROUTE: contextvars.ContextVar["Route | None"] = contextvars.ContextVar("wise_lo
 @dataclass(frozen=True)
 class Route:
     step: int
-    policy: Any = None  # wise.routing policy or None (the base's own attention)
-    observer: Any = None  # wise.mechanism observer or None
+    policy: Any = None  # wise.engine.routing policy or None (the base's own attention)
+    observer: Any = None  # wise.engine.mechanism observer or None
 
 
 @contextlib.contextmanager

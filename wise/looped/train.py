@@ -162,7 +162,7 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
     """The fresh retrofit of a base loaded from `folder` and named `pointer_source` (hub id or
     path) in the checkpoint written to `out`: block (the probe when block_start is -1), LMA size,
     budget check. Returns (model, probe rows or None)."""
-    from wise.looped.base import fingerprint
+    from wise.fingerprint import base_fingerprint
     from wise.looped.checkpoint import base_pointer
     from wise.looped.model import build_looped, check_safe_floor
     from wise.looped.probe import probe_base
@@ -181,7 +181,7 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
         fields.update(window=params.window, gate_hidden=params.gate_hidden, gamma_init=params.gamma_init,
                       gate_bias_init=params.gate_bias_init, lma_head_dim=params.lma_head_dim,
                       lma_heads=params.lma_heads or lma_heads_for(base, params, params.block_layers))
-    model = build_looped(base, base_pointer(pointer_source, out), fingerprint(folder), **fields)
+    model = build_looped(base, base_pointer(pointer_source, out), base_fingerprint(folder), **fields)
     check_safe_floor(model)  # one loop is the base, bit for bit, before any training
     counts = model.parameter_counts()
     if counts["added_fraction"] > params.max_added_fraction:

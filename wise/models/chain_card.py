@@ -106,7 +106,7 @@ With Full attention, after T steps the first answer token is right exactly when 
 from T=24) and the second when T ≥ L2 (its row runs T steps of its own). The
 question rows' attention moves every step up to L + 1 and is constant after (routing settles); the
 state moves up to step L + max(m, 1) (representations settle later, by m). With T=32, t_d=12, w=4,
-B=32, η=0.95, per question (`wise.calibration.expected_outcome`, which re-derives each support from
+B=32, η=0.95, per question (`wise.analysis.calibration.expected_outcome`, which re-derives each support from
 the block-level definitions):
 
 - the answer row's query block attends, at each step, the BOS block (its rows without a pointer) and

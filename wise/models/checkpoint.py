@@ -24,14 +24,13 @@ from safetensors.torch import save_file
 
 from wise.atomic_files import atomic_path, write_bytes_atomic
 from wise.models.config import RecurrentConfig
+from wise.fingerprint import INDEX_NAME, WEIGHTS_NAME, weight_files
 from wise.models.hf_configs import RAVEN_MODEL_TYPE, config_from_raven
 from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.models.state_dict_map import to_project_names
 
 CONFIG_NAME = "config.json"
 LOOPED_MODEL_TYPE = "recurtrace_looped"  # = wise.looped.config.MODEL_TYPE; wise.looped is imported only for one
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"  # sharded layout: {"weight_map": {tensor: shard file}}
 TOKENIZER_NAME = "tokenizer.json"
 
 
@@ -86,23 +85,6 @@ def load_state_strict(model: RecurrentDepthModel, state: dict[str, torch.Tensor]
             raise ValueError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(expected[name].shape)}")
     model.load_state_dict(state, strict=False, assign=assign)
-
-
-def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
-    """The safetensors files of a checkpoint folder and, when sharded, the index's tensor->file map."""
-    index = folder / INDEX_NAME
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index}: no weight_map")
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            raise FileNotFoundError(f"{index}: shard(s) {absent} not in {folder}")
-        return files, weight_map
-    if (folder / WEIGHTS_NAME).is_file():
-        return [folder / WEIGHTS_NAME], None
-    raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in checkpoint folder {folder}")
 
 
 class CorruptCheckpointError(ValueError):

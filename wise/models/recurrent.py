@@ -8,7 +8,7 @@
 Module and parameter names follow the published checkpoints (``transformer.wte``,
 ``transformer.prelude.0.attn.Wqkv``, ``transformer.core_block.3.norm_4`` …) so their safetensors
 load without a mapping table. Attention inside the recurrent block is pluggable: a routing policy
-(see ``wise.routing``) receives ``(q, k, v)`` of one (step, layer) and returns the output; an
+(see ``wise.engine.routing``) receives ``(q, k, v)`` of one (step, layer) and returns the output; an
 observer sees the same tensors plus the output. Nothing here knows about supports or kernels.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from wise.scoring import Score
+from wise.analysis.scoring import Score
 from wise.training.config import TrainConfig
 from wise.training.quality import CARD_BEGIN, CARD_END, bars_report, markdown_table, merge_scores
 

@@ -37,7 +37,7 @@ from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
-from wise.scoring import score_cell
+from wise.analysis.scoring import score_cell
 from wise.training.batches import IGNORE, Batch, BatchStream
 from wise.training.config import TrainConfig
 from wise.objective import batch_loss, lr_at

@@ -1,4 +1,4 @@
-"""The quality table of a checkpoint: benchmark x context x T cells (``wise.scoring.Score``) kept in
+"""The quality table of a checkpoint: benchmark x context x T cells (``wise.analysis.scoring.Score``) kept in
 the folder's quality.json, rendered as a markdown table and checked against the quality bars.
 
     python -m wise.evaluate --model data/models/wise-small --table --json data/models/wise-small/quality.json
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from wise.atomic_files import write_bytes_atomic
-from wise.scoring import Score
+from wise.analysis.scoring import Score
 
 CARD_BEGIN, CARD_END = "<!-- quality-table:begin -->", "<!-- quality-table:end -->"
 

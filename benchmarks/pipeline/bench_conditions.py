@@ -1,0 +1,236 @@
+"""Condition runs before and after the shared prefix and cached decoding, timed side by side.
+
+    python -m benchmarks.pipeline.bench_conditions                       # the default params, on this machine
+    python -m benchmarks.pipeline.bench_conditions --params params/huginn-paper.yaml \\
+        --source preset:huginn-0125@0 --context 4096 --n 2     # Huginn's shape, random init, on a GPU
+
+"Today" is the path the conditions stage had: every condition on its own, each new token re-running
+the whole recurrence over prompt + prefix (``generation: rerun`` without a shared prefix). "New" is
+``wise.engine.decoding.evaluate_examples`` with ``generation: cached`` on all the examples at once, as a
+conditions-stage work item runs them: steps 1..t_d once per example, then the late steps and a
+K/V-cached decode of every (example, condition) row of equal-length prompts as one batch. Both run the same examples in this process on
+the params' model, dtype, device and backend. Prints seconds per (example × condition) per
+condition and path, how far the two paths' generated tokens agree (``agreement``), and last
+``speedup=<float> agree=<float> token_agree=<float> max_dlogprob=<float>``: agree is the share of
+(example, condition) token sequences equal on both paths, token_agree the share of generated
+tokens the paths produce alike before they first differ, max_dlogprob the largest |Δ log-prob| of
+a chosen token before that point. ``--skip-today`` times the new path only (after one untimed
+warm-up run), for a quick look at where one condition's time goes; its agreement fields are nan.
+
+``--dtype`` overrides model.dtype (e.g. float32, to separate rounding from logic);
+``--state-gain f`` multiplies the adapter's weights on the recurrent state by f (a random init's
+recurrence is chaotic, a trained model's converges: ``agreement``); ``--sensitivity`` prints how a
+1e-6 relative change of the initial state grows over the T steps of a Full forward;
+``--plant-density ρ`` replaces the WISE support by a WISE-like random one (``benchmarks.inputs``)
+to time what WISE saves per phase.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.pipeline.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
+                                       scale_state_gain)
+from pipelines.cohorts import build_cohort
+from pipelines.config.run_spec import wise_settings
+from pipelines.dryrun import DEFAULT_TOKENIZER, build_example
+from pipelines.config.params import load_params
+from pipelines.compute.pool import ModelWorker
+from wise.engine.conditions import ADAPTIVE
+from wise.data.tokenizer import load_tokenizer
+from wise.engine.decoding import evaluate_example, evaluate_examples
+from wise.engine.runner import state_seed
+from wise.engine.support import density
+
+
+def examples(p, model, n: int, context: int | None) -> list[dict]:
+    """The cohort's first n rows at `context` (default: its longest length); for a preset source
+    (no tokenizer, benchmarks maybe offline), synthhop rows as the dry run builds them."""
+    budget = context or max(p.cohorts.context_lengths)
+    if p.model.source.startswith("preset:"):
+        tok = load_tokenizer(DEFAULT_TOKENIZER)
+        return [build_example(p, model, tok, budget)] * n
+    if context is not None and context not in p.cohorts.context_lengths:
+        p = dataclasses.replace(p, cohorts=dataclasses.replace(p.cohorts, context_lengths=(context,)))
+    rows = [r for r in build_cohort(p) if r["context_length"] == budget]
+    if len(rows) < n:
+        raise ValueError(f"only {len(rows)} cohort rows at {budget} tokens, --n asks {n}")
+    return rows[:n]
+
+
+def clock(device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def profile_run(path: Path, device: str, run) -> None:
+    """torch.profiler over one call: kernels by device time, then operators by host time (a host-bound
+    phase shows as host time with the device idle)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    start = clock(device)
+    with profile(activities=acts) as prof:
+        run()
+    wall = clock(device) - start
+    table = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"wall {wall:.3f} s (profiled)\n\n" + table.table(sort_by=key, row_limit=40) + "\n\n"
+                    + table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
+    print(f"profile: {path}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--source", default=None, help="override model.source, e.g. preset:huginn-0125@0")
+    ap.add_argument("--context", type=int, default=None, help="prompt budget (default: the longest in params)")
+    ap.add_argument("--n", type=int, default=4, help="examples")
+    ap.add_argument("--json", default=None, help="also write the measurements here")
+    ap.add_argument("--skip-today", action="store_true", help="time the new path only (no speedup)")
+    ap.add_argument("--conditions", default=None, help="comma-separated subset of conditions.names")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="decode pass by pass (wise.engine.extension) instead of replayed CUDA graphs")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="override model.dtype")
+    ap.add_argument("--state-gain", type=float, default=None,
+                    help="multiply the adapter's weights on the recurrent state by this (> 0)")
+    ap.add_argument("--sensitivity", action="store_true", help="print the growth of a perturbed initial state")
+    ap.add_argument("--profile", default=None,
+                    help="write torch.profiler tables of the one-condition-alone runs into this folder")
+    ap.add_argument("--plant-density", type=float, default=None,
+                    help="WISE support := random WISE-like layout kept with this probability (0 < ρ <= 1)")
+    args = ap.parse_args(argv)
+    if args.state_gain is not None and not args.state_gain > 0:
+        raise SystemExit(f"error: --state-gain must be > 0, got {args.state_gain}")
+    if args.plant_density is not None and not 0 < args.plant_density <= 1:
+        raise SystemExit(f"error: --plant-density must be in (0, 1], got {args.plant_density}")
+    p = load_params(args.params, check_model=args.source is None)
+    if args.source:
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=args.source))
+    if args.conditions:
+        names = tuple(args.conditions.split(","))
+        if not set(names) <= set(p.conditions.names):
+            raise SystemExit(f"error: --conditions {args.conditions}: not in conditions.names {list(p.conditions.names)}")
+        p = dataclasses.replace(p, conditions=dataclasses.replace(p.conditions, names=names))
+    if args.dtype:
+        p = dataclasses.replace(p, model=dataclasses.replace(p.model, dtype=args.dtype))
+    worker = ModelWorker(p.model, threads=os.cpu_count() or 1)
+    model, device = worker.model, worker.device
+    if args.state_gain is not None:
+        scale_state_gain(model, args.state_gain)
+    planted = (plant_wise_support(args.plant_density, seed=p.recurrence.init_seed)
+               if args.plant_density is not None else contextlib.nullcontext())
+    with planted:
+        return _bench(args, p, model, device)
+
+
+def _bench(args, p, model, device) -> int:
+    rows = examples(p, model, args.n, args.context)
+    # wise_adaptive has no rerun ("today") path to compare with: the paper's seven are benched
+    settings, names = wise_settings(p), [c for c in p.conditions.names if c != ADAPTIVE]
+    graphs = False if args.no_graphs else None  # None: replayed CUDA graphs on a GPU
+    if args.sensitivity:
+        print(perturbation_growth(model, rows[0]["token_ids"], settings,
+                                  state_seed(rows[0]["example_id"], p.recurrence.init_seed)))
+    stop = {model.config.eos_token_id, *model.config.extra_eos_token_ids}
+    max_new = p.conditions.max_new_tokens
+    cfg = model.config
+    itemsize = next(model.parameters()).element_size()
+    kv_bytes = settings.steps * cfg.n_core * 2 * len(rows[0]["token_ids"]) * cfg.kv_heads * cfg.head_dim * itemsize
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    old = {c: 0.0 for c in names}
+    new = {c: 0.0 for c in ("prefix", *names)}
+    alone = {c: {"total": 0.0, "prefix": 0.0, "late": 0.0} for c in ("full", "wise")}
+    if args.skip_today:  # what today's path would have compiled and cached (kernels, schedules)
+        r = rows[0]
+        evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings,
+                         state_seed(r["example_id"], p.recurrence.init_seed), max_new, stop, "cached", graphs=graphs)
+    seeds = [state_seed(r["example_id"], p.recurrence.init_seed) for r in rows]
+    befores = []
+    for r, seed in zip(rows, seeds):  # today: each condition alone, re-running the recurrence per token
+        before = {}
+        for c in ([] if args.skip_today else names):
+            start = clock(device)
+            before[c] = evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new,
+                                         stop, "rerun", share_prefix=False)[c]
+            old[c] += clock(device) - start
+        befores.append(before)
+    profile = {}  # new: every example in one call, as the conditions stage's work items run
+    afters = evaluate_examples(model, [(r["token_ids"], r["answer_ids"], seed) for r, seed in zip(rows, seeds)],
+                               names, settings, max_new, stop, "cached", profile=profile, graphs=graphs)
+    for key in new:
+        new[key] += profile[key]
+    agree_by = agreement(befores, afters)
+    for r, seed in zip(rows, seeds):
+        for c in ("full", "wise"):  # each alone on the new path: what one condition costs by itself
+            if c in names:
+                own = {}
+                start = clock(device)
+                evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new, stop,
+                                 "cached", profile=own, graphs=graphs)
+                alone[c]["total"] += clock(device) - start
+                alone[c]["prefix"] += own["prefix"]
+                alone[c]["late"] += own[f"{c}:late"]
+    if args.profile:  # after the timed runs, so the profiler's overhead stays out of them
+        for c in ("full", "wise"):
+            if c in names:
+                r = rows[0]
+                profile_run(Path(args.profile) / f"profile-{c}.txt", device, lambda: evaluate_example(
+                    model, r["token_ids"], r["answer_ids"], [c], settings, seeds[0], max_new, stop, "cached",
+                    graphs=graphs))
+    n, k = len(rows), len(names)
+    old_total, new_total = sum(old.values()), sum(new.values())
+    print(f"bench_conditions: {p.model.source} ({p.model.dtype}, {device}"
+          f"{', ' + torch.cuda.get_device_name() if device == 'cuda' else ''}), backend {settings.backend}, "
+          f"{n} example(s) of {len(rows[0]['token_ids'])} tokens, T={settings.steps}, t_d={settings.discovery_step}, "
+          f"max_new_tokens={max_new}"
+          + (f", adapter state gain x{args.state_gain:g}" if args.state_gain is not None else "")
+          + (f", planted WISE support rho={args.plant_density:g}" if args.plant_density is not None else "")
+          + (", decoding pass by pass" if args.no_graphs else ", decoding as CUDA graphs" if device == "cuda" else "")
+          + (", TF32 matmuls" if device == "cuda" and torch.backends.cuda.matmul.allow_tf32 else ""))
+    print("| condition | today: s per example | new: s per example (its share of the batched fork) |")
+    print("| --- | --- | --- |")
+    print(f"| shared prefix (steps 1..t_d, once) | – | {new['prefix'] / n:.3f} |")
+    for c in names:
+        print(f"| {c} | {'–' if args.skip_today else f'{old[c] / n:.3f}'} | {new[c] / n:.3f} |")
+    today = "–" if args.skip_today else f"**{old_total / (n * k):.3f}**"
+    print(f"| **per example × condition** | {today} | **{new_total / (n * k):.3f}** |")
+    speedup = math.nan if args.skip_today else old_total / new_total
+    total = agree_by["all"]
+    if "full" in names and "wise" in names:
+        print("new path, one condition alone (its own prefix), s per example: " + "; ".join(
+            f"{c} {a['total'] / n:.3f} (steps 1..t_d {a['prefix'] / n:.3f}"
+            f"{' with discovery' if c == 'wise' else ''}, late steps {a['late'] / n:.3f}, "
+            f"gold rows + decoding {(a['total'] - a['prefix'] - a['late']) / n:.3f})" for c, a in alone.items()))
+    if "wise" in names:  # what the kernel's late steps can save depends on it
+        dens = [density(a["wise"].layouts) for a in afters]
+        print(f"WISE late support density (kept causal blocks / causal blocks): {sum(dens) / len(dens):.3f}")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    print(f"K/V cache per example (steps 1..t_d shared + one condition's late steps at a time): "
+          f"{kv_bytes / 2**30:.2f} GiB; peak GPU memory: {'n/a' if peak is None else f'{peak:.1f} GiB'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
+            "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
+            "agree": total["agree"], "agreement": agree_by, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak, "alone": alone}, indent=2) + "\n")
+    if not args.skip_today:
+        print(agreement_table(agree_by))
+    print(f"speedup={speedup:.2f} agree={total['agree']:.3f} token_agree={total['token_agree']:.3f} "
+          f"max_dlogprob={total['max_dlogprob']:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Work item run inside a ``ModelWorker``: every condition on a few examples (prompts of one
+length, decoded as one batch).
+
+Plain dicts in and out."""
+from __future__ import annotations
+
+from wise.engine.decoding import evaluate_examples
+from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.support import pack_layout
+
+
+def run_conditions(model, item: dict, context: dict) -> dict:
+    """Every requested condition on each of item["examples"], from each example's shared prefix:
+    greedy prediction and gold log-prob (``wise.engine.decoding.evaluate_examples``)."""
+    settings = WiseSettings(**context["settings"])
+    examples = item["examples"]
+    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"], state_seed(ex["example_id"], context["init_seed"]))
+                                     for ex in examples], context["conditions"], settings,
+                             context["max_new_tokens"], set(context["stop_ids"]), context.get("generation", "cached"))
+    out = []
+    for ex, by_condition in zip(examples, runs):
+        rows = []
+        for name in context["conditions"]:
+            run = by_condition[name]
+            rows.append({
+                "condition": name,
+                "prediction_ids": run.tokens,
+                "gold_logprob": run.gold_logprob,
+                "state_hash_td": run.state_hash,
+                # the depth its late steps start after (wise_adaptive: its own t_a)
+                "discovery_step": settings.discovery_step if run.discovery_step is None else run.discovery_step,
+                # Per-layer bits, the same encoding the supports stage writes, for the pairing check.
+                "layout_bits": None if run.layouts is None else [pack_layout(layer).tobytes() for layer in run.layouts],
+            })
+        out.append({"example_id": ex["example_id"], "rows": rows})
+    return {"examples": out}

@@ -1,0 +1,264 @@
+"""Typed params: ``params.yaml`` -> frozen dataclasses, checked before any work starts.
+
+Every stage loads the whole file once (so a typo anywhere is caught early) and reads only its own
+sections. A params file must give every key of every section (a missing key is an error naming it,
+never a silent default) and no unknown section; ``train:`` and ``retrofit:`` belong to their stages
+and are checked by ``stages/validate.py``. The dataclass defaults below serve library use
+(``parse(raw, complete=False)``), not params files. The checks of values and of relations between
+keys are in ``pipelines.config.validate``; ``load_params`` runs them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.config.validate import ParamsError, check_backend, model_facts, validate
+from wise.engine.conditions import ALL_CONDITIONS
+from wise.engine.discovery_depth import AdaptiveDiscovery
+from wise.engine.diagnostics import THRESHOLD_SETTINGS
+from wise.models.checkpoint import is_hub_id
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    source: str = "data/models/wise-tiny-random"  # folder, hub id, or preset:<name>@<seed>
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    revision: str | None = None  # hub ids: branch, tag or commit to download (None: default branch)
+
+
+@dataclass(frozen=True)
+class CohortParams:
+    benchmarks: tuple[str, ...] = ("synthhop", "syntharith")
+    split: str = "test"
+    examples_per_benchmark: int = 3
+    context_lengths: tuple[int, ...] = (256, 512)
+    seed: int = 0
+    prompt_style: str = "plain"
+    # benchmark -> loader options, e.g. {hotpotqa: {path: hotpot_dev_distractor_v1.json}} or
+    # {hotpotqa: {hub_id: hotpotqa/hotpot_qa, config: distractor}}; empty: the loader's default
+    sources: dict = field(default_factory=dict)
+    # public benchmarks: malformed rows are dropped and listed; more than this fraction of a source
+    # fails the stage (wise.data.public_benchmarks.DEFAULT_MAX_BAD_FRACTION says why 0.01)
+    max_bad_rows_fraction: float = 0.01
+
+
+@dataclass(frozen=True)
+class RecurrenceParams:
+    steps: int = 32  # T
+    init_seed: int = 0  # base seed of the initial recurrent state
+
+
+@dataclass(frozen=True)
+class WiseParams:
+    discovery_step: int = 12  # t_d
+    window: int = 4  # w
+    block_size: int = 32  # B
+    eta: float = 0.95
+    # condition wise_adaptive's settling rule: criterion, threshold, min_step, max_step, window
+    # (wise.engine.discovery_depth.AdaptiveDiscovery; checked key by key in validate_adaptive)
+    adaptive: dict = field(default_factory=lambda: dataclasses.asdict(AdaptiveDiscovery()))
+
+
+@dataclass(frozen=True)
+class ConditionParams:
+    names: tuple[str, ...] = ALL_CONDITIONS
+    max_new_tokens: int = 8
+    backend: str = "reference"  # late attention: reference | gather | kernel | flex
+    generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
+    # cached: examples whose prompts have one length go to a worker together, up to this many, and
+    # are decoded as one batch (GPU memory may split it further)
+    batch_examples: int = 8
+    # A run whose support differs from the one the supports stage derived from the trace fails the
+    # stage; true keeps such rows, flagged (support_matches_trace = false), out of the statistics.
+    allow_support_mismatch: bool = False
+
+
+@dataclass(frozen=True)
+class TimingParams:
+    context_lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)
+    block_sizes: tuple[int, ...] = (32,)
+    heads: int = 55
+    kv_heads: int = 55
+    head_dim: int = 96
+    layers: int = 4
+    densities: tuple[float, ...] = (0.37,)  # WISE-like random generator keep-probability rho
+    late_calls: int = 20
+    seed: int = 0
+    whole_model: bool = True  # also time whole T-step forwards of a model shape, WISE late steps vs Full
+    model_preset: str | None = None  # that shape: a wise.models preset; None: the configured model's, else huginn-0125
+
+
+@dataclass(frozen=True)
+class DiagnosticsParams:
+    topk: int = 16  # S compares causal top-min(topk, i+1) token supports
+    run: int = 3  # a quantity converges at the first of `run` consecutive transitions meeting it
+    early_transitions: int = 4  # A/H/O thresholds scale with the median of the first few finite values
+    default_setting: str = "default"
+    # name -> {S: Jaccard threshold (>=), A/H/O: factor of the early median (<)}
+    thresholds: dict = field(default_factory=lambda: {k: dict(v) for k, v in THRESHOLD_SETTINGS.items()})
+    stability_thresholds: tuple[float, ...] = (0.90, 0.95)
+
+
+@dataclass(frozen=True)
+class SweepParams:
+    eta: tuple[float, ...] = (0.9, 0.95, 0.99)
+    discovery_step: tuple[int, ...] = (8, 12, 16)
+    window: tuple[int, ...] = (1, 4, 8)
+    block_size: tuple[int, ...] = (16, 32, 64)
+    adaptive_threshold: tuple[float, ...] = (0.25, 0.5, 1.0)  # wise.adaptive.threshold (condition wise_adaptive)
+    examples_per_benchmark: int = 2  # sweeps run on the first examples of the main cohort
+    context_length: int = 512  # ... at this context length (must be in cohorts.context_lengths)
+
+
+@dataclass(frozen=True)
+class StatisticsParams:
+    bootstrap_resamples: int = 10000
+    bootstrap_seed: int = 0
+    ci_level: float = 0.95
+
+
+@dataclass(frozen=True)
+class ComputeParams:
+    executor: str = "ray"  # ray | local (in-process, for debugging)
+    ray_address: str | None = None  # an existing cluster ("auto" or host:port); None starts a local one
+    num_workers: int = 0  # 0: one per GPU, else as many CPU actors as cores allow
+    cpus_per_worker: int = 1
+    gpus_per_worker: float = 1.0
+    max_retries: int = 2  # times an item is resubmitted to a new actor after the one running it died
+
+
+@dataclass(frozen=True)
+class CalibrationParams:
+    """The constructed calibration model (stage build_calibration, wise.models.construct.ChainSpec)."""
+
+    seed: int = 0  # seeds the frequency search of the entity codes
+    code_pairs: int = 12  # entity codes have 2 x code_pairs dims
+    max_refine: int = 8  # largest refinement count the model represents
+    max_positions: int = 8192
+
+
+@dataclass(frozen=True)
+class Params:
+    calibration: CalibrationParams = field(default_factory=CalibrationParams)
+    model: ModelParams = field(default_factory=ModelParams)
+    cohorts: CohortParams = field(default_factory=CohortParams)
+    recurrence: RecurrenceParams = field(default_factory=RecurrenceParams)
+    wise: WiseParams = field(default_factory=WiseParams)
+    conditions: ConditionParams = field(default_factory=ConditionParams)
+    timing: TimingParams = field(default_factory=TimingParams)
+    diagnostics: DiagnosticsParams = field(default_factory=DiagnosticsParams)
+    sweeps: SweepParams = field(default_factory=SweepParams)
+    statistics: StatisticsParams = field(default_factory=StatisticsParams)
+    compute: ComputeParams = field(default_factory=ComputeParams)
+
+
+# Sections of a params file owned by a stage that validates them itself (stages/validate.py checks
+# them before any stage runs); every other section is a dataclass of Params.
+# Sections owned and validated by their stages: `train:` (stages/train_backbone.py, with
+# wise.training.TrainConfig) and `retrofit:` (the RecurTrace stages, with wise.looped.recipe).
+STAGE_SECTIONS = ("train", "retrofit")
+
+
+def _coerce(section: str, cls: type, raw: Any, complete: bool) -> Any:
+    if raw is None and not complete:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"params.yaml: {section} must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ParamsError(f"params.yaml: unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}")
+    missing = [k for k in fields if k not in raw]
+    if complete and missing:
+        # A silent default would run something other than what the file says (a preset that
+        # forgot recurrence.steps would run T=32 without a word).
+        raise ParamsError(f"params.yaml: missing key(s) {', '.join(f'{section}.{k}' for k in missing)}: "
+                          "a params file must give every key (params.yaml lists them all)")
+    values = {}
+    for name, value in raw.items():
+        default = getattr(cls(), name)
+        key = f"{section}.{name}"
+        if isinstance(default, tuple):
+            if not isinstance(value, (list, tuple)):
+                raise ParamsError(f"params.yaml: {key} must be a list, got {value!r}")
+            value = tuple(value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be true or false")
+        elif default is None:
+            if value is not None and not isinstance(value, str):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string or null "
+                                  "(quote a commit hash or a number)")
+        elif isinstance(default, int):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be an integer")
+        elif isinstance(default, float):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ParamsError(f"params.yaml: {key} = {value!r}: must be a number")
+            value = float(value)
+        elif isinstance(default, str) and not isinstance(value, str):
+            raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string")
+        elif isinstance(default, dict) and not isinstance(value, dict):
+            raise ParamsError(f"params.yaml: {key} = {value!r}: must be a mapping")
+        values[name] = value
+    return cls(**values)
+
+
+def adaptive_rule(p: Params, **changes) -> AdaptiveDiscovery:
+    """wise.adaptive as the engine's rule (after validate), with `changes` (a sweep's value)."""
+    return AdaptiveDiscovery(**{**p.wise.adaptive, "threshold": float(p.wise.adaptive["threshold"]), **changes})
+
+
+def sweep_default(p: Params, axis: str):
+    """The params value a sweep axis varies (sweeps.<axis> values are compared with it)."""
+    return p.wise.adaptive["threshold"] if axis == "adaptive_threshold" else getattr(p.wise, axis)
+
+
+def parse(raw: dict[str, Any], complete: bool = True) -> Params:
+    """Typed params from a parsed params file. ``complete`` (what a params file gets): every
+    section and key must be present. ``complete=False`` fills what is absent from the dataclass
+    defaults (library use and tests)."""
+    if not isinstance(raw, dict):
+        raise ParamsError("params.yaml must be a mapping of sections")
+    sections = {f.name: f for f in dataclasses.fields(Params)}
+    unknown = sorted(set(raw) - set(sections) - set(STAGE_SECTIONS))
+    if unknown:
+        raise ParamsError(f"params.yaml: unknown section(s) {unknown}; known: "
+                          f"{sorted([*sections, *STAGE_SECTIONS])}")
+    missing = [name for name in [*sections, *STAGE_SECTIONS] if name not in raw]
+    if complete and missing:
+        raise ParamsError(f"params.yaml: missing section(s) {missing}: a params file must give every "
+                          "section (params.yaml lists them all)")
+    parts = {}
+    for name, f in sections.items():
+        cls = f.default_factory  # type: ignore[misc]
+        parts[name] = _coerce(name, cls, raw.get(name), complete)
+    return Params(**parts)
+
+
+def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> Params:
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"params file {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        params = parse(raw, complete=True)
+        facts = model_facts(params.model.source) if check_model else None
+        if check_model and facts is None and not is_hub_id(params.model.source):
+            raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
+        validate(params, facts.get("max_positions") if facts else None)
+        if check_model:
+            check_backend(params, facts)
+    except ParamsError as exc:
+        if path.name == "params.yaml":
+            raise
+        raise ParamsError(str(exc).replace("params.yaml:", f"{path}:", 1)) from None
+    return params

@@ -1,0 +1,172 @@
+"""The explicit pyarrow schema of every Parquet artifact (one per file the stages write).
+
+Writers pass these to ``pipelines.store.artifacts`` (``write_parquet``, ``ParquetStream``), which refuse
+a row whose columns differ, so a column is never silently dropped, added or typed from whatever
+Python value came first (a None in the first row, an int where a float was meant). docs/sql.md
+documents the columns; tests/test_pipeline_e2e.py checks that every artifact of a run has exactly
+its schema.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from benchmarks.columns import MEASURED_KEYS, PREPARED_KEYS
+
+STR, INT, FLOAT, BOOL, BYTES = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.binary()
+
+
+def _schema(*groups: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    return pa.schema([field for group in groups for field in group])
+
+
+def _floats(*names: str) -> list[tuple[str, pa.DataType]]:
+    return [(n, FLOAT) for n in names]
+
+
+def _ints(*names: str) -> list[tuple[str, pa.DataType]]:
+    return [(n, INT) for n in names]
+
+
+# -- run spec (pipelines.config.run_spec) -------------------------------------------------------------
+MODEL_SPEC = [("model", STR), ("model_revision", STR), ("weights_id", STR), ("code_version", STR),
+              ("code_commit", STR)]
+WORKER_SPEC = [("device", STR), ("device_name", STR), ("dtype", STR)]
+SETTINGS_SPEC = [("T", INT), ("t_d", INT), ("B", INT), ("eta", FLOAT), ("w", INT), ("seed", INT)]
+RUN_SPEC = MODEL_SPEC + WORKER_SPEC + [("backend", STR), ("prompt_style", STR), ("max_new_tokens", INT),
+                                       ("generation", STR)] + SETTINGS_SPEC
+TRACE_SPEC = MODEL_SPEC + WORKER_SPEC + [("prompt_style", STR)] + _ints("T", "t_d", "B", "w", "seed")
+
+# -- stage outputs -----------------------------------------------------------------------------
+COHORT = _schema([
+    ("example_id", STR), ("base_id", STR), ("benchmark", STR), ("context_length", INT), ("question", STR),
+    ("answers", pa.list_(STR)), ("prompt", STR), ("prompt_sha256", STR), ("n_tokens", INT),
+    ("token_ids", pa.list_(INT)), ("question_start", INT), ("hops", INT), ("refine", INT),
+    ("answer_ids", pa.list_(INT)), ("n_passages", INT), ("meta", STR)])
+
+TRACE_MASSES = _schema([("example_id", STR)], _ints("step", "layer", "heads", "blocks", "n_tokens", "block_size"),
+                       [("mass_f16", BYTES)])
+TRACE_STEPS = _schema([("example_id", STR), ("step", INT)],
+                      _floats("S", "A", "H", "O", "S_q", "A_q", "H_q", "O_q"), [("state_hash_td", STR)], TRACE_SPEC)
+TRACE_LAYERS = _schema([("example_id", STR)], _ints("step", "layer"), _floats("S", "A", "O", "S_q", "A_q", "O_q"))
+
+SUPPORT_LAYOUTS = _schema([("example_id", STR), ("condition", STR)], _ints("layer", "heads", "blocks"),
+                          [("layout_bits", BYTES)])
+SUPPORT_METRICS = _schema([("example_id", STR), ("condition", STR), ("density", FLOAT), ("block_count", INT),
+                           ("retained_future_mass", FLOAT)], MODEL_SPEC, SETTINGS_SPEC)
+
+CONDITION_RESULTS = _schema([
+    ("example_id", STR), ("base_id", STR), ("benchmark", STR), ("context_length", INT), ("n_tokens", INT),
+    ("condition", STR), ("prediction", STR), ("gold", STR), ("em", FLOAT), ("f1", FLOAT),
+    ("answer_change", STR), ("gold_logprob", FLOAT), ("delta_logprob", FLOAT), ("density", FLOAT),
+    ("retained_future_mass", FLOAT), ("block_count", INT), ("state_hash_td", STR),
+    ("support_matches_trace", BOOL), ("benchmark_split", STR), ("hops", INT), ("refine", INT),
+    ("expected_em", FLOAT), ("discovery_step", INT), ("expected_discovery_step", INT)], RUN_SPEC)
+
+SWEEPS = _schema(RUN_SPEC, [
+    ("axis", STR), ("value", FLOAT), ("example_id", STR), ("base_id", STR), ("benchmark", STR),
+    ("context_length", INT), ("prediction", STR), ("full_prediction", STR)],
+    _floats("em", "f1", "full_em", "full_f1", "delta_f1", "delta_em", "gold_logprob", "delta_logprob"),
+    [("answer_change", STR), ("density", FLOAT), ("block_count", INT), ("retained_future_mass", FLOAT),
+     ("expected_em", FLOAT), ("expected_full_em", FLOAT), ("discovery_step", INT),
+     ("expected_discovery_step", INT)])
+
+# benchmarks.bench rows: its metadata, then every measured column (NaN until measured), then what
+# the timing stage adds.
+TIMING_MEASURED = tuple(MEASURED_KEYS + PREPARED_KEYS)
+TIMING = _schema([("label", STR), ("status", STR), ("gpu", STR)],
+                 _ints("n", "block_size", "heads", "kv_heads", "head_dim"), [("dtype", STR), ("layers", INT),
+                 ("kernel_config", STR), ("flex_options", STR), ("head_group", INT)],
+                 _floats(*TIMING_MEASURED), [("source", STR), ("rho", FLOAT)],
+                 # whole-model rows (source = 'whole_model', benchmarks.whole_model)
+                 [("model", STR), ("backend", STR)],
+                 _ints("hidden", "intermediate", "prelude", "coda", "steps", "dense_steps"),
+                 _floats("full_ms", "wise_ms", "ratio", "layer_ms", "attn_ms", "attn_share", "kernel_attn_ms",
+                         "attn_speedup", "wise_layer_ms", "layer_speedup", "peak_gib"))
+
+# -- statistics stage --------------------------------------------------------------------------
+CONDITION_SUMMARY = _schema(
+    [("benchmark", STR), ("context_length", INT), ("condition", STR), ("n", INT)],
+    _floats("f1", "em", "delta_f1", "delta_f1_low", "delta_f1_high", "delta_em", "delta_em_low", "delta_em_high",
+            "delta_logprob", "delta_logprob_low", "delta_logprob_high"),
+    [("n_base_examples", INT), ("mcnemar_p", FLOAT), ("mcnemar_test", STR)],
+    _ints("correct_to_wrong", "wrong_to_correct", "both_wrong_different"),
+    _floats("density", "retained_future_mass", "expected_em"),
+    _ints("expected_mismatches", "support_mismatch_excluded"),
+    [("bootstrap_unit", STR), ("bootstrap_resamples", INT), ("bootstrap_seed", INT), ("ci_level", FLOAT)])
+CONVERGENCE = _schema([("example_id", STR), ("benchmark", STR), ("context_length", INT), ("scope", STR),
+                       ("setting", STR)], _ints("tau_S", "tau_A", "tau_H", "tau_O", "gap"))
+CONVERGENCE_SUMMARY = _schema([("benchmark", STR), ("scope", STR), ("setting", STR), ("n", INT)],
+                              _floats("mean_tau_S", "mean_tau_A", "mean_tau_H", "mean_tau_O", "mean_gap"),
+                              _ints("censored_S", "censored_A", "censored_H", "censored_O"),
+                              [("routing_first_frac", FLOAT)])
+FRACTION_CONVERGED = _schema([("scope", STR), ("quantity", STR), ("step", INT), ("fraction_converged", FLOAT)])
+STABILITY = _schema([("example_id", STR), ("step", INT), ("jaccard", FLOAT)])
+SWEEP_SUMMARY = _schema([("axis", STR), ("value", FLOAT), ("n", INT), ("is_default", BOOL)],
+                        _floats("f1", "full_f1", "delta_f1", "delta_f1_low", "delta_f1_high"),
+                        _ints("correct_to_wrong", "wrong_to_correct", "both_wrong_different"),
+                        _floats("density", "retained_future_mass"))
+CONTEXT_SCALING = _schema([("context_length", INT), ("n", INT)],
+                          _floats("f1", "delta_f1", "delta_f1_low", "delta_f1_high", "density",
+                                  "retained_future_mass", "call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash"),
+                          [("timing_support", STR)])
+
+# -- RecurTrace adaptive depth (pipelines.adaptive: stages train_halting, adaptive_eval) -----------
+# which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
+ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
+                 ("device", STR), ("threads", INT), ("code_version", STR), ("code_commit", STR), ("pool", STR)] + \
+    _ints("t_min", "t_max") + [("delta", FLOAT)]
+HALTING_LOOPS = _schema([("split", STR), ("example_id", STR), ("benchmark", STR)], _ints("hops", "loop"),
+                        [("nll", FLOAT), ("correct", BOOL), ("top1", FLOAT), ("label", INT)],
+                        _floats("p_continue", "act_halt", "pondernet_halt"))
+HALTING_SELECTION = _schema([("rule", STR), ("threshold", FLOAT), ("T", INT)],
+                            _floats("mean_depth", "mean_nll", "accuracy", "reference_nll", "tolerance"),
+                            [("reference_T", INT), ("feasible", BOOL), ("chosen", BOOL)])
+ADAPTIVE_EXAMPLES = _schema([("example_id", STR), ("benchmark", STR), ("hops", INT), ("method", STR), ("kind", STR),
+                             ("threshold", FLOAT)], _ints("depth", "loops_computed"),
+                            [("correct", BOOL), ("nll", FLOAT), ("correct_at_1", BOOL)], ADAPTIVE_SPEC)
+ADAPTIVE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("kind", STR), ("threshold", FLOAT), ("n", INT)],
+                           _floats("accuracy", "nll", "mean_loops", "mean_loops_computed", "wall_ms"),
+                           [("timed", INT), ("best_fixed", STR), ("mcnemar_p", FLOAT)],
+                           _ints("only_method_right", "only_best_right"))
+ADAPTIVE_DEPTH = _schema([("benchmark", STR), ("method", STR), ("difficulty", STR), ("n", INT)],
+                         _floats("mean_loops", "accuracy"))
+ADAPTIVE_HISTOGRAM = _schema([("benchmark", STR), ("method", STR)], _ints("loops", "count"))
+ADAPTIVE_WISE = _schema([("example_id", STR), ("benchmark", STR), ("hops", INT), ("method", STR), ("n_tokens", INT)],
+                        _ints("full_depth", "wise_depth", "late_loops"),
+                        [("full_correct", BOOL), ("wise_correct", BOOL)], _floats("full_nll", "wise_nll"),
+                        [("same_prediction", BOOL)], _ints("full_tiles", "wise_tiles"), [("late_density", FLOAT),
+                        ("state_hash_td", STR)], _ints("t_d", "w", "B"), [("eta", FLOAT)], ADAPTIVE_SPEC)
+ADAPTIVE_WISE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("n", INT)],
+                                _floats("full_accuracy", "wise_accuracy", "full_nll", "wise_nll", "full_mean_loops",
+                                        "wise_mean_loops", "full_tiles_per_example", "wise_tiles_per_example",
+                                        "tiles_saved"),
+                                [("with_late_loops", INT)], _floats("late_density", "same_prediction", "mcnemar_p"))
+
+# DuckDB view name (pipelines.config.paths.VIEWS: the artifact each one reads) -> the artifact's schema.
+BY_VIEW = {
+    "examples": COHORT,
+    "trace_masses": TRACE_MASSES,
+    "trace_steps": TRACE_STEPS,
+    "trace_layers": TRACE_LAYERS,
+    "support_layouts": SUPPORT_LAYOUTS,
+    "supports": SUPPORT_METRICS,
+    "results": CONDITION_RESULTS,
+    "timing": TIMING,
+    "sweeps": SWEEPS,
+    "condition_summary": CONDITION_SUMMARY,
+    "convergence": CONVERGENCE,
+    "convergence_summary": CONVERGENCE_SUMMARY,
+    "fraction_converged": FRACTION_CONVERGED,
+    "stability": STABILITY,
+    "sweep_summary": SWEEP_SUMMARY,
+    "context_scaling": CONTEXT_SCALING,
+    "halting_loops": HALTING_LOOPS,
+    "halting_selection": HALTING_SELECTION,
+    "adaptive_loops": HALTING_LOOPS,
+    "adaptive_examples": ADAPTIVE_EXAMPLES,
+    "adaptive_summary": ADAPTIVE_SUMMARY,
+    "adaptive_depth": ADAPTIVE_DEPTH,
+    "adaptive_histogram": ADAPTIVE_HISTOGRAM,
+    "adaptive_wise": ADAPTIVE_WISE,
+    "adaptive_wise_summary": ADAPTIVE_WISE_SUMMARY,
+}

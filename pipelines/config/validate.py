@@ -1,0 +1,263 @@
+"""Checks of params values and of relations between keys, and the configured model's facts that
+they need. ``pipelines.config.params`` parses a params file into typed sections and runs these.
+
+A bad value raises ``ParamsError`` whose message names the key, e.g.
+``params.yaml: wise.eta = 1.5: must be in (0, 1]``. Relations between keys (sweep values against
+``wise.window`` / ``wise.discovery_step`` / T, the sweep length among the cohort's lengths, block
+sizes against the kernel backend, context lengths against the model's positions) are checked here
+too, so a bad combination fails before any stage runs (the DVC stage ``validate`` runs this before
+every other stage). ``validate`` takes a ``pipelines.config.params.Params`` (not imported here: the
+params module imports this one).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from pipelines.config.paths import CALIBRATION_MODEL
+from wise.engine.conditions import ADAPTIVE, ALL_CONDITIONS
+from wise.engine.discovery_depth import CRITERIA, AdaptiveDiscovery
+
+LOCAL_BENCHMARKS = "data/raw"  # local benchmark files; a dependency of the cohorts stage (dvc.yaml)
+KERNEL_BLOCK_SIZES = (16, 32, 64, 128)  # what kernels/ supports (DESIGN.md section 5)
+
+
+class ParamsError(ValueError):
+    """A params.yaml value is missing, unknown or out of range; the message names the key."""
+
+
+def _require(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ParamsError(f"params.yaml: {key} = {value!r}: {why}")
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def validate(p, max_positions: int | None = None):
+    """`p` (a Params), checked; raises ParamsError naming the first bad key."""
+    w, c, r = p.wise, p.cohorts, p.recurrence
+    _require(0.0 < w.eta <= 1.0, "wise.eta", w.eta, "must be in (0, 1]")
+    _require(_is_pow2(w.block_size) and w.block_size >= 16, "wise.block_size", w.block_size,
+             "must be a power of two >= 16")
+    _require(r.steps >= 2, "recurrence.steps", r.steps, "must be >= 2")
+    _require(1 <= w.discovery_step < r.steps, "wise.discovery_step", w.discovery_step,
+             f"must satisfy 1 <= t_d < recurrence.steps ({r.steps})")
+    _require(1 <= w.window <= w.discovery_step, "wise.window", w.window,
+             f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
+    validate_adaptive(p)
+    _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
+             "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
+    _require(len(set(c.context_lengths)) == len(c.context_lengths), "cohorts.context_lengths",
+             list(c.context_lengths), "has duplicates (a variant id is <example id>@<length>)")
+    if max_positions is not None:
+        too_long = [n for n in c.context_lengths if n > max_positions]
+        _require(not too_long, "cohorts.context_lengths", list(c.context_lengths),
+                 f"{too_long} exceed the model's {max_positions} positions")
+    _require(c.examples_per_benchmark >= 1, "cohorts.examples_per_benchmark", c.examples_per_benchmark, "must be >= 1")
+    _require(c.seed >= 0, "cohorts.seed", c.seed, "must be >= 0")
+    _require(r.init_seed >= 0, "recurrence.init_seed", r.init_seed, "must be >= 0")
+    _require(len(c.benchmarks) > 0, "cohorts.benchmarks", list(c.benchmarks), "must not be empty")
+    from wise.data import BENCHMARKS, PROMPT_STYLES
+
+    unknown_b = [b for b in c.benchmarks if b not in BENCHMARKS]
+    _require(not unknown_b, "cohorts.benchmarks", list(c.benchmarks),
+             f"unknown benchmark(s) {unknown_b}; known: {sorted(BENCHMARKS)}")
+    _require(c.prompt_style in PROMPT_STYLES, "cohorts.prompt_style", c.prompt_style,
+             f"known styles: {sorted(PROMPT_STYLES)}")
+    _require(isinstance(c.sources, dict) and all(isinstance(v, dict) for v in c.sources.values()),
+             "cohorts.sources", c.sources, "must map benchmark names to option mappings")
+    stray = [b for b in c.sources if b not in c.benchmarks]
+    _require(not stray, "cohorts.sources", c.sources, f"names benchmark(s) not in cohorts.benchmarks: {stray}")
+    for bench, options in c.sources.items():
+        for f in ([options["path"]] if isinstance(options.get("path"), str) else options.get("path") or []):
+            # dvc.yaml lists data/raw as a dependency of cohorts; a file elsewhere could change unseen.
+            inside = Path(f).resolve().is_relative_to(Path(LOCAL_BENCHMARKS).resolve())
+            _require(inside, f"cohorts.sources.{bench}.path", f,
+                     f"local benchmark files must be under {LOCAL_BENCHMARKS}/ (a DVC dependency of cohorts)")
+    _require(c.split in ("train", "validation", "test"), "cohorts.split", c.split,
+             "must be one of train, validation, test")
+    _require(0.0 <= c.max_bad_rows_fraction < 1.0, "cohorts.max_bad_rows_fraction", c.max_bad_rows_fraction,
+             "must be in [0, 1)")
+    unknown = [n for n in p.conditions.names if n not in ALL_CONDITIONS]
+    _require(not unknown, "conditions.names", list(p.conditions.names),
+             f"unknown condition(s) {unknown}; known: {list(ALL_CONDITIONS)}")
+    _require("full" in p.conditions.names, "conditions.names", list(p.conditions.names),
+             "must include 'full' (every comparison pairs against it)")
+    _require(len(set(p.conditions.names)) == len(p.conditions.names), "conditions.names",
+             list(p.conditions.names), "has duplicates")
+    _require(p.conditions.max_new_tokens >= 1, "conditions.max_new_tokens", p.conditions.max_new_tokens, "must be >= 1")
+    _require(p.conditions.backend in ("reference", "gather", "kernel", "flex"), "conditions.backend",
+             p.conditions.backend, "must be reference, gather, kernel or flex")
+    _require(p.conditions.generation in ("cached", "rerun"), "conditions.generation",
+             p.conditions.generation, "must be cached or rerun")
+    _require(p.conditions.batch_examples >= 1, "conditions.batch_examples", p.conditions.batch_examples,
+             "must be >= 1")
+    _require(p.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", p.model.dtype,
+             "must be float32, bfloat16 or float16")
+    _require(p.model.device in ("auto", "cpu", "cuda"), "model.device", p.model.device, "must be auto, cpu or cuda")
+    if p.conditions.backend == "kernel":
+        _require(w.block_size in KERNEL_BLOCK_SIZES, "wise.block_size", w.block_size,
+                 f"conditions.backend = 'kernel' supports block sizes {list(KERNEL_BLOCK_SIZES)}")
+    t = p.timing
+    _require(all(_is_pow2(b) and 16 <= b <= 128 for b in t.block_sizes), "timing.block_sizes",
+             list(t.block_sizes), "each must be one of 16, 32, 64, 128")
+    _require(all(n > 0 for n in t.context_lengths), "timing.context_lengths", list(t.context_lengths), "must be positive")
+    _require(t.heads % t.kv_heads == 0, "timing.kv_heads", t.kv_heads, f"must divide timing.heads ({t.heads})")
+    _require(t.head_dim in (64, 96, 128), "timing.head_dim", t.head_dim, "must be 64, 96 or 128")
+    _require(all(0 < d <= 1 for d in t.densities), "timing.densities", list(t.densities), "each must be in (0, 1]")
+    from wise.models.config import PRESETS
+
+    _require(isinstance(t.whole_model, bool), "timing.whole_model", t.whole_model, "must be true or false")
+    _require(t.model_preset is None or (isinstance(t.model_preset, str) and t.model_preset in PRESETS),
+             "timing.model_preset", t.model_preset,
+             f"must be null (the configured model's shape) or one of {sorted(PRESETS)}")
+    _require(len(t.context_lengths) > 0, "timing.context_lengths", list(t.context_lengths), "must not be empty")
+    _require(len(t.block_sizes) > 0, "timing.block_sizes", list(t.block_sizes), "must not be empty")
+    _require(len(t.densities) > 0, "timing.densities", list(t.densities), "must not be empty")
+    _require(t.heads >= 1, "timing.heads", t.heads, "must be >= 1")
+    _require(t.kv_heads >= 1, "timing.kv_heads", t.kv_heads, "must be >= 1")
+    _require(t.layers >= 1, "timing.layers", t.layers, "must be >= 1")
+    _require(t.late_calls >= 1, "timing.late_calls", t.late_calls, "must be >= 1")
+    _require(t.seed >= 0, "timing.seed", t.seed, "must be >= 0")
+    dg = p.diagnostics
+    _require(dg.topk >= 1, "diagnostics.topk", dg.topk, "must be >= 1")
+    _require(1 <= dg.run < r.steps, "diagnostics.run", dg.run,
+             f"must satisfy 1 <= run < recurrence.steps ({r.steps}): a run of transitions must fit in T")
+    _require(1 <= dg.early_transitions < r.steps, "diagnostics.early_transitions", dg.early_transitions,
+             f"must satisfy 1 <= early_transitions < recurrence.steps ({r.steps})")
+    _require(len(dg.stability_thresholds) > 0 and all(0 < x <= 1 for x in dg.stability_thresholds),
+             "diagnostics.stability_thresholds", list(dg.stability_thresholds),
+             "must be a non-empty list of values in (0, 1]")
+    _require(dg.default_setting in dg.thresholds, "diagnostics.default_setting", dg.default_setting,
+             f"must name one of diagnostics.thresholds ({sorted(dg.thresholds)})")
+    for name, th in dg.thresholds.items():
+        _require(isinstance(th, dict) and set(th) == {"S", "A", "H", "O"}, f"diagnostics.thresholds.{name}",
+                 th, "must give S, A, H and O")
+        _require(0 < th["S"] <= 1, f"diagnostics.thresholds.{name}.S", th["S"], "must be in (0, 1]")
+        for q in ("A", "H", "O"):
+            _require(th[q] > 0, f"diagnostics.thresholds.{name}.{q}", th[q], "must be > 0")
+    sw = p.sweeps
+    # Each sweep changes one setting and keeps the others at their wise.* values, so every value
+    # must form a valid setting with them (a bad one would fail inside a Ray worker, unnamed).
+    for axis in ("eta", "discovery_step", "window", "block_size"):
+        values = getattr(sw, axis)
+        _require(len(values) > 0, f"sweeps.{axis}", list(values), "must not be empty")
+        _require(len(set(values)) == len(values), f"sweeps.{axis}", list(values), "has duplicates")
+    _require(all(isinstance(e, (int, float)) and 0 < e <= 1 for e in sw.eta), "sweeps.eta", list(sw.eta),
+             "each must be in (0, 1]")
+    _require(all(isinstance(t, int) and w.window <= t < r.steps for t in sw.discovery_step),
+             "sweeps.discovery_step", list(sw.discovery_step),
+             f"each must satisfy wise.window ({w.window}) <= t_d < recurrence.steps ({r.steps})")
+    _require(all(isinstance(x, int) and 1 <= x <= w.discovery_step for x in sw.window), "sweeps.window",
+             list(sw.window), f"each must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
+    _require(all(isinstance(b, int) and _is_pow2(b) and b >= 16 for b in sw.block_size), "sweeps.block_size",
+             list(sw.block_size), "each must be a power of two >= 16")
+    if p.conditions.backend == "kernel":
+        _require(all(b in KERNEL_BLOCK_SIZES for b in sw.block_size), "sweeps.block_size", list(sw.block_size),
+                 f"conditions.backend = 'kernel' supports block sizes {list(KERNEL_BLOCK_SIZES)}")
+    _require(1 <= sw.examples_per_benchmark <= c.examples_per_benchmark, "sweeps.examples_per_benchmark",
+             sw.examples_per_benchmark,
+             f"must satisfy 1 <= n <= cohorts.examples_per_benchmark ({c.examples_per_benchmark}): the "
+             "sweeps run on the first examples of the main cohort")
+    _require(sw.context_length in c.context_lengths, "sweeps.context_length", sw.context_length,
+             f"must be one of cohorts.context_lengths {list(c.context_lengths)}")
+    cal = p.calibration
+    _require(1 <= cal.code_pairs <= 23, "calibration.code_pairs", cal.code_pairs, "must be in 1..23")
+    _require(0 <= cal.max_refine <= 16, "calibration.max_refine", cal.max_refine, "must be in 0..16")
+    _require(cal.max_positions >= 64, "calibration.max_positions", cal.max_positions, "must be >= 64")
+    _require(cal.seed >= 0, "calibration.seed", cal.seed, "must be >= 0")
+    if Path(p.model.source) == Path(CALIBRATION_MODEL):
+        # The model is built by the build_calibration stage from these keys, possibly after this check
+        # runs (its config.json is not there yet), so the positions are checked against the params.
+        long = [n for n in c.context_lengths if n > cal.max_positions]
+        _require(not long, "cohorts.context_lengths", list(c.context_lengths),
+                 f"{long} exceed calibration.max_positions ({cal.max_positions}), the positions of the "
+                 f"calibration model {CALIBRATION_MODEL}")
+    s = p.statistics
+    _require(s.bootstrap_resamples >= 100, "statistics.bootstrap_resamples", s.bootstrap_resamples, "must be >= 100")
+    _require(0.5 < s.ci_level < 1.0, "statistics.ci_level", s.ci_level, "must be in (0.5, 1)")
+    _require(s.bootstrap_seed >= 0, "statistics.bootstrap_seed", s.bootstrap_seed, "must be >= 0")
+    cp = p.compute
+    _require(cp.executor in ("ray", "local"), "compute.executor", cp.executor, "must be ray or local")
+    _require(cp.num_workers >= 0, "compute.num_workers", cp.num_workers, "must be >= 0 (0 = auto)")
+    _require(cp.cpus_per_worker >= 1, "compute.cpus_per_worker", cp.cpus_per_worker, "must be >= 1")
+    _require(cp.gpus_per_worker > 0, "compute.gpus_per_worker", cp.gpus_per_worker, "must be > 0")
+    _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
+    return p
+
+
+def validate_adaptive(p) -> None:
+    """wise.adaptive (condition wise_adaptive): every key present, each in range, the relations
+    2 <= window <= min_step <= max_step < recurrence.steps; sweeps.adaptive_threshold in (0, 1]."""
+    a, T = p.wise.adaptive, p.recurrence.steps
+    keys = [f.name for f in dataclasses.fields(AdaptiveDiscovery)]
+    unknown, missing = sorted(set(a) - set(keys)), [k for k in keys if k not in a]
+    if unknown or missing:
+        raise ParamsError(f"params.yaml: wise.adaptive: unknown key(s) {unknown}, missing key(s) {missing}; "
+                          f"it takes {keys}")
+    _require(a["criterion"] in CRITERIA, "wise.adaptive.criterion", a["criterion"], f"must be one of {list(CRITERIA)}")
+    th = a["threshold"]
+    _require(isinstance(th, (int, float)) and not isinstance(th, bool) and 0 < th <= 1, "wise.adaptive.threshold",
+             th, "must be a number in (0, 1]")
+    for k in ("min_step", "max_step", "window"):
+        _require(isinstance(a[k], int) and not isinstance(a[k], bool), f"wise.adaptive.{k}", a[k],
+                 "must be an integer")
+    _require(a["window"] >= 2, "wise.adaptive.window", a["window"], "must be >= 2 (consecutive steps compared)")
+    _require(a["window"] <= a["min_step"], "wise.adaptive.min_step", a["min_step"],
+             f"must be >= wise.adaptive.window ({a['window']})")
+    _require(a["min_step"] <= a["max_step"] < T, "wise.adaptive.max_step", a["max_step"],
+             f"must satisfy wise.adaptive.min_step ({a['min_step']}) <= max_step < recurrence.steps ({T})")
+    sw = p.sweeps.adaptive_threshold
+    _require(len(sw) > 0 and len(set(sw)) == len(sw) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in sw),
+        "sweeps.adaptive_threshold", list(sw), "must be a non-empty list of distinct numbers in (0, 1]")
+    _require(ADAPTIVE not in p.conditions.names or p.conditions.generation == "cached", "conditions.names",
+             list(p.conditions.names), f"{ADAPTIVE} runs only with conditions.generation = cached")
+
+
+def model_facts(source: str) -> dict | None:
+    """Config facts of the configured model read cheaply (config.json or preset), None if unknown
+    here (a hub id not downloaded yet)."""
+    from wise.models.config import RecurrentConfig
+
+    if source.startswith("preset:"):
+        name = source[len("preset:"):].partition("@")[0]
+        if name == "wise-chain":
+            from wise.models.construct import ChainSpec, chain_config
+            from wise.data.synthchain import build_tokenizer
+
+            return _facts(chain_config(ChainSpec(), build_tokenizer().get_vocab_size()))
+        return _facts(RecurrentConfig.from_name(name))
+    if (Path(source) / "config.json").is_file():
+        from wise.models.checkpoint import load_config
+
+        try:  # the checkpoint's own mapping (wise, Huginn or Recurrent-Llama config.json)
+            cfg = load_config(source)
+        except (KeyError, ValueError) as exc:
+            raise ParamsError(f"params.yaml: model.source = {source!r}: {exc}") from exc
+        return _facts(cfg)
+    return None
+
+
+def _facts(cfg) -> dict:
+    return {"max_positions": cfg.max_positions, "head_dim": cfg.head_dim, "heads": cfg.heads,
+            "kv_heads": cfg.kv_heads, "family": cfg.name}
+
+
+def check_backend(p, facts: dict | None) -> None:
+    if p.conditions.backend != "kernel":
+        return
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ParamsError("params.yaml: conditions.backend = 'kernel': needs a CUDA device "
+                          "(or TRITON_INTERPRET=1 to run the kernel in Triton's CPU interpreter)")
+    if facts and facts.get("head_dim") not in (64, 96, 128):
+        raise ParamsError(f"params.yaml: conditions.backend = 'kernel': the kernel supports head_dim "
+                          f"64, 96 or 128, model {p.model.source} has {facts.get('head_dim')}; "
+                          "use 'reference' or 'flex'")

@@ -1,0 +1,356 @@
+"""The generation engine: every condition of one example — its greedy answer and the teacher-forced
+log-probability of the gold answer — from one shared prefix.
+
+    runs = evaluate_example(model, prompt_ids, answer_ids, conditions, settings, seed,
+                            max_new_tokens=8, stop_ids={eos}, generation="cached")
+
+Steps 1..t_d of the prompt run once (``wise.engine.runner.run_prefix``) and every condition forks its late
+steps from there. Two ways to continue a sequence (``conditions.generation``):
+
+* ``rerun`` (the paper's): each new token re-runs the whole recurrence over prompt + prefix; the
+  late support is rediscovered on the sequence being processed. Conditions whose sequences are
+  equal share each pass's prefix.
+* ``cached``: the prompt runs once; the keys and values of every (step, core layer), of the prelude
+  and of the coda are kept, and a new token runs its layers on its own row against them (models of
+  another architecture, e.g. ``wise.looped``, recompute their prelude and coda over the whole
+  sequence). A new row's late support is defined in ``wise.engine.appended_rows``: its block's row of the
+  prompt's support unioned with what its own query row discovers. Truncate runs the new row's
+  first t_d steps.
+
+Because a row's initial state depends only on (example, position), the prompt's states are the same
+in every pass, so cached Full equals rerun Full up to floating-point summation order.
+
+In cached mode the (example, condition) rows of examples whose prompts have one length run as one
+batch (``evaluate_examples``; ``wise.engine.runner.run_late_rows``, ``wise.engine.appended_rows.RowGroup``): their
+late steps, the gold answers' rows and every generated token go through each layer's dense work
+once for all rows, each row attending through its own condition; a batch is split (by examples,
+then by conditions) when its caches would not fit in half the free GPU memory. Rows whose answer
+has ended ride along, their outputs unused, until the last row of the batch stops.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from wise.engine.adaptive_decoding import adaptive_settings, run_adaptive_prefix
+from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
+from wise.engine.conditions import ADAPTIVE
+from wise.engine.extension import extend
+from wise.engine.graph_decode import StaticDecoder
+from wise.engine.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
+
+GENERATION_MODES = ("cached", "rerun")
+
+
+@dataclass
+class ConditionRun:
+    condition: str
+    tokens: list[int]  # greedy continuation, stop token excluded
+    gold_logprob: float  # mean log-probability of the gold answer tokens
+    state_hash: str  # the state after t_d (the prompt pass)
+    layouts: torch.Tensor | None  # the prompt's late support [L, H, M, M]
+    # per generated token: its log-probability and its logit's lead over the runner-up (how far
+    # the argmax is from flipping), so two paths' sequences can be compared token by token
+    token_logprobs: list[float] = field(default_factory=list)
+    token_margins: list[float] = field(default_factory=list)
+    discovery_step: int | None = None  # the depth its late steps start after (None: settings.discovery_step)
+
+
+def _choose(logits: torch.Tensor) -> list[tuple[int, float, float]]:
+    """Greedy choice of each row of logits [R, vocab]: (token, its log-probability, top-1 minus
+    top-2 logit), read back in one host transfer."""
+    logits = logits.float()
+    top = logits.topk(2, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    stats = torch.stack([top.indices[:, 0].double(), (top.values[:, 0] - lse).double(),
+                         (top.values[:, 0] - top.values[:, 1]).double()], dim=1).cpu().tolist()
+    return [(int(t), lp, margin) for t, lp, margin in stats]
+
+
+def _mean_logprob(logits: torch.Tensor, targets: list[int]) -> float:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return float(logp.gather(-1, torch.tensor(targets, device=logp.device)[:, None]).mean())
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: list[int]
+    answer: list[int]
+    seed: int  # ``state_seed`` of the example
+
+
+@torch.no_grad()
+def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, settings: WiseSettings,
+                     seed: int, max_new_tokens: int, stop_ids, generation: str = "cached",
+                     share_prefix: bool = True, profile: dict | None = None,
+                     graphs: bool | None = None) -> dict[str, ConditionRun]:
+    """Every condition of one example (`seed` = ``state_seed`` of the example). share_prefix=False
+    (rerun only) runs each condition's passes on their own, as separate runs would: the same
+    numbers, more work (the benchmark's "today" path). `profile` (cached only) receives the seconds
+    of the shared prefix ("prefix"), of each condition's fork (its share of its group's) and, as
+    "<condition>:late", the part of the fork spent in the late steps over the prompt (the rest is
+    the gold answer's rows and decoding). `graphs` as for ``evaluate_examples``."""
+    if generation not in GENERATION_MODES:
+        raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
+    if generation == "cached" and not share_prefix:
+        raise ValueError("cached decoding always shares the prompt's prefix")
+    if generation == "rerun" and not share_prefix:
+        ex = _example(prompt_ids, answer_ids, seed, max_new_tokens)
+        args = (model, ex.prompt, ex.answer)
+        return {c: _rerun(*args, [c], settings, seed, max_new_tokens, set(stop_ids))[c] for c in conditions}
+    return evaluate_examples(model, [(prompt_ids, answer_ids, seed)], conditions, settings, max_new_tokens,
+                             stop_ids, generation, profile=profile, graphs=graphs)[0]
+
+
+def _example(prompt_ids, answer_ids, seed, max_new_tokens) -> Example:
+    if max_new_tokens < 1 or not answer_ids:
+        raise ValueError("need max_new_tokens >= 1 and a non-empty answer")
+    prompt = [int(i) for i in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
+    return Example(prompt, [int(i) for i in answer_ids], int(seed))
+
+
+@torch.no_grad()
+def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_new_tokens: int, stop_ids,
+                      generation: str = "cached", profile: dict | None = None,
+                      graphs: bool | None = None) -> list[dict[str, ConditionRun]]:
+    """Every condition of several examples, each given as (prompt ids, answer ids, seed); results in
+    their order. Cached: examples whose prompts have one length are decoded as one batch of
+    (example, condition) rows; every example keeps its own prefix and initial state, so its
+    numbers are those of a run on its own up to floating-point summation order. `profile` as for
+    ``evaluate_example``, summed over the examples. `graphs` (cached): decode on static buffers
+    replayed as CUDA graphs (``wise.engine.graph_decode``); None = wherever the device is CUDA and the
+    model is the project's architecture, True = the static path also on the CPU (eagerly),
+    False = ``wise.engine.extension.extend`` pass by pass."""
+    if generation not in GENERATION_MODES:
+        raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
+    exs = [_example(p, a, seed, max_new_tokens) for p, a, seed in examples]
+    conds, stop = list(conditions), set(stop_ids)
+    if generation == "rerun":
+        if ADAPTIVE in conds:
+            raise ValueError(f"{ADAPTIVE} runs only with cached generation")
+        return [_rerun(model, ex.prompt, ex.answer, conds, settings, ex.seed, max_new_tokens, stop) for ex in exs]
+    out: list[dict | None] = [None] * len(exs)
+    by_length: dict[int, list[int]] = {}
+    for i, ex in enumerate(exs):
+        by_length.setdefault(len(ex.prompt), []).append(i)
+    for idx in by_length.values():
+        # equal answer lengths next to each other: the gold rows of a run of them are one batch
+        idx = sorted(idx, key=lambda i: len(exs[i].answer))
+        for chunk in _example_chunks(model, [exs[i] for i in idx], conds, settings):
+            runs = _cached(model, [exs[idx[j]] for j in chunk], conds, settings, max_new_tokens, stop, profile,
+                           graphs)
+            for j, r in zip(chunk, runs):
+                out[idx[j]] = r
+    return out
+
+
+def _prefix(model, seq, conds, settings, seed, cache=False) -> Prefix:
+    return run_prefix(model, torch.tensor(seq), settings, seed, record=any(c not in SUPPORT_FREE for c in conds),
+                      keep_qk="freeze_a" in conds, cache=cache)
+
+
+def _rerun(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[str, ConditionRun]:
+    seqs = {c: list(prompt) for c in conds}
+    tokens: dict[str, list[int]] = {c: [] for c in conds}
+    stats: dict[str, list[tuple]] = {c: [] for c in conds}
+    first: dict[str, tuple] = {}
+    active = list(conds)
+    for _ in range(max_new):
+        groups: dict[tuple, list[str]] = {}
+        for c in active:
+            groups.setdefault(tuple(seqs[c]), []).append(c)
+        active = []
+        for seq, group in groups.items():
+            prefix = _prefix(model, seq, group, settings, seed)
+            for c in group:
+                late = run_late(model, prefix, c, settings)
+                first.setdefault(c, (prefix.state_hash, late.layouts))
+                token, lp, margin = _choose(model.readout(late.state, prefix.rope,
+                                                          at=last_row(len(seq), late.state.device)))[0]
+                if token not in stop:
+                    tokens[c].append(token)
+                    stats[c].append((lp, margin))
+                    seqs[c].append(token)
+                    active.append(c)
+    full = prompt + answer
+    prefix = _prefix(model, full, conds, settings, seed)
+    rows = (torch.zeros(len(answer), dtype=torch.long), torch.arange(len(prompt) - 1, len(full) - 1))
+    out = {}
+    for c in conds:
+        late = run_late(model, prefix, c, settings)
+        logits = model.readout(late.state, prefix.rope, at=tuple(r.to(late.state.device) for r in rows))
+        out[c] = ConditionRun(c, tokens[c], _mean_logprob(logits, answer), *first[c],
+                              [lp for lp, _ in stats[c]], [m for _, m in stats[c]])
+    return out
+
+
+def _clock(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=None,
+            graphs: bool | None = None) -> list[dict[str, ConditionRun]]:
+    if ADAPTIVE in conds:  # its own dense prefix per example, to its own depth
+        rest = [c for c in conds if c != ADAPTIVE]
+        out = _cached(model, exs, rest, settings, max_new, stop, profile, graphs) if rest else [{} for _ in exs]
+        for o, run in zip(out, _adaptive_runs(model, exs, settings, max_new, stop, profile, graphs)):
+            o[ADAPTIVE] = run
+        return [{c: o[c] for c in conds} for o in out]
+    start = _clock(model.device) if profile is not None else 0.0
+    prefixes = [_prefix(model, ex.prompt, conds, settings, ex.seed, cache=True) for ex in exs]
+    if profile is not None:
+        profile["prefix"] = profile.get("prefix", 0.0) + _clock(model.device) - start
+    out: list[dict] = [{} for _ in exs]
+    for group in _condition_groups(model, prefixes, conds, settings):
+        start = _clock(model.device) if profile is not None else 0.0
+        rows = [(j, c) for j in range(len(exs)) for c in group]
+        if group == ["truncate"]:
+            lates = [run_late(model, prefixes[j], "truncate", settings, cache=True) for j, _ in rows]
+        elif model.device.type == "cuda":
+            lates = run_late_rows(model, [(prefixes[j], c) for j, c in rows], settings, cache=True)
+        else:  # several prompts' rows at once fall out of the CPU's caches (2x slower at 2048 tokens)
+            lates = [late for j in range(len(exs))
+                     for late in run_late_rows(model, [(prefixes[j], c) for c in group], settings, cache=True)]
+        late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
+        rg = RowGroup(model, settings, prefixes, lates, [j for j, _ in rows])
+        tokens, stats, gold = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs)
+        for i, ((j, c), late) in enumerate(zip(rows, lates)):
+            out[j][c] = ConditionRun(c, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[j].state_hash,
+                                     late.layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]])
+        if profile is not None:
+            secs = (_clock(model.device) - start) / len(group)
+            for c in group:
+                profile[c] = profile.get(c, 0.0) + secs
+                profile[f"{c}:late"] = profile.get(f"{c}:late", 0.0) + late_secs  # the late steps over the prompts
+    return [{c: o[c] for c in conds} for o in out]
+
+
+def _adaptive_runs(model, exs, settings: WiseSettings, max_new: int, stop, profile=None, graphs=None) -> list:
+    """One ``ConditionRun`` of wise_adaptive per example (of one prompt length), with its t_a as
+    ``discovery_step``: its own prefix to t_a (``wise.engine.adaptive_decoding``), then WISE's late steps
+    and decoding with t_d = t_a, examples that settled at one step as one row group."""
+    start = _clock(model.device) if profile is not None else 0.0
+    found = [run_adaptive_prefix(model, torch.tensor(ex.prompt), settings, ex.seed, cache=True) for ex in exs]
+    by_step: dict[int, list[int]] = {}
+    for j, (_, t_a) in enumerate(found):
+        by_step.setdefault(t_a, []).append(j)
+    out: list = [None] * len(exs)
+    late_secs = 0.0
+    for t_a, idx in sorted(by_step.items()):
+        s_t = adaptive_settings(settings, t_a)
+        prefixes = [found[j][0] for j in idx]
+        t0 = _clock(model.device) if profile is not None else 0.0
+        if model.device.type == "cuda":
+            lates = run_late_rows(model, [(p, "wise") for p in prefixes], s_t, cache=True)
+        else:  # one prompt at a time on the CPU, as wise.engine.decoding does
+            lates = [run_late_rows(model, [(p, "wise")], s_t, cache=True)[0] for p in prefixes]
+        late_secs += (_clock(model.device) - t0) if profile is not None else 0.0
+        rg = RowGroup(model, s_t, prefixes, lates, list(range(len(idx))))
+        tokens, stats, gold = _decode(rg, [exs[j].answer for j in idx], max_new, stop, graphs)
+        for i, j in enumerate(idx):
+            out[j] = ConditionRun(ADAPTIVE, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[i].state_hash,
+                                  lates[i].layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]],
+                                  discovery_step=t_a)
+    if profile is not None:
+        profile[ADAPTIVE] = profile.get(ADAPTIVE, 0.0) + _clock(model.device) - start
+        profile[f"{ADAPTIVE}:late"] = profile.get(f"{ADAPTIVE}:late", 0.0) + late_secs
+    return out
+
+
+def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
+            graphs: bool | None = None) -> tuple[list, list, list]:
+    """Greedy tokens, their (log-probability, margin) and gold-answer logits of every row of a group."""
+    R = len(answers)
+    last = group.last_logits()
+    # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails), one
+    # batch per run of rows with answers of one length (contiguous: examples are sorted by it)
+    gold = [[last[i:i + 1]] for i in range(R)]
+    i = 0
+    while i < R:
+        j = i
+        while j < R and len(answers[j]) == len(answers[i]):
+            j += 1
+        if len(answers[i]) > 1:
+            rows = extend(group.rows(i, j), Tails(j - i), [answers[k][:-1] for k in range(i, j)])
+            for k in range(i, j):
+                gold[k].append(rows[k - i])
+        i = j
+    tokens: list[list[int]] = [[] for _ in range(R)]
+    stats: list[list[tuple]] = [[] for _ in range(R)]
+    chosen = _choose(last)
+    done = [False] * R
+    if graphs is None:
+        graphs = group.lates[0].state.device.type == "cuda"
+    static = StaticDecoder(group, max_new - 1) if graphs and group.fast and max_new > 1 else None
+    tails = Tails(R)
+    while True:
+        for k, (token, lp, margin) in enumerate(chosen):
+            if not done[k]:
+                if token in stop:
+                    done[k] = True
+                else:
+                    tokens[k].append(token)
+                    stats[k].append((lp, margin))
+                    done[k] = len(tokens[k]) >= max_new
+        if all(done):
+            break
+        if static is not None:  # rows already done ride along
+            chosen = static.step([t for t, _, _ in chosen] if static.passes == 0 else None)
+        else:
+            chosen = _choose(extend(group, tails, [[t] for t, _, _ in chosen])[:, -1])
+    return tokens, stats, [torch.cat(g) for g in gold]
+
+
+def _cache_bytes(model, settings: WiseSettings, n: int, conds) -> tuple[int, int, int]:
+    """(prompt caches of steps 1..t_d and the prelude per example, late caches and states per
+    row, Freeze-A's n x n weights per row) in bytes."""
+    cfg = model.config
+    item = next(model.parameters()).element_size()
+    per_step = cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
+    prefix = settings.discovery_step * per_step
+    row = (settings.steps - settings.discovery_step) * per_step + 2 * n * cfg.hidden * item
+    frozen = cfg.n_core * cfg.heads * n * n * 4
+    return prefix, row, frozen
+
+
+def _free_bytes(device) -> int:
+    # memory the caching allocator holds but no tensor uses is free for these caches too
+    return (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+            - torch.cuda.memory_allocated(device))
+
+
+CPU_BATCH_BYTES = 2 * 2**30  # the caches of one batch on the CPU
+
+
+def _example_chunks(model, exs: list[Example], conds, settings: WiseSettings) -> list[list[int]]:
+    """Examples (of one prompt length) decoded together: as many as fit, with all their rows, in
+    half the free GPU memory (CPU_BATCH_BYTES on the CPU); at least one."""
+    if len(exs) == 1:
+        return [[0]]
+    prefix, row, frozen = _cache_bytes(model, settings, len(exs[0].prompt), conds)
+    rows = sum(c != "truncate" for c in conds)
+    per_example = 2 * prefix + rows * row + (frozen if "freeze_a" in conds else 0)
+    budget = 0.5 * _free_bytes(model.device) if model.device.type == "cuda" else CPU_BATCH_BYTES
+    size = max(1, int(budget) // max(1, per_example))
+    return [list(range(i, min(i + size, len(exs)))) for i in range(0, len(exs), size)]
+
+
+def _condition_groups(model, prefixes: list[Prefix], conds, settings: WiseSettings) -> list[list[str]]:
+    """Conditions decoded together: truncate alone (it has no late steps); the others in groups
+    whose late caches (keys and values of T - t_d steps, Freeze-A's n x n weights) for every
+    example fit in half the free GPU memory (all at once on the CPU)."""
+    rest = [c for c in conds if c != "truncate"]
+    groups = [["truncate"]] if "truncate" in conds else []
+    if not rest:
+        return groups
+    size = len(rest)
+    if model.device.type == "cuda":
+        _, row, frozen = _cache_bytes(model, settings, prefixes[0].ids.shape[1], conds)
+        E = len(prefixes)
+        budget = int(0.5 * _free_bytes(model.device) - (E * frozen if "freeze_a" in rest else 0))
+        size = max(1, min(len(rest), budget // max(1, E * row)))
+    return groups + [rest[i:i + size] for i in range(0, len(rest), size)]

@@ -1,0 +1,166 @@
+"""One pass of new rows through a row group (``wise.engine.appended_rows.RowGroup``): every row of the
+batch gets r new tokens, runs the recurrence on those rows only against the cached prompts and its
+tail, and returns their logits.
+
+    logits = extend(group, tails, [[token] for each row])   # [R, r, vocab]
+
+Steps 1..t_d attend over the prompt's cache with full (causal) attention and record the new rows'
+own block masses at step 1 and over the discovery window; late steps attend inside each row's late
+support (``wise.engine.appended_rows``), Freeze-A rows with their own step-t_d weights inside it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from wise.engine.appended_rows import (SUPPORT_FREE, Cache, RowGroup, Tails, attend_rows, own_blocks, row_masses,
+                                weighted_sum)
+from wise.engine.conditions import discovery_steps
+from wise.engine.runner import initial_state
+
+
+class _Plain:
+    """attend(q, k, v) of a prelude / coda block for new rows after a cache."""
+
+    def __init__(self, cache: Cache, tail):
+        self.cache, self.tail = cache, tail
+
+    def __call__(self, q, k, v):
+        self.kv = (k, v)
+        probs, n0, tv = attend_rows(q, k, v, self.cache, self.tail, None)
+        return weighted_sum(probs, self.cache, tv, n0, q.dtype)
+
+
+class CoreRows:
+    """The attention seam of the core steps of one extension."""
+
+    def __init__(self, group: RowGroup, tails: Tails, start: int, r: int):
+        self.g, self.tails, self.start, self.r = group, tails, start, r
+        self.new_kv: dict = {}
+        conds = group.conditions
+        self.supported = [i for i, c in enumerate(conds) if c not in SUPPORT_FREE]
+        self.freeze = group.rows_of.get("freeze_a", torch.empty(0, dtype=torch.long))
+        s_ = group.s
+        self.record = {1, *discovery_steps(s_.discovery_step, s_.window)} if self.supported else set()
+        self.masses: dict[int, dict[int, torch.Tensor]] = {}  # step -> layer -> [R, H, r, M] fp16
+        self.td_probs: dict[int, torch.Tensor] = {}  # layer -> Freeze-A rows' step-t_d probs
+        self.allowed: torch.Tensor | None = None  # bool [R, L, H, r, N]
+        self.bias: dict[int, torch.Tensor] = {}
+        self.frozen: dict[int, torch.Tensor] = {}
+
+    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
+        s_ = self.g.s
+        late = step > s_.discovery_step
+        cache = self.g.late(step, layer) if late else self.g.early(step, layer)
+        self.new_kv[(step, layer)] = (k, v)
+        bias = self.late_bias(layer) if late and self.supported else None
+        probs, n0, tv = attend_rows(q, k, v, cache, self.tails.kv.get((step, layer)), bias)
+        if not late and step in self.record:
+            self.masses.setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
+            if step == s_.discovery_step and len(self.freeze):
+                self.td_probs[layer] = probs[self.freeze]
+        if late and len(self.freeze):
+            probs = probs.index_copy(0, self.freeze, self.frozen_weights(layer))
+        return weighted_sum(probs, cache, tv, n0, q.dtype)
+
+    def allowed_keys(self) -> torch.Tensor:
+        """bool [R, L, H, r, N]: the keys each new row may attend in late steps (every causal key for
+        Full rows): its block's row of the prompt's support, unioned with the own supports of the
+        rows added to that block so far (this pass's earlier rows included)."""
+        if self.allowed is not None:
+            return self.allowed
+        g, s_, B, r = self.g, self.g.s, self.g.s.block_size, self.r
+        L = len(self.masses[1])
+        N = self.start + r
+        M = -(-N // B)
+        m1 = self.masses[1][0]
+        R, H = m1.shape[0], m1.shape[1]
+        own = torch.zeros(R, L, H, r, M, dtype=torch.bool, device=m1.device)
+        for cond in dict.fromkeys(g.conditions[i] for i in self.supported):
+            rows = g.rows_of[cond]
+            masses = {t: torch.stack([by_layer[l][rows] for l in range(L)]) for t, by_layer in self.masses.items()}
+            own[rows] = own_blocks(cond, masses, s_, self.start).transpose(0, 1)
+        layouts = g.layouts().transpose(0, 1)  # [R, L, H, Mp, Mp]
+        Mp = layouts.shape[-1]
+        rows_support = []
+        for i in range(r):
+            q = (self.start + i) // B
+            acc = self.tails.blocks.get(q)
+            if acc is None:
+                acc = torch.zeros(R, L, H, M, dtype=torch.bool, device=m1.device)
+            elif acc.shape[-1] < M:  # the sequence grew by a block since
+                acc = F.pad(acc, (0, M - acc.shape[-1]))
+            acc = acc | own[:, :, :, i]
+            if q < Mp:
+                acc[..., :Mp] |= layouts[:, :, :, q]
+            self.tails.blocks[q] = acc
+            rows_support.append(acc)
+        tokens = torch.stack(rows_support, dim=3).repeat_interleave(B, dim=-1)[..., :N]
+        tokens = tokens | g.free[:, None, None, None, None]
+        pos = torch.arange(self.start, N, device=m1.device)
+        causal = torch.arange(N, device=m1.device)[None, :] <= pos[:, None]
+        self.allowed = tokens & causal
+        return self.allowed
+
+    def late_bias(self, layer: int) -> torch.Tensor:
+        if layer not in self.bias:
+            allowed = self.allowed_keys()[:, layer]
+            self.bias[layer] = torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, float("-inf"))
+        return self.bias[layer]
+
+    def frozen_weights(self, layer: int) -> torch.Tensor:
+        """Freeze-A for new rows: own step-t_d probabilities inside the late support, renormalised."""
+        if layer not in self.frozen:
+            w = self.td_probs[layer] * self.allowed_keys()[self.freeze, layer]
+            self.frozen[layer] = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+        return self.frozen[layer]
+
+
+def extend(group: RowGroup, tails: Tails, new_ids: list[list[int]]) -> torch.Tensor:
+    """Run each row's `new_ids` (one length for all rows) after its prompt and tail; returns logits
+    [R, r, vocab] and appends the rows to `tails`."""
+    model, s_ = group.model, group.s
+    R, r = len(group.lates), len(new_ids[0])
+    if len(new_ids) != R or any(len(x) != r for x in new_ids) or len(tails.ids) != R:
+        raise ValueError("an extension needs one tail and one equal-length list of new ids per row")
+    start = group.n + len(tails)
+    device = group.lates[0].state.device
+    rope = model.rotary(start + r)
+    rope_new = rope.rows(start, start + r)
+    new_kv = {}
+    if group.fast:  # the new rows alone, against each prelude layer's cached keys
+        e = model.transformer.wte(torch.tensor(new_ids, device=device)) * model.config.embed_scale
+        for i, block in enumerate(model.transformer.prelude):
+            attend = _Plain(group.prelude(i), tails.kv.get(("prelude", i)))
+            e = block(e, rope_new, attend)
+            new_kv[("prelude", i)] = attend.kv
+    else:
+        ids = torch.tensor([[*group.prefixes[group.example_of[j]].ids[0].tolist(), *tails.ids[j], *new_ids[j]]
+                            for j in range(R)], device=device)
+        e = model.embed(ids, rope)[:, start:]
+    x = torch.cat([initial_state(model, e[a:a + 1], seed, start=start).expand(b - a, -1, -1)
+                   for (a, b), seed in zip(group.segments(), group.seeds())])
+    seam = CoreRows(group, tails, start, r)
+    last = s_.discovery_step if group.truncate else s_.steps
+    for t in range(1, last + 1):
+        x = model.core_step(x, e, t, rope_new, seam)
+    states = x if tails.states is None else torch.cat([tails.states, x], dim=1)
+    if group.fast:
+        tr = model.transformer
+        y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
+        for i, block in enumerate(tr.coda):
+            attend = _Plain(group.coda[i], tails.kv.get(("coda", i)))
+            y = block(y, rope_new, attend)
+            new_kv[("coda", i)] = attend.kv
+        logits = model.lm_head(tr.ln_f(y)).float()
+    else:
+        every = torch.cat([group.states(), states], dim=1)
+        rows = torch.arange(start, start + r, device=device).repeat(R)
+        batch = torch.arange(R, device=device).repeat_interleave(r)
+        logits = model.readout(every, rope, at=(batch, rows)).view(R, r, -1)
+    for key, (k, v) in {**seam.new_kv, **new_kv}.items():
+        old = tails.kv.get(key)
+        tails.kv[key] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
+    tails.ids = [t + list(x) for t, x in zip(tails.ids, new_ids)]
+    tails.states = states
+    return logits

@@ -1,0 +1,234 @@
+"""Greedy decoding of a row group with static buffers, replayed as CUDA graphs.
+
+``wise.engine.extension.extend`` runs one new token per row through the prelude, T recurrence steps and
+the coda: about ten thousand small launches a token for Huginn's shape, so on a GPU decoding is
+bound by the host issuing them. Here the same arithmetic runs on buffers whose shapes do not
+change from token to token, so each token's pass is two graph replays:
+
+    A  prelude, initial state, steps 1..t_d   (full attention over the prompts' caches + tail)
+       eager: each supported row's own late support (wise.engine.appended_rows) -> bias / Freeze-A buffers
+    B  steps t_d+1..T, coda, lm_head, the greedy choice written back as the next pass's input
+
+Static shapes: the tail of every (step, layer), prelude and coda layer is a buffer of C =
+max_new_tokens - 1 positions [R, Hkv, C, d]; the pass writes its row at position p (a device
+scalar that graph B advances) and attends over prompt + all C positions with -inf beyond p, which
+contributes exact zeros, so every number is that of ``extend`` up to summation order. Initial
+states and RoPE rows of all C positions are made once and picked by p inside the graph.
+
+Graphs are captured once per row group after one eager pass (which is also a real pass); where
+capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
+functions eagerly (``StaticDecoder(..., graphs=False)``; the CPU tests compare that with
+``extend``). Only the project's own architecture (cached prelude and coda) takes this path.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from wise.engine.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
+from wise.engine.extension import CoreRows
+from wise.engine.runner import initial_state
+
+
+def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``wise.engine.appended_rows.attend_rows`` over the prompt's cache and a whole tail buffer (its
+    own row already written): probs [R, H, 1, n0 + C] fp32."""
+    scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
+    return torch.softmax(scores + bias, dim=-1)
+
+
+class _Tail:
+    """One layer's tail buffers [R, Hkv, C, d], written at position `pos` ([1] long, device)."""
+
+    def __init__(self, R: int, kv_heads: int, C: int, d: int, dtype, device):
+        self.k = torch.zeros(R, kv_heads, C, d, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> tuple:
+        self.k.index_copy_(2, pos, k)
+        self.v.index_copy_(2, pos, v)
+        return self.k, self.v
+
+
+def _nothing():
+    return contextlib.nullcontext()
+
+
+_WARM: set = set()  # devices on which a decoder has run an eager pass in this process
+
+
+class StaticDecoder:
+    """Decoding passes of one new token per row of `group` after its prompts (and no tail yet),
+    at most `capacity` passes. ``step(tokens)`` (the first pass's tokens; later passes take the
+    previous pass's choice, already on the device) returns per row (token, log-prob, margin) of
+    the next token, as ``wise.engine.decoding._choose``."""
+
+    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True):
+        if not group.fast:
+            raise ValueError("static decoding needs the project's architecture with cached prelude and coda")
+        self.g, self.C = group, max(1, capacity)
+        model, c = group.model, group.model.config
+        dev, dtype = group.lates[0].state.device, next(model.parameters()).dtype
+        R, C, n0 = len(group.lates), self.C, group.n
+        self.R, self.n0, self.device = R, n0, dev
+        self.graphs = graphs and dev.type == "cuda"
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.ids = torch.zeros(R, 1, dtype=torch.long, device=dev)
+        s_ = group.s
+        self.last = s_.discovery_step if group.truncate else s_.steps
+        keys = [("prelude", i) for i in range(c.n_prelude)] + [("coda", i) for i in range(c.n_coda)]
+        keys += [(t, l) for t in range(1, self.last + 1) for l in range(c.n_core)]
+        self.tails = {key: _Tail(R, c.kv_heads, C, c.head_dim, dtype, dev) for key in keys}
+        rope = model.rotary(n0 + C)
+        self.cos, self.sin, self.style = rope.cos[n0:], rope.sin[n0:], rope.style  # [C, d/2]
+        like = torch.empty(1, C, c.hidden, dtype=dtype, device=dev)
+        self.x0 = torch.cat([initial_state(model, like, seed, start=n0).expand(b - a, -1, -1)
+                             for (a, b), seed in zip(group.segments(), group.seeds())])  # [R, C, h]
+        self.blocks = Tails(R)  # the rows' own discovered key blocks per query block (wise.engine.appended_rows)
+        probe = CoreRows(group, self.blocks, n0, 1)
+        self.supported, self.freeze, self.record = probe.supported, probe.freeze, probe.record
+        width = n0 + C
+        self.bias = {l: torch.full((R, c.heads, 1, width), float("-inf"), device=dev) for l in range(c.n_core)} \
+            if self.supported and not group.truncate else {}
+        self.frozen = {l: torch.zeros(len(self.freeze), c.heads, 1, width, device=dev) for l in range(c.n_core)} \
+            if len(self.freeze) and not group.truncate else {}
+        self.passes = 0
+        self._graphs: tuple | None = None
+
+    # -- the two halves of a pass, on static buffers -------------------------------------------
+    def _rope(self):
+        from wise.models.recurrent import Rotary
+
+        view = object.__new__(Rotary)
+        view.style, view.cos, view.sin = self.style, self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
+        return view
+
+    def _plain(self, cache, tail: _Tail):
+        def attend(q, k, v):
+            tk, tv = tail.write(k, v, self.pos)
+            return weighted_sum(_attend(q, cache, tk, self._tail_bias()), cache, tv, cache.n, q.dtype)
+        return attend
+
+    def _tail_bias(self) -> torch.Tensor:
+        cols = torch.arange(self.n0 + self.C, device=self.device)
+        zero = torch.zeros((), device=self.device)
+        return torch.where(cols <= self.n0 + self.pos, zero, float("-inf"))  # [n0 + C]
+
+    def _early(self) -> dict:
+        g, model, s_ = self.g, self.g.model, self.g.s
+        tr, rope = model.transformer, self._rope()
+        e = tr.wte(self.ids) * model.config.embed_scale
+        for i, block in enumerate(tr.prelude):
+            e = block(e, rope, self._plain(g.prelude(i), self.tails[("prelude", i)]))
+        out = {"e": e, "masses": {}, "td": {}}
+        bias = self._tail_bias()
+
+        def seam(q, k, v, *, step, layer):
+            tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
+            cache = g.early(step, layer)
+            probs = _attend(q, cache, tk, bias)
+            if self.supported and step in self.record:
+                out["masses"].setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
+                if step == s_.discovery_step and len(self.freeze):
+                    out["td"][layer] = probs[self.freeze]
+            return weighted_sum(probs, cache, tv, cache.n, q.dtype)
+
+        x = self.x0.index_select(1, self.pos)
+        for t in range(1, s_.discovery_step + 1):
+            x = model.core_step(x, e, t, rope, seam)
+        out["x"] = x
+        return out
+
+    def _late(self, early: dict) -> torch.Tensor:
+        g, model, s_ = self.g, self.g.model, self.g.s
+        tr, rope, e, x = model.transformer, self._rope(), early["e"], early["x"]
+        tail_bias = self._tail_bias()
+
+        def seam(q, k, v, *, step, layer):
+            tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
+            cache = g.late(step, layer)
+            probs = _attend(q, cache, tk, self.bias[layer] if self.bias else tail_bias)
+            if self.frozen:
+                probs = probs.index_copy(0, self.freeze, self.frozen[layer])
+            return weighted_sum(probs, cache, tv, cache.n, q.dtype)
+
+        for t in range(s_.discovery_step + 1, self.last + 1):
+            x = model.core_step(x, e, t, rope, seam)
+        y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
+        for i, block in enumerate(tr.coda):
+            y = block(y, rope, self._plain(g.coda[i], self.tails[("coda", i)]))
+        logits = model.lm_head(tr.ln_f(y)).float()[:, -1]  # [R, vocab]
+        top = logits.topk(2, dim=-1)
+        lse = torch.logsumexp(logits, dim=-1)
+        self.ids.copy_(top.indices[:, :1])  # the next pass's input: greedy, as extend's caller feeds it
+        self.pos.add_(1)
+        return torch.stack([top.indices[:, 0].double(), (top.values[:, 0] - lse).double(),
+                            (top.values[:, 0] - top.values[:, 1]).double()], dim=1)
+
+    def _supports(self, early: dict) -> None:
+        """Eager, between the halves: each supported row's late support (its block's row of the
+        prompt's support with its own discovered blocks) as bias, Freeze-A rows' frozen weights."""
+        if not self.bias:
+            return
+        start = self.n0 + self.passes
+        N = start + 1
+        M = -(-N // self.g.s.block_size)
+        seam = CoreRows(self.g, self.blocks, start, 1)
+        seam.masses = {t: {l: m[..., :M] for l, m in by.items()} for t, by in early["masses"].items()}
+        seam.td_probs = {l: p[..., :N] for l, p in early["td"].items()}
+        seam.allowed_keys()  # [R, L, H, 1, N], kept by the seam for the bias and Freeze-A weights
+        for l, buf in self.bias.items():
+            buf[..., :N].copy_(seam.late_bias(l))
+            if self.frozen:
+                self.frozen[l][..., :N].copy_(seam.frozen_weights(l))
+
+    # -- a pass -------------------------------------------------------------------------------
+    def step(self, tokens: list[int] | None = None) -> list[tuple[int, float, float]]:
+        if self.passes >= self.C:
+            raise ValueError(f"static decoder holds {self.C} passes")
+        if self.passes == 0:
+            self.ids.copy_(torch.tensor(tokens, device=self.device).view(-1, 1))
+        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM:
+            # once a decoder has run eagerly on this device (library handles, allocator pools,
+            # compiled kernels), capturing needs no warm-up pass: the first pass is a replay too,
+            # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group
+            self._graphs = self._capture(torch.cuda.Stream(self.device))
+        if self._graphs is None:
+            # the first pass warms up on the stream the graphs are captured on
+            side = torch.cuda.Stream(self.device) if self.graphs else None
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side) if side is not None else _nothing():
+                early = self._early()
+                self._supports(early)
+                stats = self._late(early)
+            if side is not None:
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                _WARM.add(self.device)
+                if self.passes == 0 and self.C > 1:
+                    self._graphs = self._capture(side)
+        else:
+            graph_a, graph_b, early, stats = self._graphs
+            graph_a.replay()
+            self._supports(early)
+            graph_b.replay()
+        self.passes += 1
+        return [(int(t), lp, m) for t, lp, m in stats.cpu().tolist()]
+
+    def _capture(self, side):
+        """(graph A, graph B, A's outputs, B's outputs), or None where capture fails (the eager
+        passes then continue). Capturing records without running, so pos and the tails stay."""
+        try:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            graph_a, graph_b = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side):
+                with torch.cuda.graph(graph_a, stream=side):
+                    early = self._early()
+                with torch.cuda.graph(graph_b, pool=graph_a.pool(), stream=side):
+                    stats = self._late(early)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return graph_a, graph_b, early, stats
+        except RuntimeError:
+            self.graphs = False
+            return None
