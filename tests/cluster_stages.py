@@ -34,6 +34,7 @@ def micro_params(workdir: Path) -> None:
                              sources={"synthchain": {"max_hops": 4, "max_refine": 2}})
     params["recurrence"].update(steps=6)
     params["wise"].update(discovery_step=3, window=2, block_size=16)
+    params["wise"]["adaptive"].update(min_step=2, max_step=5, window=2)
     # One work item per example; two conditions (the stage's code path is the same for seven).
     params["conditions"].update(names=["full", "wise"], max_new_tokens=2, batch_examples=1)
     params["model"].update(device="cpu")

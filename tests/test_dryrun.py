@@ -11,6 +11,7 @@ def test_dryrun_runs_every_condition_on_one_example(tmp_path):
     params = yaml.safe_load(Path("params.yaml").read_text())
     params["recurrence"].update(steps=6)
     params["wise"].update(discovery_step=3, window=2, block_size=16)
+    params["wise"]["adaptive"].update(min_step=2, max_step=5, window=2)
     params["conditions"].update(names=["full", "wise", "freeze_a", "truncate"], max_new_tokens=2)
     params["cohorts"].update(context_lengths=[192])
     params["sweeps"].update(eta=[0.95], discovery_step=[3], window=[2], block_size=[16], context_length=192)

@@ -49,11 +49,12 @@ def project():
                              sources={"synthchain": {"max_hops": 4, "max_refine": 2}})
     params["recurrence"].update(steps=6)
     params["wise"].update(discovery_step=3, window=2, block_size=16)
+    params["wise"]["adaptive"].update(min_step=2, max_step=5, window=2)
     params["conditions"].update(max_new_tokens=2)
     params["timing"].update(context_lengths=[256])
     params["statistics"].update(bootstrap_resamples=200)
     params["sweeps"].update(eta=[0.8, 0.95], discovery_step=[2, 3], window=[1, 2], block_size=[16, 32],
-                            examples_per_benchmark=1, context_length=160)
+                            adaptive_threshold=[1.0], examples_per_benchmark=1, context_length=160)
     # RecurTrace on the committed embedded retrofit: a few rows and loops (the checkpoints are kept)
     params["retrofit"]["eval"].update(n=3, depths=[1, 2])
     params["retrofit"]["halting"].update(train_n=3, heldout_n=3, t_max=3, steps=20)
@@ -75,6 +76,7 @@ def test_all_stages_write_outputs(project):
     head = run(["git", "rev-parse", "HEAD"], tmp, env).stdout.strip()
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
                   "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
+                  "sweep@adaptive_threshold",
                   "train_halting", "adaptive_eval"):
         assert f"Running stage '{stage}'" in repro.stdout
     # The shipped model is never retrained: the stage does not run, or (its code changed since the
@@ -93,9 +95,9 @@ def test_all_stages_write_outputs(project):
                 "data/sweeps/eta.parquet", "data/stats/sweep_summary.parquet"):
         assert (tmp / rel).is_file(), rel
     metrics = json.loads((tmp / "data/metrics.json").read_text())  # headline numbers only (dvc metrics show)
-    assert set(metrics["conditions"]) == {"full", "wise", "static95", "mass_matched", "size_matched",
-                                          "freeze_a", "truncate"}
-    assert all(set(m) == {"em", "expected_mismatches"} for m in metrics["conditions"].values())  # wise-chain: derived
+    assert set(metrics["em"]) == {"full", "wise", "static95", "mass_matched", "size_matched", "freeze_a",
+                                  "truncate", "wise_adaptive"}
+    assert metrics["expected_mismatches"] == 0  # wise-chain: expected answers derived, every row meets them
     assert set(metrics["stability"]) == {"jaccard_td_final"}
     convergence = pq.read_table(tmp / "data/stats/convergence_summary.parquet").column_names
     assert {"mean_tau_S", "mean_gap"} <= set(convergence)  # in the table, not in metrics.json
