@@ -3,6 +3,9 @@ equal what the construction predicts (wise.analysis.calibration), example by exa
 on the engine the conditions stage and `python -m wise.evaluate` run (cached, batched
 ``evaluate_examples``: late steps batched, both answer tokens decoded through the appended rows'
 caches) and on ``run_condition``; and broken methods planted one at a time (``FAULTS``) are caught.
+
+Over 400 lines on purpose: each planted fault sits beside the check that must catch it, so the
+table of faults and how each one shows can be read (and extended) in one place.
 """
 import hashlib
 import re

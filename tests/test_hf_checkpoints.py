@@ -2,6 +2,8 @@
 project's model: tiny random checkpoints in each family's published file layout and key/tensor
 names, checked against a straightforward forward pass written here from the raw tensors (float64,
 plain torch ops, none of the project's modules); plus config-key, tensor and prompt-format errors.
+Over 400 lines on purpose: the independent float64 reference forward is written out here in full,
+so that it shares no code with the model it checks.
 
 Facts encoded below, and where they come from:
 - config keys/values: huginn-0125 config.json and seal-rg/recurrent-pretraining
