@@ -104,10 +104,11 @@ def test_all_stages_write_outputs(project):
     results = pq.read_table(tmp / "data/conditions/results.parquet").to_pylist()
     cohort = pq.read_table(tmp / "data/cohorts/examples.parquet")
     assert cohort.num_rows == 4  # 2 examples x 2 lengths, nothing dropped at these budgets
-    assert len(results) == cohort.num_rows * 7
+    assert len(results) == cohort.num_rows * 8  # the paper's seven and wise_adaptive
     by_example = {}
     for r in results:
-        by_example.setdefault(r["example_id"], set()).add(r["state_hash_td"])
+        if r["condition"] != "wise_adaptive":  # its state hash is taken at its own discovery step
+            by_example.setdefault(r["example_id"], set()).add(r["state_hash_td"])
         assert r["support_matches_trace"] in (None, True)
         assert (r["T"], r["t_d"], r["B"], r["w"]) == (6, 3, 16, 2)
         # The run spec: which weights, code, worker device and dtype, backend and decoding.
@@ -120,7 +121,7 @@ def test_all_stages_write_outputs(project):
     # The calibration model: every answer is the one its construction predicts, for every condition.
     assert all(r["expected_em"] is not None for r in results)
     assert [(r["example_id"], r["condition"]) for r in results if r["em"] != r["expected_em"]] == []
-    sweeps = [r for axis in ("eta", "discovery_step", "window", "block_size")
+    sweeps = [r for axis in ("eta", "discovery_step", "window", "block_size", "adaptive_threshold")
               for r in pq.read_table(tmp / f"data/sweeps/{axis}.parquet").to_pylist()]
     assert [(r["axis"], r["value"], r["example_id"]) for r in sweeps if r["em"] != r["expected_em"]] == []
     shown = run(["dvc", "metrics", "show"], tmp, env).stdout
