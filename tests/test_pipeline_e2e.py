@@ -186,11 +186,11 @@ def test_sql_entry_point(project):
     sql = ("SELECT condition, count(*) AS n, avg(delta_f1) AS mean_delta_f1 FROM paired "
            "GROUP BY condition ORDER BY condition")
     out = run([sys.executable, "-m", "pipelines.store.query", sql], tmp, env).stdout
-    assert "mean_delta_f1" in out and "size_matched" in out and "(7 rows)" in out
+    assert "mean_delta_f1" in out and "size_matched" in out and "(8 rows)" in out  # seven + wise_adaptive
     ci = run([sys.executable, "-m", "pipelines.store.query", "--csv",
               "SELECT condition, delta_f1, delta_f1_low, delta_f1_high FROM condition_summary "
               "WHERE benchmark = 'all' AND context_length = 0"], tmp, env).stdout.splitlines()
-    assert ci[0] == "condition,delta_f1,delta_f1_low,delta_f1_high" and len(ci) == 8
+    assert ci[0] == "condition,delta_f1,delta_f1_low,delta_f1_high" and len(ci) == 9
     bad = run([sys.executable, "-m", "pipelines.store.query", "SELECT nope FROM results"], tmp, env, check=False)
     assert bad.returncode == 1 and "nope" in bad.stderr
 
@@ -244,6 +244,6 @@ def test_editing_the_mechanism_observer_marks_every_stage_that_runs_it(project):
     finally:
         path.write_text(original)
     for stage in ("traces", "conditions", "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window",
-                  "sweep@block_size"):
+                  "sweep@block_size", "sweep@adaptive_threshold"):
         assert f"{stage}:" in status, (stage, status)
     assert "cohorts:" not in status
