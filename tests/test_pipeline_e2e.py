@@ -228,7 +228,7 @@ def test_every_artifact_has_exactly_its_schema(project):
             got = pq.read_schema(f)
             assert got.equals(schemas.BY_VIEW[view]), (f, got, schemas.BY_VIEW[view])
             checked += 1
-    assert checked == len(paths.VIEWS) + 3  # the sweeps view reads four files
+    assert checked == len(paths.VIEWS) + 4  # the sweeps view reads five files
     sweep = pq.read_table(tmp / "data/sweeps/block_size.parquet").to_pylist()
     assert sorted({(r["value"], r["B"]) for r in sweep}) == [(16.0, 16), (32.0, 32)]  # the setting that ran
 

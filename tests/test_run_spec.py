@@ -66,9 +66,9 @@ def _stage_inputs(run_bits: bytes, trace_bits: bytes, hashes=("h", "h")):
                "n_tokens": 40, "answers": ["w5"], "hops": None, "refine": None}]
     outputs = [{"worker": CPU, "rows": [
         {"condition": "full", "prediction_ids": [5], "gold_logprob": -1.0, "state_hash_td": hashes[0],
-         "layout_bits": None},
+         "layout_bits": None, "discovery_step": 12},
         {"condition": "wise", "prediction_ids": [6], "gold_logprob": -2.0, "state_hash_td": hashes[1],
-         "layout_bits": [run_bits]}]}]
+         "layout_bits": [run_bits], "discovery_step": 12}]}]
     support = {("q1@64", "wise"): {"density": 0.5, "retained_future_mass": 0.9, "block_count": 3}}
     layouts = {("q1@64", "wise"): {0: trace_bits}}
     return cohort, outputs, support, layouts
