@@ -8,12 +8,16 @@ final ``:``) attend at step t the target row of the fact of hop t while t <= L (
 x_t) and the terminal fact's target row from step L + 1 on; every other row attends BOS (row 0).
 Layer 1 head 1: on a two-token question (``??``) the row that holds the first answer a1 after the
 prompt chases a1's chain the same way (L2 hops, no refinement) and gives the second token; every
-prompt row attends BOS there. The other two heads attend BOS everywhere. A chasing row advances
-only when the row it needs is visible; a pointer move or a refinement is one step; a token is right
-iff its row made all its moves, and the answer iff every token is. From that, per condition
+prompt row attends BOS there. Layer 0 head 1 and layer 1 head 0 split each question row's mass
+between BOS and the ``+m`` row (NEED_SPLIT : 1 and a smaller share; other rows attend BOS) at
+every step; a refinement needs the +m row read in layer 0 head 1 (the other split only checks that
+weights inside a support sum to 1, which every correct rule keeps). A chasing row advances only
+when the row it needs is visible; a pointer move or a refinement is one step; a token is right iff
+its row made all its moves, and the answer iff every token is. From that, per condition
 (DESIGN §4), each token through its own (layer, head):
 
-* masses: r[q, b] = share of query block q's real rows whose attended row lies in key block b;
+* masses: r[q, b] = share of query block q's real rows whose attended row lies in key block b
+  (a row split between two rows counts each share);
   the appended answer row's own masses are one-hot (one row, |I_q| = 1), and its late support is
   its block's row of the prompt's support (layer 1 head 1: BOS only) unioned with its own
   (``wise.engine.appended_rows``); it runs T steps (t_d under Truncate);
@@ -34,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from wise.data import synthchain as sc
+from wise.models.chain_parts import NEED_SPLIT
 
 CONDITIONS = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate")
 
@@ -183,6 +188,29 @@ def visible_blocks(layout: ChainLayout, condition: str, s: Settings) -> set[int]
     return support_row(condition, lambda t: block_masses(layout, t, s.block_size, q), q, s)
 
 
+def split_masses(layout: ChainLayout, block_size: int, query_block: int, ratio: float = NEED_SPLIT) -> dict[int, float]:
+    """Key block -> mass for one query block in a head that splits the question rows ``ratio : 1``
+    between BOS and the +m row (every step; layer 0 head 1 at NEED_SPLIT); other rows attend BOS."""
+    rows = range(query_block * block_size, min(layout.n, (query_block + 1) * block_size))
+    to_m, m_row = 1.0 / (ratio + 1.0), layout.question_rows[0]
+    masses: dict[int, float] = {}
+    for i in rows:
+        for target, share in (((0, 1.0 - to_m), (m_row, to_m)) if i in layout.question_rows else ((0, 1.0),)):
+            masses[target // block_size] = masses.get(target // block_size, 0.0) + share / len(rows)
+    return masses
+
+
+def refine_visible(layout: ChainLayout, condition: str, s: Settings) -> bool:
+    """Whether the answer row still reads the +m row (layer 0 head 1) in late steps, which the
+    refinement needs: its block stays in the answer row's support in that head. The masses do not
+    change with the step, so every support rule keeps the blocks a mass support at its eta keeps."""
+    B = s.block_size
+    q, m_block = layout.answer_row // B, layout.question_rows[0] // B
+    masses = split_masses(layout, B, q)
+    visible = support_row(condition, lambda t: masses, q, s)
+    return visible is None or m_block in visible
+
+
 def follow_visible_blocks(layout: ChainLayout, condition: str, s: Settings) -> set[int] | None:
     """Key blocks the first answer row (appended at row answer_row + 1) may attend in late steps
     through layer 1 head 1: its own support (one row, one-hot masses) unioned with its block's row
@@ -206,15 +234,16 @@ class Outcome:
 
 
 def chase_progress(chase: Chase, condition: str, s: Settings, visible: set[int] | None,
-                   td: int, last: int) -> tuple[int, int]:
+                   td: int, last: int, refines: bool = True) -> tuple[int, int]:
     """(hops, refinements) a chasing row has made after its last step: Full progress through
-    step td, then, per late step, one move while the row it needs is visible."""
+    step td, then, per late step, one move while the row it needs is visible (a refinement also
+    needs `refines`: the +m row read, ``refine_visible``)."""
     L, m = chase.hops, chase.refine
     k, j = min(td, L), min(max(td - L, 0), m)  # Full progress after the shared steps
     if condition == "freeze_a":
         # Late steps read the fact attended at step t_d: the terminal (refinement goes on) or a hop
         # fact whose target is already the pointer (nothing moves).
-        if chase.attended(td) == chase.terminal_row:
+        if chase.attended(td) == chase.terminal_row and refines:
             j = min(m, j + (last - td))
         return k, j
     for _ in range(td + 1, last + 1):
@@ -223,7 +252,7 @@ def chase_progress(chase: Chase, condition: str, s: Settings, visible: set[int] 
             break  # the needed fact is invisible at every later step too
         if k < L:
             k += 1
-        elif j < m:
+        elif j < m and refines:
             j += 1
         else:
             break
@@ -240,7 +269,7 @@ def expected_outcome(layout: ChainLayout, condition: str, s: Settings) -> Outcom
     td = s.steps if condition == "full" else s.discovery_step  # full: nothing is restricted
     restricted = condition not in ("full", "truncate")
     k, j = chase_progress(layout.chase, condition, s, visible_blocks(layout, condition, s) if restricted else None,
-                          td, last)
+                          td, last, not restricted or refine_visible(layout, condition, s))
     first = k == layout.hops and j == layout.refine
     if layout.follow is None:
         return Outcome(first, k, j)

@@ -1,6 +1,7 @@
 """The pieces wise-chain's weights are written with (``wise.models.construct``): the constants of
 its logits and registers, the entity codes, named ranges of the residual stream, and a writer for one
-block's attention heads and MLP gate pairs (offset heads, BOS heads, pointer-chasing heads).
+block's attention heads and MLP gate pairs (offset heads, heads that split a question row's mass
+between BOS and the +m row, pointer-chasing heads).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from wise.data import synthchain as sc
 from wise.models.config import RecurrentConfig
 
 HEAD_DIM = 64
-SPLIT = 3.0  # layer 1 head 0: a question row's mass on BOS over its mass on the +m row
+# Two heads split each question row's mass between BOS and the +m row (build_weights says why):
+NEED_SPLIT = 3.0  # layer 0 head 1: mass on BOS over mass on the +m row (the +m read refinement needs)
+RENORM_SPLIT = 15.0  # layer 1 head 0: the same, smaller, for the check that weights sum to 1
 NOISE_DIMS = 16  # dims of the initial state a row compares with BOS's (see build_weights)
 NOISE_STEP = 0.003  # |difference| per dim that counts as distinct (the state's std is 0.0087)
 HEADS = 2  # per layer; the roles of the four (layer, head) pairs are in build_weights
@@ -106,7 +109,7 @@ def core_slots(D: int, R: int) -> Slots:
     two-token question (is_q2): its own pointer p2 = pi2 + p_d2. (vy, v_term, v_match) is each row's
     value (its entity, whether its arrow was terminal, whether it is an entity); the chasing heads
     write what they read into (ay, a_term, a_match) (layer 0) and (ay2, a_term2, a_match2) (layer 1)."""
-    return Slots(const=1, is_q=1, is_q2=1, arrow_b1=1, sink=1, bos=1, is_m=1, ok=1, eos=1, kx=D, pi=D, p_d=D, q=D,
+    return Slots(const=1, is_q=1, is_q2=1, arrow_b1=1, sink=1, bos=1, is_m=1, ok=1, okm=1, eos=1, kx=D, pi=D, p_d=D, q=D,
                  pi2=D, p_d2=D, vy=D, v_term=1, v_match=1, ay=D, a_term=1, a_match=1,
                  ay2=D, a_term2=1, a_match2=1, remi=R, rem_d=R,
                  noise=NOISE_DIMS, bos_noise=NOISE_DIMS, spread=1, same=1)
@@ -199,11 +202,16 @@ def offset_head(w: Writer, E: Slots, offset: int, pos_w: np.ndarray, scale: floa
     w.copy(head, [(s_dim, t_dim) for src, dst in copy for s_dim, t_dim in zip(E[src], E[dst], strict=True)])
 
 
-def bos_head(w: Writer, S: Slots, head: int, style: str) -> None:
-    """A head whose every row attends BOS (value zero): the heads without a role on this layer."""
-    a, _ = pair_dims(POSITION_PAIRS, style)
-    w.q[head * HEAD_DIM + a, S.at("const")] = 1.0 / CONST
-    w.k[head * HEAD_DIM + a, S.at("bos")] = BOS_LOGIT * math.sqrt(HEAD_DIM)
+def split_head(w: Writer, S: Slots, head: int, ratio: float, style: str) -> None:
+    """Question rows (`is_q`) put 1 / (ratio + 1) of their mass on the +m row (`is_m`) and the rest
+    on BOS (logits BOS_LOGIT and BOS_LOGIT - ln ratio); every other row attends BOS. The last RoPE
+    pair carries both terms: its rotation is ~1e-29 rad per position, so the ratio is exact."""
+    a, b = pair_dims(HEAD_DIM // 2 - 1, style)
+    o, root = head * HEAD_DIM, math.sqrt(HEAD_DIM)
+    w.q[o + a, S.at("const")] = 1.0 / CONST
+    w.k[o + a, S.at("bos")] = BOS_LOGIT * root
+    w.q[o + b, S.at("is_q")] = 1.0
+    w.k[o + b, S.at("is_m")] = (BOS_LOGIT - math.log(ratio)) * root
 
 
 def chase_head(w: Writer, X: Slots, head: int, pointer: tuple[str, str], chasing: str,

@@ -21,9 +21,12 @@ RoPE base 1e30), 3 prelude layers, 2 core layers applied T times, no coda (the p
 * layer 1 head 1: the first answer row chases a1's chain the same way with its own pointer (layer
   1's MLP moves it), so the second answer token comes from routing after the prompt, through the
   appended rows' caches and late supports; it runs T steps of its own.
-* layer 0 head 1 and layer 1 head 0 attend BOS (head 1 of layer 0 reads BOS's initial state for
-  the check that a row's initial state is its own, see build_weights). Rows that do not chase in a
-  head attend BOS there; a chasing row whose next fact is not visible (a restricted support)
+* layer 0 head 1 and layer 1 head 0 split each question row's mass between BOS and the ``+m`` row
+  (3 : 1 and 15 : 1); the refinement needs the +m row read in the first (so eta decides whether a
+  question still refining after t_d is answered) and the weights to sum to 1 in the second (so
+  Freeze-A must renormalise). Head 1 of layer 0 also carries BOS's initial state to the rows that
+  do not chase, for the check that a row's initial state is its own (see build_weights). Rows that
+  do not chase in a head attend BOS there; a chasing row whose next fact is not visible (a restricted support)
   reads a sink (zero value) and changes nothing.
 * readout: the logit of entity e is 100 * code(e) . (r + the answer row's pointer); the row after
   the answer (three after ``?``, or three after ``Answer`` for ``??``) emits EOS.
@@ -53,8 +56,9 @@ from wise.data import synthchain as sc
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from wise.models.chain_parts import (  # noqa: F401 (re-exported: the construction's public names)
     BOS_LOGIT, CONST, EOS_LOGIT, FETCH_BOS_LOGIT, FETCH_LOGIT, GATE_SLOPE, HEAD_DIM, HEADS, MATCH_LOGIT,
-    NOISE_DIMS, NOISE_STEP, PENALTY_LOGIT, SPLIT, POSITION_MARGIN, POSITION_PAIRS, READOUT_SCALE, ROPE_BASE,
-    SINK_CONTENT, SINK_LOGIT, Slots, bos_head, chase_head, offset_head, pair_dims, Writer,
+    NEED_SPLIT, NOISE_DIMS, NOISE_STEP, PENALTY_LOGIT, POSITION_MARGIN, POSITION_PAIRS, READOUT_SCALE, RENORM_SPLIT,
+    ROPE_BASE,
+    SINK_CONTENT, SINK_LOGIT, Slots, chase_head, offset_head, pair_dims, split_head, Writer,
     code_frequencies, core_slots, entity_codes, max_code_correlation, position_weights, prelude_slots,
     successor_rotation)
 from wise.models.config import RecurrentConfig
@@ -185,20 +189,22 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
     # its own support, and one read through another's support changes answers.
     core = [Writer(h, I, H), Writer(h, I, H)]
     chase_head(core[0], X, 0, ("pi", "p_d"), "is_q", ("ay", "a_term", "a_match"), cfg.rope_style, spec.code_pairs)
-    bos_head(core[0], X, 1, cfg.rope_style)
-    core[0].copy(1, list(zip(X["noise"], X["bos_noise"])))  # ... whose value is BOS's initial noise
-    # Layer 1 head 0 splits each question row's mass between BOS and the +m row in the ratio SPLIT : 1
-    # (logits 50 and 50 - ln SPLIT); both rows carry ok = 1, so what it reads is 1 whenever the
-    # weights inside the row's support sum to 1, and the refinement needs it. A support that drops
-    # the +m row's block (a mass support at eta keeps it only when the block's share, 1 / rows of
-    # the answer's query block, is needed to reach eta) therefore leaves every correct rule alone
-    # and stops Freeze-A's refinement if its frozen weights are not renormalised.
-    # (the last RoPE pair, whose rotation is ~1e-29 rad per position, so the ratio is exact)
-    a1, b1 = pair_dims(HEAD_DIM // 2 - 1, cfg.rope_style)
-    core[1].q[a1, X.at("const")] = 1.0 / CONST
-    core[1].k[a1, X.at("bos")] = BOS_LOGIT * math.sqrt(HEAD_DIM)
-    core[1].q[b1, X.at("is_q")] = 1.0
-    core[1].k[b1, X.at("is_m")] = (BOS_LOGIT - math.log(SPLIT)) * math.sqrt(HEAD_DIM)
+    # Two heads split each question row's mass between BOS and the +m row, so attention that is not
+    # one-hot decides answers (a mass support at eta keeps the +m row's block only when its share is
+    # needed to reach eta; in the answer row's query block of r rows that share is 4 / ((ratio + 1) r)):
+    # * layer 0 head 1, NEED_SPLIT : 1: the +m row's value okm = 1, BOS's 0, so what a question row
+    #   reads is 1 / (NEED_SPLIT + 1) while the +m row is visible and 0 once a support drops it; the
+    #   refinement needs it. So the late support's eta decides whether a question still refining
+    #   after t_d is answered: at eta = 0.9 / 0.95 / 0.99 the block is dropped from r >= 10 / 20 / never.
+    #   The head also carries BOS's initial noise (only rows that do not chase use it, see below).
+    # * layer 1 head 0, RENORM_SPLIT : 1: both rows carry ok = 1, so what it reads is 1 whenever the
+    #   weights inside the row's support sum to 1, and the refinement needs it. Its +m share is
+    #   smaller, so a support can drop the +m row's block here and keep it in layer 0 head 1 (at 0.95:
+    #   5 <= r < 20): every correct rule is then left alone, and Freeze-A's refinement stops if its
+    #   frozen weights are not renormalised (ok = RENORM_SPLIT / (RENORM_SPLIT + 1)).
+    split_head(core[0], X, 1, NEED_SPLIT, cfg.rope_style)
+    core[0].copy(1, list(zip(X["noise"], X["bos_noise"])) + [(X.at("is_m"), X.at("okm"))])
+    split_head(core[1], X, 0, RENORM_SPLIT, cfg.rope_style)
     core[1].copy(0, [(X.at("bos"), X.at("ok")), (X.at("is_m"), X.at("ok"))])
     chase_head(core[1], X, 1, ("pi2", "p_d2"), "is_q2", ("ay2", "a_term2", "a_match2"), cfg.rope_style,
                 spec.code_pairs)
@@ -212,20 +218,24 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
             move[X.at("same")] = -2.0
         for j in range(D):
             wr.gate_pair(const, move, -1.5, {X[y][j]: 1.0, X[pi][j]: -1.0, X[pd][j]: -1.0}, X[pd][j])
-    # refine (layer 1, on what layer 0 read): matched, terminal, a question row, a count left:
-    # c = match + terminal + is_q + (1 - rem_0) - 7/2; then r <- R r (q += (R - I) r,
-    # r = pi + p_d + q) and rem shifts down.
+    # refine (layer 1, on what layer 0 read): matched, terminal, a question row, a count left, the
+    # weights summing to 1 (ok = 1) and the +m row read (okm = 1 / (NEED_SPLIT + 1)): c = match +
+    # terminal + is_q - rem_0 + (RENORM_SPLIT + 1) ok + (NEED_SPLIT + 1) okm - 39/2 at the default
+    # ratios; then r <- R r (q += (R - I) r, r = pi + p_d + q) and rem shifts down.
     refine = {X.at("a_match"): 1.0, X.at("a_term"): 1.0, X.at("is_q"): 1.0,
-              X["remi"][0]: -1.0, X["rem_d"][0]: -1.0, X.at("ok"): 4.0}  # ok = 3/4 fails by 1
+              X["remi"][0]: -1.0, X["rem_d"][0]: -1.0,
+              X.at("ok"): RENORM_SPLIT + 1.0,  # an unrenormalised ok fails by 1
+              X.at("okm"): NEED_SPLIT + 1.0}  # so does a +m row the support dropped (okm = 0)
+    REFINE_OFFSET = 0.5 - (3.0 + (RENORM_SPLIT + 1.0) + 1.0)  # every term at its "yes" value
     M = rot - np.eye(D)
     for j in range(D):
         up = {X[reg][jj]: M[j, jj] for reg in ("pi", "p_d", "q") for jj in range(D) if M[j, jj]}
-        core[1].gate_pair(const, refine, -6.5, up, X["q"][j])
+        core[1].gate_pair(const, refine, REFINE_OFFSET, up, X["q"][j])
     for k in range(R):  # one-hot k -> k - 1
         up = {X["remi"][k]: -1.0, X["rem_d"][k]: -1.0}
         if k + 1 < R:
             up.update({X["remi"][k + 1]: 1.0, X["rem_d"][k + 1]: 1.0})
-        core[1].gate_pair(const, refine, -6.5, up, X["rem_d"][k])
+        core[1].gate_pair(const, refine, REFINE_OFFSET, up, X["rem_d"][k])
     # The check that a row's initial state is its own (each row's is seeded by its position): the
     # registers `noise` carry the initial state's first NOISE_DIMS dims unchanged through every
     # step, and layer 0 head 1 reads BOS's. spread = number of dims that differ by >= NOISE_STEP
