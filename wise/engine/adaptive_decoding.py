@@ -18,8 +18,7 @@ import torch
 from wise.engine.conditions import DiscoveryMasses, discovery_steps
 from wise.engine.discovery_depth import fires
 from wise.engine.mechanism import Observers, TrajectoryObserver
-from wise.models.recurrent import RecurrentDepthModel
-from wise.engine.runner import KVRecorder, Prefix, WiseSettings, embed_recording, initial_state, state_hash
+from wise.engine.runner import KVRecorder, Prefix, WiseSettings, start_sequence, state_hash
 from wise.engine.support import mass_support
 
 
@@ -30,14 +29,7 @@ def run_adaptive_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: 
     s_, rule = settings, settings.adaptive
     if rule.max_step > s_.steps:
         raise ValueError(f"adaptive max_step {rule.max_step} is past the recurrence's {s_.steps} steps")
-    ids = ids.to(model.device).view(1, -1)
-    rope = model.rotary(ids.shape[1])
-    prelude_kv = None
-    if cache and isinstance(model, RecurrentDepthModel):
-        e, prelude_kv = embed_recording(model, ids, rope)
-    else:
-        e = model.embed(ids, rope)
-    s = initial_state(model, e, seed)
+    ids, rope, e, s, prelude_kv = start_sequence(model, ids, seed, cache)
     recorder = TrajectoryObserver(s_.block_size, mass_dtype=torch.float16, diagnostics=False)
     obs = Observers(recorder)
     kv = KVRecorder() if cache else None

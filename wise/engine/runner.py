@@ -165,12 +165,9 @@ class Prefix:
     prelude_kv: list | None = None  # per prelude layer (k, v) of the prompt, when cached
 
 
-def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, record: bool = True,
-               keep_qk: bool = True, cache: bool = False, observer=None) -> Prefix:
-    """Steps 1..t_d of `ids` [n] under full attention. `record`: the fp16 block masses of step 1
-    and the discovery window (the traces stage's observer computes the same, so the supports stage
-    reproduces these sets exactly from a Full trace); `keep_qk`: step t_d's queries and keys."""
-    s_ = settings
+def start_sequence(model, ids: torch.Tensor, seed: int, cache: bool):
+    """(ids [1, n] on the model's device, rope, embedded prompt e, initial state, the prelude's
+    keys and values when `cache` and the model keeps them): what every run of `ids` starts from."""
     ids = ids.to(model.device).view(1, -1)
     rope = model.rotary(ids.shape[1])
     prelude_kv = None
@@ -178,7 +175,16 @@ def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, r
         e, prelude_kv = embed_recording(model, ids, rope)
     else:
         e = model.embed(ids, rope)
-    s = initial_state(model, e, seed)
+    return ids, rope, e, initial_state(model, e, seed), prelude_kv
+
+
+def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, record: bool = True,
+               keep_qk: bool = True, cache: bool = False, observer=None) -> Prefix:
+    """Steps 1..t_d of `ids` [n] under full attention. `record`: the fp16 block masses of step 1
+    and the discovery window (the traces stage's observer computes the same, so the supports stage
+    reproduces these sets exactly from a Full trace); `keep_qk`: step t_d's queries and keys."""
+    s_ = settings
+    ids, rope, e, s, prelude_kv = start_sequence(model, ids, seed, cache)
     if observer is not None:
         observer.on_state(0, s)
     window = discovery_steps(s_.discovery_step, s_.window)
