@@ -20,8 +20,9 @@ import wise.engine.extension
 import wise.engine.routing
 import wise.engine.runner
 import wise.engine.support
+import wise.analysis.calibration
 from wise.analysis.calibration import (CONDITIONS, Settings, expected_outcome, expected_taus, mass_support_row,
-                                      parse_layout, split_masses)
+                                      need_shares, parse_layout, renorm_shares, split_masses)
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.probes import build_prompts
 from wise.data.synthchain import build_tokenizer, successor
@@ -29,7 +30,7 @@ from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.engine.diagnostics import convergence_summary
 from wise.engine.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
-from wise.models.construct import NEED_SPLIT, NOISE_DIMS, RENORM_SPLIT, ChainSpec, build_chain_model
+from wise.models.construct import NOISE_DIMS, ChainSpec, build_chain_model
 from wise.engine.routing import MaskedSupportAttention
 from wise.engine.runner import WiseSettings, run_condition, state_seed
 from wise.analysis.scoring import full_settings
@@ -90,16 +91,16 @@ def test_construction_is_deterministic(tmp_path):
 
 
 def test_a_spec_too_small_for_the_construction_is_refused_up_front():
-    """2 code_pairs + max_refine below 2 NOISE_DIMS - 3 leaves core layer 0 short of MLP units: a
+    """2 code_pairs + max_refine below 2 NOISE_DIMS - 4 leaves core layer 0 short of MLP units: a
     ValueError naming both fields and the limit, not an IndexError in build_weights; at the limit
     the weights build."""
-    least = 2 * NOISE_DIMS - 3
-    for code_pairs, max_refine in ((4, 2), (10, 8), (14, 0)):
+    least = 2 * NOISE_DIMS - 4
+    for code_pairs, max_refine in ((4, 2), (10, 7), (13, 1)):
         assert 2 * code_pairs + max_refine < least
         with pytest.raises(ValueError, match=rf"2 \* code_pairs \+ max_refine must be >= {least}.*"
                                              rf"code_pairs={code_pairs}, max_refine={max_refine}"):
             ChainSpec(code_pairs=code_pairs, max_refine=max_refine)
-    for code_pairs, max_refine in ((11, 7), (15, 0)):
+    for code_pairs, max_refine in ((11, 6), (14, 1)):
         assert 2 * code_pairs + max_refine in (least, least + 1)
         build_chain_model(ChainSpec(code_pairs=code_pairs, max_refine=max_refine, max_positions=64,
                                     frequency_trials=1))
@@ -179,12 +180,13 @@ def test_each_head_puts_its_mass_where_the_construction_says(model):
             assert chase[row, lay.follow.attended(step)] >= 0.99, step
         other = [i for i in range(len(ids)) if i not in lay.question_rows]
         assert chase[other, 0].min() >= 0.99  # rows that do not chase in a head attend BOS there
-        # the other head splits each question row's mass between BOS and the +m row (NEED_SPLIT : 1
-        # on layer 0, RENORM_SPLIT : 1 on layer 1); every other row attends BOS
-        split, ratio = probs[1 - (layer == 1)], (NEED_SPLIT if layer == 0 else RENORM_SPLIT)
-        to_m = 1.0 / (ratio + 1.0)
-        assert torch.allclose(split[list(lay.question_rows), 0], torch.full((4,), 1.0 - to_m), atol=1e-6)
-        assert torch.allclose(split[list(lay.question_rows), lay.question_rows[0]], torch.full((4,), to_m), atol=1e-6)
+        # the other head splits each question row's mass (layer 0: BOS and the +m row RENORM_SPLIT : 1;
+        # layer 1: NEED_SPLIT : 1, and at step 1 the first hop's fact DECOY times the +m row's share);
+        # every other row attends BOS
+        split = probs[1 - (layer == 1)]
+        for key, share in (renorm_shares(lay) if layer == 0 else need_shares(lay, step)):
+            got = split[list(lay.question_rows), key]
+            assert torch.allclose(got, torch.full((4,), share), atol=1e-5), (step, layer)
         assert split[other, 0].min() >= 0.99
 
 
@@ -329,7 +331,30 @@ def _eta_strict(mp):  # a block joins while the mass before it is < eta (not <=)
 
 def _eta_fixed(mp):  # the working set cut at a hard-coded 0.9, whatever eta the settings give
     for name in ("wise", "freeze_a"):
-        mp.setitem(wise.engine.conditions.SUPPORT_RULES, name, lambda d, eta: wise.engine.support.working_set(list(d.window), 0.9))
+        mp.setitem(wise.engine.conditions.SUPPORT_RULES, name,
+                   lambda d, eta: wise.engine.support.working_set(list(d.window), 0.9))
+
+
+def _mass_matched_whole_row(mp):  # MassMatched's target: the row's whole step-1 mass, not the WISE row's
+    def rule(d, eta):
+        whole = torch.ones_like(wise.engine.support.working_set(list(d.window), eta))
+        return wise.engine.support.mass_matched_support(d.step1, whole)
+    mp.setitem(wise.engine.conditions.SUPPORT_RULES, "mass_matched", rule)
+
+
+def _mass_matched_whole_row_changes(lay, s=Settings()):
+    """The construction's answer under MassMatched with that target differs from the right one."""
+    real = wise.analysis.calibration.support_row
+
+    def rule(condition, masses_at, q, settings):
+        if condition != "mass_matched":
+            return real(condition, masses_at, q, settings)
+        step1 = masses_at(1)
+        return wise.analysis.calibration._prefix(step1, q, sum(step1.values()))
+    right = expected_outcome(lay, "mass_matched", s).correct
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wise.analysis.calibration, "support_row", rule)
+        return expected_outcome(lay, "mass_matched", s).correct != right
 
 
 def _last_step_only(mp):  # the working set from step t_d alone
@@ -361,10 +386,10 @@ def _heads_swapped(mp):
 
 
 def _renorm_needed(lay, s=Settings()):
-    """Freeze-A right, refining after t_d, and layer 1 head 0's support (the RENORM_SPLIT : 1 head)
+    """Freeze-A right, refining after t_d, and layer 0 head 1's support (the RENORM_SPLIT : 1 head)
     drops the +m row's block, so only renormalised frozen weights still sum to 1 there."""
     q, m_block = lay.answer_row // s.block_size, lay.question_rows[0] // s.block_size
-    kept = mass_support_row(split_masses(lay, s.block_size, q, RENORM_SPLIT), q, s.eta)
+    kept = mass_support_row(split_masses(lay, s.block_size, q, renorm_shares(lay)), q, s.eta)
     return expected_outcome(lay, "freeze_a", s).correct and lay.hops + 1 <= s.discovery_step < lay.hops + lay.refine \
         and m_block not in kept
 
@@ -400,8 +425,11 @@ FAULTS = {
     "Freeze-A not renormalised": (_freeze_a_not_renormalised, "freeze_a", _renorm_needed),
     "eta ignored (a fixed 0.9)": (
         _eta_fixed, "wise",
-        lambda lay: expected_outcome(lay, "wise", Settings(eta=0.9)).correct != expected_outcome(lay, "wise", Settings()).correct),
+        lambda lay: expected_outcome(lay, "wise", Settings(eta=0.9)).correct
+        != expected_outcome(lay, "wise", Settings()).correct),
     "eta compared with < (one block short)": (_eta_strict, "wise", _late_need),
+    "MassMatched's target: the whole row's step-1 mass": (
+        _mass_matched_whole_row, "mass_matched", _mass_matched_whole_row_changes),
     "working set from the last step only": (
         _last_step_only, "wise", lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", Settings()).correct),
     "window shifted by one": (

@@ -165,7 +165,9 @@ def validate(p, max_positions: int | None = None):
     _require(sw.context_length in c.context_lengths, "sweeps.context_length", sw.context_length,
              f"must be one of cohorts.context_lengths {list(c.context_lengths)}")
     cal = p.calibration
-    _require(1 <= cal.code_pairs <= 23, "calibration.code_pairs", cal.code_pairs, "must be in 1..23")
+    # wise.models.construct.ChainSpec's bound: a head's pairs beyond the positional ones and the two
+    # that layer 1 head 0's split and decoy hold
+    _require(1 <= cal.code_pairs <= 21, "calibration.code_pairs", cal.code_pairs, "must be in 1..21")
     _require(0 <= cal.max_refine <= 16, "calibration.max_refine", cal.max_refine, "must be in 0..16")
     _require(cal.max_positions >= 64, "calibration.max_positions", cal.max_positions, "must be >= 64")
     _require(cal.seed >= 0, "calibration.seed", cal.seed, "must be >= 0")

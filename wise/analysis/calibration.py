@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from wise.data import synthchain as sc
-from wise.models.chain_parts import NEED_SPLIT
+from wise.models.chain_parts import DECOY, NEED_SPLIT, RENORM_SPLIT
 
 CONDITIONS = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate")
 
@@ -188,26 +188,40 @@ def visible_blocks(layout: ChainLayout, condition: str, s: Settings) -> set[int]
     return support_row(condition, lambda t: block_masses(layout, t, s.block_size, q), q, s)
 
 
-def split_masses(layout: ChainLayout, block_size: int, query_block: int, ratio: float = NEED_SPLIT) -> dict[int, float]:
-    """Key block -> mass for one query block in a head that splits the question rows ``ratio : 1``
-    between BOS and the +m row (every step; layer 0 head 1 at NEED_SPLIT); other rows attend BOS."""
+def split_masses(layout: ChainLayout, block_size: int, query_block: int,
+                 shares: tuple[tuple[int, float], ...]) -> dict[int, float]:
+    """Key block -> mass for one query block in a head where each question row puts `shares`
+    ((row, share), ...) of its mass and every other row attends BOS."""
     rows = range(query_block * block_size, min(layout.n, (query_block + 1) * block_size))
-    to_m, m_row = 1.0 / (ratio + 1.0), layout.question_rows[0]
     masses: dict[int, float] = {}
     for i in rows:
-        for target, share in (((0, 1.0 - to_m), (m_row, to_m)) if i in layout.question_rows else ((0, 1.0),)):
+        for target, share in (shares if i in layout.question_rows else ((0, 1.0),)):
             masses[target // block_size] = masses.get(target // block_size, 0.0) + share / len(rows)
     return masses
 
 
+def need_shares(layout: ChainLayout, step: int) -> tuple[tuple[int, float], ...]:
+    """A question row's attention in layer 1 head 0 at `step`: BOS and the +m row NEED_SPLIT : 1,
+    and at step 1 also the first hop's fact (the row step 1 attends), DECOY times the +m row."""
+    m_row = layout.question_rows[0]
+    if step == 1:
+        total = NEED_SPLIT + 1.0 + DECOY
+        return (0, NEED_SPLIT / total), (m_row, 1.0 / total), (layout.attended(1), DECOY / total)
+    return (0, NEED_SPLIT / (NEED_SPLIT + 1.0)), (m_row, 1.0 / (NEED_SPLIT + 1.0))
+
+
+def renorm_shares(layout: ChainLayout) -> tuple[tuple[int, float], ...]:
+    """A question row's attention in layer 0 head 1 (every step): BOS and the +m row RENORM_SPLIT : 1."""
+    return (0, RENORM_SPLIT / (RENORM_SPLIT + 1.0)), (layout.question_rows[0], 1.0 / (RENORM_SPLIT + 1.0))
+
+
 def refine_visible(layout: ChainLayout, condition: str, s: Settings) -> bool:
-    """Whether the answer row still reads the +m row (layer 0 head 1) in late steps, which the
-    refinement needs: its block stays in the answer row's support in that head. The masses do not
-    change with the step, so every support rule keeps the blocks a mass support at its eta keeps."""
+    """Whether the answer row still reads the +m row (layer 1 head 0) in late steps, which the
+    refinement needs: its block stays in the answer row's support in that head. (Layer 0 head 1
+    only checks that the weights inside a support sum to 1, which every correct rule keeps.)"""
     B = s.block_size
     q, m_block = layout.answer_row // B, layout.question_rows[0] // B
-    masses = split_masses(layout, B, q)
-    visible = support_row(condition, lambda t: masses, q, s)
+    visible = support_row(condition, lambda t: split_masses(layout, B, q, need_shares(layout, t)), q, s)
     return visible is None or m_block in visible
 
 
@@ -322,15 +336,17 @@ def adaptive_step(layout: ChainLayout, s: Settings) -> int:
     """The step wise_adaptive's criterion fires on this prompt (``jaccard_min``): the first t in
     min_step..max_step at which every pair of consecutive steps in t-w+1..t has mass supports
     with Jaccard >= threshold in every query block; max_step if none. Supports are this module's
-    (mass_support_row over block_masses); the heads block_masses does not describe attend BOS at
-    every step, so their supports never change and cannot hold the criterion up."""
+    (mass_support_row over block_masses, and over layer 1 head 0's split, whose step-1 decoy makes
+    its supports change from step 1 to 2); the other heads' masses never change with the step, so
+    their supports cannot hold the criterion up."""
     rule, B = s.adaptive, s.block_size
     blocks = range(-(-layout.n // B))
     supports: dict[int, list[set[int]]] = {}
 
     def support(t: int) -> list[set[int]]:
         if t not in supports:
-            supports[t] = [mass_support_row(block_masses(layout, t, B, q), q, s.eta) for q in blocks]
+            supports[t] = [mass_support_row(block_masses(layout, t, B, q), q, s.eta) for q in blocks] + \
+                [mass_support_row(split_masses(layout, B, q, need_shares(layout, t)), q, s.eta) for q in blocks]
         return supports[t]
 
     for t in range(rule.min_step, rule.max_step + 1):

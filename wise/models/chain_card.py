@@ -19,7 +19,7 @@ from pathlib import Path
 from wise.data import synthchain as sc
 from wise.data.tokenizer import save_tokenizer
 from wise.models.checkpoint import save_checkpoint
-from wise.models.construct import (CONST, MATCH_LOGIT, NAME, NEED_SPLIT, NOISE_DIMS, NOISE_STEP, RENORM_SPLIT,
+from wise.models.construct import (CONST, DECOY, MATCH_LOGIT, NAME, NEED_SPLIT, NOISE_DIMS, NOISE_STEP, RENORM_SPLIT,
                                    ROPE_BASE, SINK_LOGIT, ChainSpec, build_chain_model)
 
 RECORD_NAME = "construction.json"
@@ -85,15 +85,16 @@ hops), which the row holding a1 after the prompt chases itself.
   next fact is not visible reads a sink and changes nothing.
 - **Layer 1 head 1**: the first answer row (a1, three rows after `??`) chases a1's chain the same
   way with its own pointer, through the appended rows' caches and late support when decoding.
-- **Layer 0 head 1, layer 1 head 0**: each question row splits its mass between BOS and the `+m`
-  row, {NEED_SPLIT:g} : 1 and {RENORM_SPLIT:g} : 1 (attention that is not one-hot); every other row attends BOS.
-  A refinement needs what both read: the `+m` row's value in layer 0 head 1 (a support that drops
-  its block stops refining) and, in layer 1 head 0, weights that sum to 1 (Freeze-A's frozen weights
-  must be renormalised inside the support). Head 1 of layer 0 also carries BOS's initial state to
-  the rows that do not chase, and a row whose initial state equals BOS's (a decoder that gives a
-  new token row 0's initial state) stops its chase after one hop; rows with their own states (each
-  row's is seeded by its position) differ from BOS's by more than {NOISE_STEP} in some of
-  {NOISE_DIMS} dims (all closer: ~1e-12).
+- **Layer 1 head 0, layer 0 head 1**: each question row splits its mass between BOS and the `+m`
+  row, {NEED_SPLIT:g} : 1 and {RENORM_SPLIT:g} : 1 (attention that is not one-hot); at step 1 only, the first
+  head also gives the fact of the first hop {DECOY:g} times the `+m` row's share. Every other row
+  attends BOS. A refinement needs what both read: the `+m` row's value in layer 1 head 0 (a support
+  that drops its block stops refining) and, in layer 0 head 1, weights that sum to 1 (Freeze-A's
+  frozen weights must be renormalised inside the support). Head 1 of layer 0 also carries BOS's
+  initial state to the rows that do not chase, and a row whose initial state equals BOS's (a
+  decoder that gives a new token row 0's initial state) stops its chase after one hop; rows with
+  their own states (each row's is seeded by its position) differ from BOS's by more than
+  {NOISE_STEP} in some of {NOISE_DIMS} dims (all closer: ~1e-12).
 - **Readout**: entity logits are 100 × code(e) · (r + the first answer row's pointer); the row after
   the answer (three after `?`, or after `Answer` for `??`) emits EOS.
 
@@ -116,9 +117,11 @@ the block-level definitions):
 
 - the answer row's query block attends, at each step, the BOS block (its rows without a pointer) and
   the block of the current fact; a mass support at η < 0.999 keeps exactly those blocks;
-- in layer 0 head 1 that query block (r rows, the four question rows among them) puts 1 / r of its
-  mass on the `+m` row's block, so a mass support keeps that block iff 1 − 1/r < η (at η = 0.95:
-  r < 20; at 0.9: r < 10; at 0.99 always), and only then do late steps refine;
+- in layer 1 head 0 that query block (r rows, the four question rows among them) puts 1 / r of its
+  mass on the `+m` row's block after step 1, so a mass support keeps that block iff 1 − 1/r < η (at
+  η = 0.95: r < 20; at 0.9: r < 10; at 0.99 always), and only then do late steps refine. At step 1
+  the first hop's fact outranks it there, so the supports cut from step 1 (Static-95, MassMatched at
+  the WISE row's step-1 mass, SizeMatched at its size) keep that fact's block before the `+m` row's;
 - **Truncate@t_d**: right iff L + m ≤ t_d (and L2 ≤ t_d: a new token's row runs t_d steps);
 - **WISE** keeps the fact blocks of steps t_d−w+1..t_d: right iff every fact a late step needs lies
   in one of them. A question with L + m ≤ t_d needs none; with L + 1 ≤ t_d it needs only the

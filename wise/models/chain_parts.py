@@ -15,8 +15,9 @@ from wise.models.config import RecurrentConfig
 
 HEAD_DIM = 64
 # Two heads split each question row's mass between BOS and the +m row (build_weights says why):
-NEED_SPLIT = 3.0  # layer 0 head 1: mass on BOS over mass on the +m row (the +m read refinement needs)
-RENORM_SPLIT = 15.0  # layer 1 head 0: the same, smaller, for the check that weights sum to 1
+NEED_SPLIT = 3.0  # layer 1 head 0: mass on BOS over mass on the +m row (the +m read refinement needs)
+DECOY = 2.0  # ... and at step 1 only, the first hop's fact gets DECOY times the +m row's mass
+RENORM_SPLIT = 15.0  # layer 0 head 1: BOS over +m, smaller, for the check that weights sum to 1
 NOISE_DIMS = 16  # dims of the initial state a row compares with BOS's (see build_weights)
 NOISE_STEP = 0.003  # |difference| per dim that counts as distinct (the state's std is 0.0087)
 HEADS = 2  # per layer; the roles of the four (layer, head) pairs are in build_weights
@@ -109,7 +110,8 @@ def core_slots(D: int, R: int) -> Slots:
     two-token question (is_q2): its own pointer p2 = pi2 + p_d2. (vy, v_term, v_match) is each row's
     value (its entity, whether its arrow was terminal, whether it is an entity); the chasing heads
     write what they read into (ay, a_term, a_match) (layer 0) and (ay2, a_term2, a_match2) (layer 1)."""
-    return Slots(const=1, is_q=1, is_q2=1, arrow_b1=1, sink=1, bos=1, is_m=1, ok=1, okm=1, eos=1, kx=D, pi=D, p_d=D, q=D,
+    return Slots(const=1, is_q=1, is_q2=1, arrow_b1=1, sink=1, bos=1, is_m=1, ok=1, okm=1, seen=1, later=1, eos=1,
+                 kx=D, pi=D, p_d=D, q=D,
                  pi2=D, p_d2=D, vy=D, v_term=1, v_match=1, ay=D, a_term=1, a_match=1,
                  ay2=D, a_term2=1, a_match2=1, remi=R, rem_d=R,
                  noise=NOISE_DIMS, bos_noise=NOISE_DIMS, spread=1, same=1)
@@ -212,6 +214,35 @@ def split_head(w: Writer, S: Slots, head: int, ratio: float, style: str) -> None
     w.k[o + a, S.at("bos")] = BOS_LOGIT * root
     w.q[o + b, S.at("is_q")] = 1.0
     w.k[o + b, S.at("is_m")] = (BOS_LOGIT - math.log(ratio)) * root
+
+
+def first_step_decoy(w: Writer, X: Slots, head: int, style: str, code_pairs: int) -> None:
+    """Adds to a `split_head` (called after it): at step 1 (register `later` = 0) a question row also attends the
+    target row of the fact whose source is its start entity (query: `pi`, the fetched start code),
+    DECOY times as much as the +m row; from step 2 on (`later` = 1) fact targets score
+    -PENALTY_LOGIT. Rows other than fact targets, BOS and the +m row score -PENALTY_LOGIT here."""
+    o, root = head * HEAD_DIM, math.sqrt(HEAD_DIM)
+    content_pairs = range(POSITION_PAIRS + 1, POSITION_PAIRS + 1 + code_pairs)
+    dims = [d for i in content_pairs for d in pair_dims(i, style)]
+    logit = BOS_LOGIT - math.log(NEED_SPLIT) + math.log(DECOY)
+    amp = math.sqrt(logit * root)
+    for j, d in enumerate(dims):
+        w.q[o + d, X["pi"][j]] = amp
+        w.k[o + d, X["kx"][j]] = amp
+    # Its constant terms (+-PENALTY_LOGIT) sit on the second-to-last pair, whose rotation (~1e-28
+    # rad per position) cannot mix them into the 50-logit split; pair POSITION_PAIRS would (3e-8 rad).
+    a, b = pair_dims(HEAD_DIM // 2 - 2, style)
+    w.q[o + a, X.at("const")] = 1.0 / CONST
+    for src, value in {"const": -PENALTY_LOGIT, "arrow_b1": PENALTY_LOGIT, "bos": PENALTY_LOGIT,
+                       "is_m": PENALTY_LOGIT}.items():
+        w.k[o + a, X.at(src)] = value * root / (CONST if src == "const" else 1.0)
+    # The +m row's key holds SINK_CONTENT x the start code (its previous token), which a question
+    # row's query matches with SINK_CONTENT * logit: taken back from the split's +m term (a question
+    # row's only), so the ratio stays exact.
+    _, m_dim = pair_dims(HEAD_DIM // 2 - 1, style)
+    w.k[o + m_dim, X.at("is_m")] -= SINK_CONTENT * logit * root
+    w.q[o + b, X.at("later")] = 1.0
+    w.k[o + b, X.at("arrow_b1")] = -PENALTY_LOGIT * root
 
 
 def chase_head(w: Writer, X: Slots, head: int, pointer: tuple[str, str], chasing: str,

@@ -21,11 +21,13 @@ RoPE base 1e30), 3 prelude layers, 2 core layers applied T times, no coda (the p
 * layer 1 head 1: the first answer row chases a1's chain the same way with its own pointer (layer
   1's MLP moves it), so the second answer token comes from routing after the prompt, through the
   appended rows' caches and late supports; it runs T steps of its own.
-* layer 0 head 1 and layer 1 head 0 split each question row's mass between BOS and the ``+m`` row
-  (3 : 1 and 15 : 1); the refinement needs the +m row read in the first (so eta decides whether a
-  question still refining after t_d is answered) and the weights to sum to 1 in the second (so
-  Freeze-A must renormalise). Head 1 of layer 0 also carries BOS's initial state to the rows that
-  do not chase, for the check that a row's initial state is its own (see build_weights). Rows that
+* layer 1 head 0 and layer 0 head 1 split each question row's mass between BOS and the ``+m`` row
+  (3 : 1 and 15 : 1; at step 1 the first also gives the first hop's fact twice the +m row's share);
+  the refinement needs the +m row read in the first (so eta decides whether a question still
+  refining after t_d is answered, and a support cut from step 1 can lose it) and the weights to sum
+  to 1 in the second (so Freeze-A must renormalise). Head 1 of layer 0 also carries BOS's initial
+  state to the rows that do not chase, for the check that a row's initial state is its own (see
+  build_weights). Rows that
   do not chase in a head attend BOS there; a chasing row whose next fact is not visible (a restricted support)
   reads a sink (zero value) and changes nothing.
 * readout: the logit of entity e is 100 * code(e) . (r + the answer row's pointer); the row after
@@ -56,10 +58,9 @@ from wise.data import synthchain as sc
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from wise.models.chain_parts import (  # noqa: F401 (re-exported: the construction's public names)
     BOS_LOGIT, CONST, EOS_LOGIT, FETCH_BOS_LOGIT, FETCH_LOGIT, GATE_SLOPE, HEAD_DIM, HEADS, MATCH_LOGIT,
-    NEED_SPLIT, NOISE_DIMS, NOISE_STEP, PENALTY_LOGIT, POSITION_MARGIN, POSITION_PAIRS, READOUT_SCALE, RENORM_SPLIT,
-    ROPE_BASE,
-    SINK_CONTENT, SINK_LOGIT, Slots, chase_head, offset_head, pair_dims, split_head, Writer,
-    code_frequencies, core_slots, entity_codes, max_code_correlation, position_weights, prelude_slots,
+    DECOY, NEED_SPLIT, NOISE_DIMS, NOISE_STEP, PENALTY_LOGIT, POSITION_MARGIN, POSITION_PAIRS, READOUT_SCALE,
+    RENORM_SPLIT, ROPE_BASE, SINK_CONTENT, SINK_LOGIT, Slots, chase_head, first_step_decoy, offset_head, pair_dims,
+    split_head, Writer,    code_frequencies, core_slots, entity_codes, max_code_correlation, position_weights, prelude_slots,
     successor_rotation)
 from wise.models.config import RecurrentConfig
 from wise.models.recurrent import RecurrentDepthModel
@@ -80,16 +81,18 @@ class ChainSpec:
     frequency_trials: int = 300
 
     def __post_init__(self) -> None:
-        if not 1 <= self.code_pairs <= HEAD_DIM // 2 - POSITION_PAIRS - 1:
-            raise ValueError(f"code_pairs must be in 1..{HEAD_DIM // 2 - POSITION_PAIRS - 1}, got {self.code_pairs}")
+        # content pairs follow the positional pairs and one more (the chase's constant terms); the
+        # last two pairs hold layer 1 head 0's split and its decoy's constant terms
+        if not 1 <= self.code_pairs <= HEAD_DIM // 2 - POSITION_PAIRS - 3:
+            raise ValueError(f"code_pairs must be in 1..{HEAD_DIM // 2 - POSITION_PAIRS - 3}, got {self.code_pairs}")
         if not 0 <= self.max_refine <= sc.MAX_REFINE_TOKEN:
             raise ValueError(f"max_refine must be in 0..{sc.MAX_REFINE_TOKEN}, got {self.max_refine}")
         if self.max_positions < 64 or self.frequency_trials < 1:
             raise ValueError("max_positions must be >= 64 and frequency_trials >= 1")
         # The MLP width is what core layer 1 needs (chain_config); core layer 0 needs 2 D units for
-        # the pointer move plus 4 per state-check dim, so D + R >= 2 NOISE_DIMS - 2 (D = 2 code_pairs,
-        # R = max_refine + 1). Below that, build_weights would run out of MLP units.
-        least = 2 * NOISE_DIMS - 3
+        # the pointer move, 4 per state-check dim and 2 for the step flag, so D + R >= 2 NOISE_DIMS - 3
+        # (D = 2 code_pairs, R = max_refine + 1). Below that, build_weights would run out of MLP units.
+        least = 2 * NOISE_DIMS - 4
         if 2 * self.code_pairs + self.max_refine < least:
             raise ValueError(f"2 * code_pairs + max_refine must be >= {least} (core layer 0's MLP: the "
                              f"{NOISE_DIMS}-dim state check), got code_pairs={self.code_pairs}, "
@@ -99,8 +102,8 @@ class ChainSpec:
 def chain_config(spec: ChainSpec, vocab_size: int) -> RecurrentConfig:
     D, R = 2 * spec.code_pairs, spec.max_refine + 1
     hidden = max(prelude_slots(D, R).size, core_slots(D, R).size)
-    # gate pairs of core layer 1: move2 (D), refinement (D + R), the state check (2)
-    intermediate = 2 * D + 2 * (D + R) + 4
+    # gate pairs of core layer 1: move2 (D), refinement (D + R), the state check (2), the step flag (2)
+    intermediate = 2 * D + 2 * (D + R) + 8
     return RecurrentConfig(
         vocab_size=vocab_size, hidden=hidden, heads=HEADS, kv_heads=HEADS, head_dim=HEAD_DIM,
         intermediate=intermediate, n_prelude=3, n_core=2, n_coda=0, block_style="prenorm",
@@ -167,7 +170,7 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
 
     # Adapter: carry the recurrent registers (p_d, q, rem_d, p_d2) from s; everything else from e.
     adapter = np.zeros((h, 2 * h))
-    for name in ("p_d", "q", "rem_d", "p_d2", "noise", "same"):
+    for name in ("p_d", "q", "rem_d", "p_d2", "noise", "same", "seen"):
         for i in X[name]:
             adapter[i, i] = 1.0
     # eos: the row after the answer (three after "?", or three after "Answer" for a "??" question)
@@ -192,20 +195,31 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
     # Two heads split each question row's mass between BOS and the +m row, so attention that is not
     # one-hot decides answers (a mass support at eta keeps the +m row's block only when its share is
     # needed to reach eta; in the answer row's query block of r rows that share is 4 / ((ratio + 1) r)):
-    # * layer 0 head 1, NEED_SPLIT : 1: the +m row's value okm = 1, BOS's 0, so what a question row
+    # * layer 1 head 0, NEED_SPLIT : 1: the +m row's value okm = 1, BOS's 0, so what a question row
     #   reads is 1 / (NEED_SPLIT + 1) while the +m row is visible and 0 once a support drops it; the
     #   refinement needs it. So the late support's eta decides whether a question still refining
     #   after t_d is answered: at eta = 0.9 / 0.95 / 0.99 the block is dropped from r >= 10 / 20 / never.
-    #   The head also carries BOS's initial noise (only rows that do not chase use it, see below).
-    # * layer 1 head 0, RENORM_SPLIT : 1: both rows carry ok = 1, so what it reads is 1 whenever the
+    #   At step 1 only, the first hop's fact takes DECOY times the +m row's mass there too: step 1's
+    #   ranking puts that block above the +m row's, so a support cut from step 1 at the mass the
+    #   WISE row holds (MassMatched) or at its size (SizeMatched) keeps the decoy and loses the +m row
+    #   when WISE keeps it, and a control with a wrong target answers differently.
+    # * layer 0 head 1, RENORM_SPLIT : 1: both rows carry ok = 1, so what it reads is 1 whenever the
     #   weights inside the row's support sum to 1, and the refinement needs it. Its +m share is
-    #   smaller, so a support can drop the +m row's block here and keep it in layer 0 head 1 (at 0.95:
+    #   smaller, so a support can drop the +m row's block here and keep it in layer 1 head 0 (at 0.95:
     #   5 <= r < 20): every correct rule is then left alone, and Freeze-A's refinement stops if its
-    #   frozen weights are not renormalised (ok = RENORM_SPLIT / (RENORM_SPLIT + 1)).
-    split_head(core[0], X, 1, NEED_SPLIT, cfg.rope_style)
-    core[0].copy(1, list(zip(X["noise"], X["bos_noise"])) + [(X.at("is_m"), X.at("okm"))])
-    split_head(core[1], X, 0, RENORM_SPLIT, cfg.rope_style)
-    core[1].copy(0, [(X.at("bos"), X.at("ok")), (X.at("is_m"), X.at("ok"))])
+    #   frozen weights are not renormalised (ok = RENORM_SPLIT / (RENORM_SPLIT + 1)). The head also
+    #   carries BOS's initial noise (only rows that do not chase use it, see below).
+    split_head(core[0], X, 1, RENORM_SPLIT, cfg.rope_style)
+    core[0].copy(1, list(zip(X["noise"], X["bos_noise"])) + [(X.at("bos"), X.at("ok")), (X.at("is_m"), X.at("ok"))])
+    split_head(core[1], X, 0, NEED_SPLIT, cfg.rope_style)
+    first_step_decoy(core[1], X, 0, cfg.rope_style, spec.code_pairs)
+    core[1].copy(0, [(X.at("is_m"), X.at("okm"))])
+    # The step flag the decoy needs: `seen` is carried and set to 1 by layer 1's MLP at every step
+    # (at step 1 it holds the initial state's noise, |.| ~ 0.01); layer 0's MLP turns it into a clean
+    # `later` (0 at step 1, 1 after), which the decoy's keys read.
+    core[0].gate_pair(X.at("const"), {X.at("seen"): 1.0}, -0.5, {X.at("const"): 1.0 / CONST}, X.at("later"))
+    core[1].gate_pair(X.at("const"), {}, 0.5, {X.at("const"): 1.0 / CONST}, X.at("seen"))
+    core[1].gate_pair(X.at("const"), {}, 0.5, {X.at("seen"): -1.0}, X.at("seen"))  # set, not add
     chase_head(core[1], X, 1, ("pi2", "p_d2"), "is_q2", ("ay2", "a_term2", "a_match2"), cfg.rope_style,
                 spec.code_pairs)
     const = X.at("const")
