@@ -479,6 +479,13 @@ def evaluate_mismatches(capsys, folder, condition: str, n: int) -> int:
     return int(re.match(r"expected EM=\d\.\d+ mismatches=(\d+)", lines[-2]).group(1))
 
 
+def test_evaluate_refuses_the_calibration_model_below_float32(chain_folder):
+    args = ["--model", str(chain_folder), "--benchmark", "synthchain", "--context", "256", "--n", "1",
+            "--condition", "full", "--device", "cpu", "--dtype", "float16"]
+    with pytest.raises(SystemExit, match=r"--dtype float16: .* float32 only"):
+        wise.evaluate.main(args)
+
+
 def test_evaluate_reports_no_mismatch_without_a_fault(chain_folder, capsys):
     assert evaluate_mismatches(capsys, chain_folder, "wise", 8) == 0
 

@@ -133,6 +133,14 @@ def test_relations_between_keys_are_checked_up_front(tmp_path, edit, key, why):
         load_params(write(tmp_path, edit))
 
 
+def test_the_calibration_model_runs_in_float32_only():
+    raw = {"model": {"source": "data/models/wise-chain", "dtype": "float16"}}
+    with pytest.raises(ParamsError, match=r"model\.dtype = 'float16'.*float32 for the calibration model"):
+        validate(parse(raw, complete=False))
+    raw["model"]["dtype"] = "float32"
+    validate(parse(raw, complete=False))
+
+
 def test_calibration_model_positions_come_from_the_calibration_section():
     # The calibration model is built by a later stage, so its positions are read from `calibration:`.
     raw = {"model": {"source": "data/models/wise-chain"}, "calibration": {"max_positions": 1024},

@@ -44,6 +44,7 @@ from wise.data.prompts import PROMPT_STYLES
 from wise.data.tokenizer import load_tokenizer
 from wise.analysis.lens import answer_lens, lens_table
 from wise.models.checkpoint import load_checkpoint
+from wise.models.construct import NAME as CHAIN_NAME
 from wise.engine.runner import WiseSettings
 from wise.analysis.scoring import Score, depth_lines, expected_line, kinds_line, score_cell, sources_line
 from wise.training.card import QUALITY, RECIPE, write_card
@@ -190,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: --prompt-style {style!r} is not one of {', '.join(sorted(PROMPT_STYLES))}")
     model, tok = load_model(args.model, device, getattr(torch, args.dtype))
     cfg = model.config
+    if cfg.name == CHAIN_NAME and args.dtype != "float32":
+        raise SystemExit(f"error: --dtype {args.dtype}: {args.model} is the calibration model {CHAIN_NAME}, "
+                         "which runs in float32 only (in float16 its state check's gate weights overflow)")
 
     def prompts_for(bench: str, ctx: int, n: int) -> list[Prompt]:
         options = {"follow_hops": args.follow_hops} if bench == "synthchain" else None

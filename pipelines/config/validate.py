@@ -174,6 +174,9 @@ def validate(p, max_positions: int | None = None):
     if Path(p.model.source) == Path(CALIBRATION_MODEL):
         # The model is built by the build_calibration stage from these keys, possibly after this check
         # runs (its config.json is not there yet), so the positions are checked against the params.
+        _require(p.model.dtype == "float32", "model.dtype", p.model.dtype,
+                 f"must be float32 for the calibration model {CALIBRATION_MODEL}: in float16 its state check's "
+                 "gate weights overflow and its split heads' shares lose the precision the expectations need")
         long = [n for n in c.context_lengths if n > cal.max_positions]
         _require(not long, "cohorts.context_lengths", list(c.context_lengths),
                  f"{long} exceed calibration.max_positions ({cal.max_positions}), the positions of the "

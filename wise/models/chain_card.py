@@ -64,7 +64,8 @@ exactly where the construction says, so a broken method shows up as a wrong numb
 Architecture (the project's own `RecurrentDepthModel`, `config.json`): {record['parameters']:,}
 parameters, hidden {record['hidden']}, two attention heads of 64 per layer, pre-norm blocks, RoPE
 base {ROPE_BASE:g}; 3 prelude layers, 2 recurrent core layers (intermediate {record['intermediate']}),
-no coda. Float32 is exact; float16 runs to ~0.1% in its gates; bfloat16 is too coarse.
+no coda. It runs in float32 only: in float16 the state check's gate weights (400 / {NOISE_STEP} per
+unit) overflow, and the split heads' shares need float32's precision at the η boundaries.
 
 ## What it computes on synthchain
 

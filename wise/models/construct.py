@@ -43,8 +43,9 @@ successor = the rotation by 2π f_k / N in each pair.
 Register layout: the residual stream has a constant coordinate (2**15) that dominates its RMS, and
 every RMSNorm weight is 2**15 / sqrt(hidden), so each norm is the identity up to ~1e-8 and its
 scale does not move when registers change (so a settled row's attention is bit-identical from step
-to step). Gates are pairs of SiLU units in their linear / zero regimes, exact in float32 (float16
-to ~0.1%; bfloat16 is too coarse for the gate arithmetic).
+to step). Gates are pairs of SiLU units in their linear / zero regimes, exact in float32. Float32
+only: in float16 the state check's gate weights (GATE_SLOPE / NOISE_STEP) overflow, and the split
+heads' shares sit exactly on mass-support boundaries (1 - 1/r = eta) that need float32's precision.
 """
 from __future__ import annotations
 
