@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .schedule import Schedule
+from .sparse_split import _sparse_attn_split
 
 LOG2E = 1.4426950408889634
 
@@ -38,6 +39,7 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
+    split: bool = False  # pack > 1: packed query blocks share K/V loads but run their own dots (sparse_split.py)
 
 
 # Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
@@ -72,14 +74,15 @@ PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
 
 
 def parse_config(text: str) -> KernelConfig:
-    """'pack,kb,warps,stages[,pad_d]' (ints; pad_d 0/1), as the benchmark command lines take it."""
+    """'pack,kb,warps,stages[,pad_d[,split]]' (ints; pad_d, split 0/1), as the benchmark command
+    lines take it."""
     try:
         x = [int(v) for v in text.split(",")]
     except ValueError:
         x = []
-    if not 4 <= len(x) <= 5:
-        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d] integers; got {text!r}")
-    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]))
+    if not 4 <= len(x) <= 6:
+        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d[,split]] integers; got {text!r}")
+    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), split=len(x) > 5 and bool(x[5]))
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None) -> KernelConfig:
@@ -222,9 +225,10 @@ HEAD_DIMS = tuple(_SPLIT)  # the head sizes the kernel compiles for
 
 
 def kernel_for(config: KernelConfig):
-    """The @triton.jit kernel a config runs (one today; the launchers and the offline compile
-    report ask through here so a variant needs no change there)."""
-    return _sparse_attn_fwd
+    """The @triton.jit kernel a config runs (the launchers and the offline compile report ask
+    through here): the split-rows variant for config.split, else the packed-tile kernel. Both
+    take the same arguments."""
+    return _sparse_attn_split if config.split else _sparse_attn_fwd
 
 
 def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, device,
@@ -261,7 +265,10 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
 def kernel_constexprs(cfg: KernelConfig, head_dim: int, block_size: int, dtype: torch.dtype):
     """(config as launched, the kernel's constexpr arguments) for one shape: the part of a launch
     plan that needs no tensors (also what benchmarks.compile_check compiles)."""
-    if head_dim == 96 and cfg.pack * block_size >= 64 and not cfg.pad_d:
+    if cfg.split and cfg.pack not in (2, 4):
+        raise ValueError(f"a split-rows config needs pack 2 or 4, got pack={cfg.pack}")
+    dot_rows = block_size if cfg.split else cfg.pack * block_size  # rows of one dot
+    if head_dim == 96 and dot_rows >= 64 and not cfg.pad_d:
         # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
         cfg = replace(cfg, pad_d=True)
     d_a, d_b = (triton.next_power_of_2(head_dim), 0) if cfg.pad_d else _SPLIT[head_dim]
