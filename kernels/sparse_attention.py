@@ -39,7 +39,9 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
-    split: bool = False  # pack > 1: packed query blocks share K/V loads but run their own dots (sparse_split.py)
+    # pack > 1: packed query blocks share K/V loads but run their own B-row dots (sparse_split.py);
+    # 1: a block's dots are skipped (branch) on key tiles it does not keep, 2: always run, masked
+    split: int = 0
 
 
 # Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
@@ -82,7 +84,7 @@ def parse_config(text: str) -> KernelConfig:
         x = []
     if not 4 <= len(x) <= 6:
         raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d[,split]] integers; got {text!r}")
-    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), split=len(x) > 5 and bool(x[5]))
+    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), split=x[5] if len(x) > 5 else 0)
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None) -> KernelConfig:
@@ -265,15 +267,18 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
 def kernel_constexprs(cfg: KernelConfig, head_dim: int, block_size: int, dtype: torch.dtype):
     """(config as launched, the kernel's constexpr arguments) for one shape: the part of a launch
     plan that needs no tensors (also what benchmarks.compile_check compiles)."""
-    if cfg.split and cfg.pack not in (2, 4):
-        raise ValueError(f"a split-rows config needs pack 2 or 4, got pack={cfg.pack}")
+    if cfg.split not in (0, 1, 2) or (cfg.split and cfg.pack not in (2, 4)):
+        raise ValueError(f"a split-rows config needs pack 2 or 4 and split 1 or 2, got {cfg}")
     dot_rows = block_size if cfg.split else cfg.pack * block_size  # rows of one dot
     if head_dim == 96 and dot_rows >= 64 and not cfg.pad_d:
         # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
         cfg = replace(cfg, pad_d=True)
     d_a, d_b = (triton.next_power_of_2(head_dim), 0) if cfg.pad_d else _SPLIT[head_dim]
-    return cfg, dict(B=block_size, PACK=cfg.pack, KB=cfg.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
-                     PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    values = dict(B=block_size, PACK=cfg.pack, KB=cfg.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
+                  PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    if cfg.split:
+        values["BRANCH"] = cfg.split == 1
+    return cfg, values
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,

@@ -38,12 +38,18 @@ def _online(s, m_i, l_i, acc_a, acc_b, va, vb, D_B: tl.constexpr, PRECISION: tl.
 
 @triton.jit
 def _step(qa, qb, ka, kb_, va, vb, use, keep, m_i, l_i, acc_a, acc_b, qk_scale,
-          MASKED: tl.constexpr, D_B: tl.constexpr, PRECISION: tl.constexpr):
-    """Query block's update on one gathered key tile, only if it keeps one of its key blocks."""
-    if tl.max(use, 0) != 0:
-        s = _scores(qa, qb, ka, kb_, qk_scale, D_B, PRECISION)
-        if MASKED:
-            s = tl.where(keep, s, float("-inf"))
+          MASKED: tl.constexpr, BRANCH: tl.constexpr, D_B: tl.constexpr, PRECISION: tl.constexpr):
+    """Query block's update on one gathered key tile. BRANCH: only if the block keeps one of the
+    tile's key blocks (skips the dots); else always, masked (straight-line code the pipeliner can
+    overlap with the next tile's loads)."""
+    if BRANCH:
+        if tl.max(use, 0) != 0:
+            s = _scores(qa, qb, ka, kb_, qk_scale, D_B, PRECISION)
+            if MASKED:
+                s = tl.where(keep, s, float("-inf"))
+            m_i, l_i, acc_a, acc_b = _online(s, m_i, l_i, acc_a, acc_b, va, vb, D_B, PRECISION)
+    else:
+        s = tl.where(keep, _scores(qa, qb, ka, kb_, qk_scale, D_B, PRECISION), float("-inf"))
         m_i, l_i, acc_a, acc_b = _online(s, m_i, l_i, acc_a, acc_b, va, vb, D_B, PRECISION)
     return m_i, l_i, acc_a, acc_b
 
@@ -94,7 +100,7 @@ def _sparse_attn_split(
     order_ptr, row_start_ptr, row_count_ptr, row_full_ptr, key_blocks_ptr,
     n_ctx, tiles_per_head, group, qk_scale,
     B: tl.constexpr, PACK: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr,
-    D_A: tl.constexpr, D_B: tl.constexpr, PRECISION: tl.constexpr,
+    D_A: tl.constexpr, D_B: tl.constexpr, PRECISION: tl.constexpr, BRANCH: tl.constexpr,
 ):
     tl.static_assert(PACK == 2 or PACK == 4)
     BLOCK_N: tl.constexpr = B * KB
@@ -143,18 +149,18 @@ def _sparse_attn_split(
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :])
         u0 = ent_kb & 1
         k0 = ((ent & 1) != 0)[None, :]
-        m0, l0, a0a, a0b = _step(q0a, q0b, ka, kb_, va, vb, u0, k0, m0, l0, a0a, a0b, qk_scale, KB > 1, D_B, PRECISION)
+        m0, l0, a0a, a0b = _step(q0a, q0b, ka, kb_, va, vb, u0, k0, m0, l0, a0a, a0b, qk_scale, KB > 1, BRANCH, D_B, PRECISION)
         u1 = ent_kb & 2
         k1 = ((ent & 2) != 0)[None, :]
-        m1, l1, a1a, a1b = _step(q1a, q1b, ka, kb_, va, vb, u1, k1, m1, l1, a1a, a1b, qk_scale, KB > 1, D_B, PRECISION)
+        m1, l1, a1a, a1b = _step(q1a, q1b, ka, kb_, va, vb, u1, k1, m1, l1, a1a, a1b, qk_scale, KB > 1, BRANCH, D_B, PRECISION)
         if PACK == 4:
             u2 = ent_kb & 4
             k2 = ((ent & 4) != 0)[None, :]
-            m2, l2, a2a, a2b = _step(q2a, q2b, ka, kb_, va, vb, u2, k2, m2, l2, a2a, a2b, qk_scale, KB > 1, D_B,
+            m2, l2, a2a, a2b = _step(q2a, q2b, ka, kb_, va, vb, u2, k2, m2, l2, a2a, a2b, qk_scale, KB > 1, BRANCH, D_B,
                                      PRECISION)
             u3 = ent_kb & 8
             k3 = ((ent & 8) != 0)[None, :]
-            m3, l3, a3a, a3b = _step(q3a, q3b, ka, kb_, va, vb, u3, k3, m3, l3, a3a, a3b, qk_scale, KB > 1, D_B,
+            m3, l3, a3a, a3b = _step(q3a, q3b, ka, kb_, va, vb, u3, k3, m3, l3, a3a, a3b, qk_scale, KB > 1, BRANCH, D_B,
                                      PRECISION)
 
     # ---- masked tail: leftover entries, the diagonal blocks, the partial last block ----
@@ -174,18 +180,18 @@ def _sparse_attn_split(
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :], mask=k_ok[:, None], other=0.0)
         # entries past `count` load as 0 (no bits), so they never switch a block's branch on
         k0 = k_ok[None, :] & ((ent & 1) != 0)[None, :] & (kidx[None, :] <= r0[:, None])
-        m0, l0, a0a, a0b = _step(q0a, q0b, ka, kb_, va, vb, ent_kb & 1, k0, m0, l0, a0a, a0b, qk_scale, True, D_B,
+        m0, l0, a0a, a0b = _step(q0a, q0b, ka, kb_, va, vb, ent_kb & 1, k0, m0, l0, a0a, a0b, qk_scale, True, BRANCH, D_B,
                                  PRECISION)
         k1 = k_ok[None, :] & ((ent & 2) != 0)[None, :] & (kidx[None, :] <= r1[:, None])
-        m1, l1, a1a, a1b = _step(q1a, q1b, ka, kb_, va, vb, ent_kb & 2, k1, m1, l1, a1a, a1b, qk_scale, True, D_B,
+        m1, l1, a1a, a1b = _step(q1a, q1b, ka, kb_, va, vb, ent_kb & 2, k1, m1, l1, a1a, a1b, qk_scale, True, BRANCH, D_B,
                                  PRECISION)
         if PACK == 4:
             k2 = k_ok[None, :] & ((ent & 4) != 0)[None, :] & (kidx[None, :] <= r2[:, None])
             m2, l2, a2a, a2b = _step(q2a, q2b, ka, kb_, va, vb, ent_kb & 4, k2, m2, l2, a2a, a2b, qk_scale, True,
-                                     D_B, PRECISION)
+                                     BRANCH, D_B, PRECISION)
             k3 = k_ok[None, :] & ((ent & 8) != 0)[None, :] & (kidx[None, :] <= r3[:, None])
             m3, l3, a3a, a3b = _step(q3a, q3b, ka, kb_, va, vb, ent_kb & 8, k3, m3, l3, a3a, a3b, qk_scale, True,
-                                     D_B, PRECISION)
+                                     BRANCH, D_B, PRECISION)
 
     o_base = Out + h.to(tl.int64) * stride_oh
     _store(o_base, r0, stride_on, offs_a, offs_b, a0a, a0b, l0, n_ctx, HEAD_D, D_B)

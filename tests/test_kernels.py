@@ -90,6 +90,8 @@ def test_build_schedule_argument_errors():
     (2, 1, 130, 96, 32, torch.float32, KernelConfig(2, 2, 4, 1, split=True)),   # GQA, kb 2 (masked unkept blocks)
     (3, 3, 130, 64, 16, torch.float32, KernelConfig(4, 1, 4, 1, split=True)),   # pack 4, partial last block
     (2, 2, 150, 128, 32, torch.float16, KernelConfig(4, 2, 4, 1, split=True)),  # fp16, d=128
+    (2, 1, 130, 96, 32, torch.float32, KernelConfig(2, 1, 4, 1, split=2)),      # masked, no branch
+    (3, 3, 130, 64, 16, torch.float32, KernelConfig(4, 2, 4, 1, split=2)),
 ])
 def test_split_rows_kernel_matches_reference(hq, hkv, n, d, block_size, dtype, cfg):
     """The split-rows variant (packed blocks share K/V loads, each runs its own dots under a
@@ -229,7 +231,8 @@ def test_build_and_call_do_not_synchronise():
 @pytest.mark.parametrize("cfg", [KernelConfig(1, 1, 2, 2), KernelConfig(1, 2, 4, 3),
                                  KernelConfig(2, 2, 4, 2, pad_d=True), KernelConfig(4, 1, 4, 2, pad_d=True),
                                  KernelConfig(4, 2, 4, 3, pad_d=True), KernelConfig(2, 1, 4, 2, split=True),
-                                 KernelConfig(2, 2, 4, 2, split=True), KernelConfig(4, 1, 8, 2, split=True)])
+                                 KernelConfig(2, 2, 4, 2, split=True), KernelConfig(4, 1, 8, 2, split=True),
+                                 KernelConfig(2, 1, 4, 2, split=2)])
 def test_kernel_gpu_configs(cfg):
     run_case(6, 2, 1500, 96, 32, torch.bfloat16, pack=cfg.pack, config=cfg, rho=0.3)
 
@@ -239,7 +242,8 @@ def test_parse_config_reads_the_command_line_form():
 
     assert parse_config("4,2,4,3,1") == KernelConfig(4, 2, 4, 3, pad_d=True)
     assert parse_config("1,4,4,2") == KernelConfig(1, 4, 4, 2)
-    assert parse_config("2,1,4,2,0,1") == KernelConfig(2, 1, 4, 2, split=True)
+    assert parse_config("2,1,4,2,0,1") == KernelConfig(2, 1, 4, 2, split=1)
+    assert parse_config("2,1,4,2,0,2") == KernelConfig(2, 1, 4, 2, split=2)
     for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1,0"):
         with pytest.raises(ValueError, match="pack,kb,warps,stages"):
             parse_config(bad)
