@@ -29,7 +29,7 @@ from triton.errors import TritonError
 from kernels.sparse_attention import (CONFIGS, PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for,
                                      parse_config)
 
-_CONSTEXPRS = ("B", "PACK", "KB", "HEAD_D", "D_A", "D_B", "PRECISION", "BRANCH")
+_CONSTEXPRS = ("B", "PACK", "KB", "HEAD_D", "D_A", "D_B", "PRECISION")
 
 
 def _signature(fn, dtype: str) -> dict:

@@ -1,6 +1,6 @@
 """Several kernel configs (variants) on the same inputs, checked, then timed in turns.
 
-    python -m benchmarks.variants --n 512 1024 4096 --configs "1,2,2,2;2,1,4,2,0,1"
+    python -m benchmarks.variants --n 512 1024 4096 --configs "1,2,2,2;1,1,2,2;1,1,1,2"
 
 Per n: the bench's WISE-like supports (same generator and seed as benchmarks.bench, 4 layers),
 the same q/k/v; every config's output checked against the fp32 reference on layer 0 (poisoned
@@ -30,7 +30,7 @@ from .output import write_rows
 
 
 def _name(cfg) -> str:
-    return f"{cfg.pack},{cfg.kb},{cfg.num_warps},{cfg.num_stages},{int(cfg.pad_d)},{int(cfg.split)}"
+    return f"{cfg.pack},{cfg.kb},{cfg.num_warps},{cfg.num_stages},{int(cfg.pad_d)}"
 
 
 def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layers=4, seed=0,
@@ -99,7 +99,7 @@ def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layer
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.variants", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, nargs="+", default=[512, 1024, 4096])
-    p.add_argument("--configs", default="", help="pack,kb,warps,stages[,pad_d[,split]];...")
+    p.add_argument("--configs", default="", help="pack,kb,warps,stages[,pad_d];...")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default="variants.csv")
     a = p.parse_args(argv)
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
                 print(" | ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
                       file=sys.stderr, flush=True)
     write_rows(rows, a.out)
-    print("n | config (pack,kb,warps,stages,pad,split) | ms | graph ms | x flash | x cudnn | err | spread")
+    print("n | config (pack,kb,warps,stages,pad) | ms | graph ms | x flash | x cudnn | err | spread")
     for r in rows:
         if "ms" in r:
             print(f"{r['n']} | {r['config']} | {r['ms']:.4f} | {r['graph_ms']:.4f} | {r['x_flash']:.2f} | "

@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from .schedule import Schedule
-from .sparse_split import _sparse_attn_split
 
 LOG2E = 1.4426950408889634
 
@@ -39,9 +38,6 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
-    # pack > 1: packed query blocks share K/V loads but run their own B-row dots (sparse_split.py);
-    # 1: a block's dots are skipped (branch) on key tiles it does not keep, 2: always run, masked
-    split: int = 0
 
 
 # Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
@@ -55,8 +51,9 @@ CONFIGS = {
     (32, 64): KernelConfig(pack=2, kb=2, num_warps=4, num_stages=3),
     # one warp per 32-row tile, one key block per iteration: 1.63 / 1.79 / 1.73 / 1.86x dense flash
     # at n = 1K / 2K / 4K / 8K against 1.39 / 1.51 / 1.65 / 1.74x for (1, 2, 2, 2) in the same runs
-    # (python -m benchmarks.variants, 2026-12-02; benchmarks/README.md). More programs fit on an
-    # SM (each holds 32 threads), which is what the gather-bound kernel needs; n <= 512: SHORT_CONFIGS.
+    # (python -m benchmarks.variants, 2026-12-02; benchmarks/README.md). Both compile to 255
+    # registers a thread (benchmarks.compile_check), so one-warp tiles put twice as many independent
+    # gathers in flight per SM for the same registers. n <= 512: SHORT_CONFIGS.
     (32, 96): KernelConfig(pack=1, kb=1, num_warps=1, num_stages=2),
     (32, 128): KernelConfig(pack=1, kb=2, num_warps=2, num_stages=2),
     (64, 64): KernelConfig(pack=1, kb=1, num_warps=4, num_stages=2),
@@ -82,22 +79,21 @@ PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
 # Configs for short sequences, keyed (B, d): (longest n, config), used by default_config(seq_len=)
 # when the schedule's pack is the config's. (32, 96) at n=512 (~20 us of GPU work a call): two
 # warps, 17.5 us a call replayed from a CUDA graph against 20.1 us with one warp or with the former
-# (1, 2, 2, 2), in two runs (python -m benchmarks.variants; benchmarks/README.md).
+# (1, 2, 2, 2), in three runs (python -m benchmarks.variants; benchmarks/README.md).
 SHORT_CONFIGS: dict[tuple[int, int], tuple[int, KernelConfig]] = {
     (32, 96): (512, KernelConfig(pack=1, kb=1, num_warps=2, num_stages=2)),
 }
 
 
 def parse_config(text: str) -> KernelConfig:
-    """'pack,kb,warps,stages[,pad_d[,split]]' (ints; pad_d, split 0/1), as the benchmark command
-    lines take it."""
+    """'pack,kb,warps,stages[,pad_d]' (ints; pad_d 0/1), as the benchmark command lines take it."""
     try:
         x = [int(v) for v in text.split(",")]
     except ValueError:
         x = []
-    if not 4 <= len(x) <= 6:
-        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d[,split]] integers; got {text!r}")
-    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), split=x[5] if len(x) > 5 else 0)
+    if not 4 <= len(x) <= 5:
+        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d] integers; got {text!r}")
+    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]))
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None,
@@ -246,10 +242,9 @@ HEAD_DIMS = tuple(_SPLIT)  # the head sizes the kernel compiles for
 
 
 def kernel_for(config: KernelConfig):
-    """The @triton.jit kernel a config runs (the launchers and the offline compile report ask
-    through here): the split-rows variant for config.split, else the packed-tile kernel. Both
-    take the same arguments."""
-    return _sparse_attn_split if config.split else _sparse_attn_fwd
+    """The @triton.jit kernel a config runs (one today; the launchers and the offline compile
+    report ask through here so a variant needs no change there)."""
+    return _sparse_attn_fwd
 
 
 def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, device,
@@ -286,18 +281,12 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
 def kernel_constexprs(cfg: KernelConfig, head_dim: int, block_size: int, dtype: torch.dtype):
     """(config as launched, the kernel's constexpr arguments) for one shape: the part of a launch
     plan that needs no tensors (also what benchmarks.compile_check compiles)."""
-    if cfg.split not in (0, 1, 2) or (cfg.split and cfg.pack not in (2, 4)):
-        raise ValueError(f"a split-rows config needs pack 2 or 4 and split 1 or 2, got {cfg}")
-    dot_rows = block_size if cfg.split else cfg.pack * block_size  # rows of one dot
-    if head_dim == 96 and dot_rows >= 64 and not cfg.pad_d:
+    if head_dim == 96 and cfg.pack * block_size >= 64 and not cfg.pad_d:
         # wgmma tiles with the 64+32 split hit illegal memory accesses under Triton 3.6: pad instead
         cfg = replace(cfg, pad_d=True)
     d_a, d_b = (triton.next_power_of_2(head_dim), 0) if cfg.pad_d else _SPLIT[head_dim]
-    values = dict(B=block_size, PACK=cfg.pack, KB=cfg.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
-                  PRECISION="ieee" if dtype == torch.float32 else "tf32")
-    if cfg.split:
-        values["BRANCH"] = cfg.split == 1
-    return cfg, values
+    return cfg, dict(B=block_size, PACK=cfg.pack, KB=cfg.kb, HEAD_D=head_dim, D_A=d_a, D_B=d_b,
+                     PRECISION="ieee" if dtype == torch.float32 else "tf32")
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,

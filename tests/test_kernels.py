@@ -85,28 +85,6 @@ def test_build_schedule_argument_errors():
 # ---------------------------------------------------------------------------------------------
 # kernel under the interpreter (tiny)
 
-@pytest.mark.parametrize("hq,hkv,n,d,block_size,dtype,cfg", [
-    (2, 2, 100, 96, 32, torch.float32, KernelConfig(2, 1, 4, 1, split=True)),   # odd M: last tile half empty
-    (2, 1, 130, 96, 32, torch.float32, KernelConfig(2, 2, 4, 1, split=True)),   # GQA, kb 2 (masked unkept blocks)
-    (3, 3, 130, 64, 16, torch.float32, KernelConfig(4, 1, 4, 1, split=True)),   # pack 4, partial last block
-    (2, 2, 150, 128, 32, torch.float16, KernelConfig(4, 2, 4, 1, split=True)),  # fp16, d=128
-    (2, 1, 130, 96, 32, torch.float32, KernelConfig(2, 1, 4, 1, split=2)),      # masked, no branch
-    (3, 3, 130, 64, 16, torch.float32, KernelConfig(4, 2, 4, 1, split=2)),
-])
-def test_split_rows_kernel_matches_reference(hq, hkv, n, d, block_size, dtype, cfg):
-    """The split-rows variant (packed blocks share K/V loads, each runs its own dots under a
-    branch): on supports with a diagonal-only head (most branches skipped) and a full head."""
-    if CUDA and dtype == torch.float32:
-        pytest.skip("covered by the gpu tests")
-    run_case(hq, hkv, n, d, block_size, dtype, pack=cfg.pack, config=cfg)
-
-
-def test_split_rows_needs_a_pack():
-    lay = full_layout(2, 64, 32)
-    q = torch.randn(2, 64, 64, device=DEV)
-    with pytest.raises(ValueError, match="split-rows config needs pack 2 or 4"):
-        sparse_attention(q, q, q, build_schedule(lay.to(DEV), 32, 1), config=KernelConfig(1, 1, 4, 1, split=True))
-
 @pytest.mark.parametrize("hq,hkv,n,d,block_size,dtype,pack", [
     (2, 2, 70, 64, 16, torch.float32, None),   # partial last block, B=16 packs two blocks
     (2, 1, 100, 96, 32, torch.float32, None),  # GQA 2:1, head_dim 96 split 64+32
@@ -255,9 +233,7 @@ def test_build_and_call_do_not_synchronise():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [KernelConfig(1, 1, 2, 2), KernelConfig(1, 2, 4, 3),
                                  KernelConfig(2, 2, 4, 2, pad_d=True), KernelConfig(4, 1, 4, 2, pad_d=True),
-                                 KernelConfig(4, 2, 4, 3, pad_d=True), KernelConfig(2, 1, 4, 2, split=True),
-                                 KernelConfig(2, 2, 4, 2, split=True), KernelConfig(4, 1, 8, 2, split=True),
-                                 KernelConfig(2, 1, 4, 2, split=2)])
+                                 KernelConfig(4, 2, 4, 3, pad_d=True), KernelConfig(1, 1, 1, 2)])
 def test_kernel_gpu_configs(cfg):
     run_case(6, 2, 1500, 96, 32, torch.bfloat16, pack=cfg.pack, config=cfg, rho=0.3)
 
@@ -267,9 +243,7 @@ def test_parse_config_reads_the_command_line_form():
 
     assert parse_config("4,2,4,3,1") == KernelConfig(4, 2, 4, 3, pad_d=True)
     assert parse_config("1,4,4,2") == KernelConfig(1, 4, 4, 2)
-    assert parse_config("2,1,4,2,0,1") == KernelConfig(2, 1, 4, 2, split=1)
-    assert parse_config("2,1,4,2,0,2") == KernelConfig(2, 1, 4, 2, split=2)
-    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1,0"):
+    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1"):
         with pytest.raises(ValueError, match="pack,kb,warps,stages"):
             parse_config(bad)
 
