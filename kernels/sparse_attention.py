@@ -49,7 +49,12 @@ CONFIGS = {
     (16, 96): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
     (16, 128): KernelConfig(pack=2, kb=4, num_warps=2, num_stages=2),
     (32, 64): KernelConfig(pack=2, kb=2, num_warps=4, num_stages=3),
-    (32, 96): KernelConfig(pack=1, kb=2, num_warps=2, num_stages=2),
+    # one warp per 32-row tile, one key block per iteration: 1.63 / 1.79 / 1.73 / 1.86x dense flash
+    # at n = 1K / 2K / 4K / 8K against 1.39 / 1.51 / 1.65 / 1.74x for (1, 2, 2, 2) in the same runs
+    # (python -m benchmarks.variants, 2026-12-02; benchmarks/README.md). Both compile to 255
+    # registers a thread (benchmarks.compile_check), so one-warp tiles put twice as many independent
+    # gathers in flight per SM for the same registers. n <= 512: SHORT_CONFIGS.
+    (32, 96): KernelConfig(pack=1, kb=1, num_warps=1, num_stages=2),
     (32, 128): KernelConfig(pack=1, kb=2, num_warps=2, num_stages=2),
     (64, 64): KernelConfig(pack=1, kb=1, num_warps=4, num_stages=2),
     (64, 96): KernelConfig(pack=1, kb=1, num_warps=4, num_stages=2, pad_d=True),
@@ -71,6 +76,15 @@ PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
 }
 
 
+# Configs for short sequences, keyed (B, d): (longest n, config), used by default_config(seq_len=)
+# when the schedule's pack is the config's. (32, 96) at n=512 (~20 us of GPU work a call): two
+# warps, 17.5 us a call replayed from a CUDA graph against 20.1 us with one warp or with the former
+# (1, 2, 2, 2), in three runs (python -m benchmarks.variants; benchmarks/README.md).
+SHORT_CONFIGS: dict[tuple[int, int], tuple[int, KernelConfig]] = {
+    (32, 96): (512, KernelConfig(pack=1, kb=1, num_warps=2, num_stages=2)),
+}
+
+
 def parse_config(text: str) -> KernelConfig:
     """'pack,kb,warps,stages[,pad_d]' (ints; pad_d 0/1), as the benchmark command lines take it."""
     try:
@@ -82,15 +96,21 @@ def parse_config(text: str) -> KernelConfig:
     return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]))
 
 
-def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None) -> KernelConfig:
-    """The fixed config for a shape (for a schedule packed with `pack`, default: the table's).
-    fp32 (tests, interpreter) runs its dots on FMA units with 4-byte tiles: narrower key tiles and
-    one stage keep it inside registers and shared memory."""
+def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None,
+                   seq_len: int | None = None) -> KernelConfig:
+    """The fixed config for a shape (for a schedule packed with `pack`, default: the table's; for
+    sequences of seq_len tokens, SHORT_CONFIGS where it has an entry that covers seq_len).
+    fp32 (tests, interpreter) runs its dots on FMA units with 4-byte tiles: narrower key tiles,
+    one stage and at least two warps keep it inside registers and shared memory."""
     cfg = CONFIGS[(block_size, head_dim)]
+    short = SHORT_CONFIGS.get((block_size, head_dim))
+    if short is not None and seq_len is not None and seq_len <= short[0]:
+        cfg = short[1]
     if pack is not None and pack != cfg.pack:
         cfg = PACK_CONFIGS.get((block_size, head_dim, pack)) or replace(cfg, pack=pack)
     if dtype == torch.float32:
-        return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1)
+        return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1,
+                       num_warps=max(2, cfg.num_warps))
     return cfg
 
 
@@ -250,7 +270,7 @@ def plan_launch(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype, devic
     if schedule.heads != hq or schedule.num_blocks != math.ceil(n / B):
         raise ValueError(f"schedule is for {schedule.heads} heads and {schedule.num_blocks} blocks of "
                          f"{B}; q needs {hq} heads and {math.ceil(n / B)} blocks")
-    cfg = config or default_config(d, B, dtype, pack=schedule.pack)
+    cfg = config or default_config(d, B, dtype, pack=schedule.pack, seq_len=n)
     if cfg.pack != schedule.pack:
         raise ValueError(f"config.pack={cfg.pack} but the schedule was built with pack={schedule.pack}")
     cfg, constexprs = kernel_constexprs(cfg, d, B, dtype)
@@ -278,7 +298,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
     e.g. for the CPU interpreter); d in {64, 96, 128}; last dimension contiguous.
     schedule: build_schedule(layout [Hq, ceil(n/B), ceil(n/B)], B), on q's device.
     scale: softmax scale, default 1/sqrt(d). out: optional preallocated [Hq, n, d] of q's dtype.
-    config: kernel tile config (default: default_config with the schedule's pack); an explicit
+    config: kernel tile config (default: default_config with the schedule's pack and n); an explicit
     config's pack must equal schedule.pack.
     Returns out [Hq, n, d] in q's dtype. Launches asynchronously; no host synchronisation.
     For repeated calls on one schedule, prepare_attention (kernels/prepared.py) does all of this

@@ -260,3 +260,27 @@ def test_tail_simulation_is_a_list_schedule():
     assert tail_overhead(torch.full((4, 8), 3), slots=8) == pytest.approx(0.0)  # 4 even waves
     assert tail_overhead(counts, slots=3) > 0
     assert main(["--n", "256", "--slots", "16", "--fixed", "1"]) == 0
+
+
+@pytest.mark.skipif(CUDA, reason="the GPU run times the real comparison")
+def test_variants_checks_every_config_and_drops_a_wrong_one(monkeypatch):
+    """benchmarks.variants on the interpreter with stand-in timers: the default config comes
+    first, a correct variant gets its times and ratios, and a config whose output misses the
+    reference is reported and not timed."""
+    from benchmarks import variants
+
+    _cpu_timers(monkeypatch)
+    monkeypatch.setattr(timers, "interleaved_ms",
+                        lambda calls, rounds=5, rep=100: ({name: (fn(), 2.0)[1] for name, fn, _ in calls}, 1.0))
+    real = variants.relative_error
+    monkeypatch.setattr(variants, "relative_error",
+                        lambda out, ref: 1.0 if out.shape[0] == 3 and bad["on"] else real(out, ref))
+    bad = {"on": False}
+    rows = variants.compare(100, [KernelConfig(1, 1, 2, 1)], heads=3, head_dim=64, layers=2,
+                            dtype=torch.float32, device="cpu")
+    assert [r["config"] for r in rows] == ["2,2,4,1,0", "1,1,2,1,0"]
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-4 and r["ms"] == 1.0 for r in rows)
+    bad["on"] = True
+    rows = variants.compare(100, [KernelConfig(1, 1, 2, 1)], heads=3, head_dim=64, layers=2,
+                            dtype=torch.float32, device="cpu")
+    assert all(r["status"].startswith("rel_err") and "ms" not in r for r in rows)

@@ -153,6 +153,31 @@ def test_default_pack_density_and_pack_configs(monkeypatch):
     assert default_config(96, 32, torch.bfloat16) == default_config(96, 32, torch.bfloat16, pack=1)
 
 
+def test_default_config_by_sequence_length(monkeypatch):
+    """SHORT_CONFIGS applies up to its length, only to its own pack; fp32 keeps two warps."""
+    import importlib
+
+    attn_mod = importlib.import_module("kernels.sparse_attention")  # the package attribute is the function
+
+    limit, short = attn_mod.SHORT_CONFIGS[(32, 96)]
+    long = attn_mod.CONFIGS[(32, 96)]
+    assert short != long
+    assert default_config(96, 32, torch.bfloat16, seq_len=limit) == short
+    assert default_config(96, 32, torch.bfloat16, seq_len=limit + 1) == long
+    assert default_config(96, 32, torch.bfloat16) == long  # length unknown: the table's
+    assert default_config(96, 32, torch.bfloat16, pack=4, seq_len=limit) == attn_mod.PACK_CONFIGS[(32, 96, 4)]
+    assert default_config(96, 32, torch.float32, seq_len=limit + 1).num_warps == 2
+    # sparse_attention passes n: a short call launches the short config (seen through kernel_for)
+    seen = []
+    real = attn_mod.kernel_for
+    monkeypatch.setattr(attn_mod, "kernel_for", lambda cfg: (seen.append(cfg), real(cfg))[1])
+    lay = full_layout(1, 64, 32)
+    q = torch.randn(1, 64, 96, device=DEV)
+    sparse_attention(q, q, q, build_schedule(lay.to(DEV), 32, 1))
+    assert seen == [default_config(96, 32, torch.float32, seq_len=64)]
+    assert seen[0].num_warps == max(2, short.num_warps) and seen[0].kb == short.kb
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
@@ -208,7 +233,7 @@ def test_build_and_call_do_not_synchronise():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [KernelConfig(1, 1, 2, 2), KernelConfig(1, 2, 4, 3),
                                  KernelConfig(2, 2, 4, 2, pad_d=True), KernelConfig(4, 1, 4, 2, pad_d=True),
-                                 KernelConfig(4, 2, 4, 3, pad_d=True)])
+                                 KernelConfig(4, 2, 4, 3, pad_d=True), KernelConfig(1, 1, 1, 2)])
 def test_kernel_gpu_configs(cfg):
     run_case(6, 2, 1500, 96, 32, torch.bfloat16, pack=cfg.pack, config=cfg, rho=0.3)
 
