@@ -259,10 +259,10 @@ def test_other_settings_match_their_expectation(model):
 
 
 def test_eta_between_0875_and_0999_decides_answers_and_the_engine_follows(model):
-    """Layer 0 head 1 puts 1 / r of the answer row's query block (r rows) on the +m row, which the
-    refinement needs: at eta = 0.9, 0.95 and 0.99 the expectations differ (a support keeps that block
-    iff 1 - 1/r < eta), and WISE and Freeze-A on the pipeline's engine give exactly them."""
-    etas = (0.9, 0.95, 0.99)
+    """Layer 1 head 0 puts 2 / r of the answer row's query block (r rows) on the +m row after step 1,
+    which the refinement needs: at eta = 0.88, 0.92 and 0.95 the expectations differ (a support keeps
+    that block iff 1 - 2/r < eta), and WISE and Freeze-A on the pipeline's engine give exactly them."""
+    etas = (0.88, 0.92, 0.95)
     pool = prompts(64, 256, seed=21)
 
     def right(lay, eta):

@@ -118,9 +118,10 @@ the block-level definitions):
 
 - the answer row's query block attends, at each step, the BOS block (its rows without a pointer) and
   the block of the current fact; a mass support at η < 0.999 keeps exactly those blocks;
-- in layer 1 head 0 that query block (r rows, the four question rows among them) puts 1 / r of its
-  mass on the `+m` row's block after step 1, so a mass support keeps that block iff 1 − 1/r < η (at
-  η = 0.95: r < 20; at 0.9: r < 10; at 0.99 always), and only then do late steps refine. At step 1
+- in layer 1 head 0 that query block (r rows, the four question rows among them) puts 2 / r of its
+  mass on the `+m` row's block after step 1, so a mass support keeps that block iff 1 − 2/r < η
+  (at η = 0.9: r < 20; at 0.92: r < 25; from 0.9375 always), and only then do late steps refine.
+  At step 1
   the first hop's fact outranks it there, so the supports cut from step 1 (Static-95, MassMatched at
   the WISE row's step-1 mass, SizeMatched at its size) keep that fact's block before the `+m` row's;
 - **Truncate@t_d**: right iff L + m ≤ t_d (and L2 ≤ t_d: a new token's row runs t_d steps);

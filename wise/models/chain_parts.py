@@ -15,7 +15,7 @@ from wise.models.config import RecurrentConfig
 
 HEAD_DIM = 64
 # Two heads split each question row's mass between BOS and the +m row (build_weights says why):
-NEED_SPLIT = 3.0  # layer 1 head 0: mass on BOS over mass on the +m row (the +m read refinement needs)
+NEED_SPLIT = 1.0  # layer 1 head 0: mass on BOS over mass on the +m row (the +m read refinement needs)
 DECOY = 2.0  # ... and at step 1 only, the first hop's fact gets DECOY times the +m row's mass
 RENORM_SPLIT = 15.0  # layer 0 head 1: BOS over +m, smaller, for the check that weights sum to 1
 NOISE_DIMS = 16  # dims of the initial state a row compares with BOS's (see build_weights)

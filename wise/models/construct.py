@@ -22,7 +22,7 @@ RoPE base 1e30), 3 prelude layers, 2 core layers applied T times, no coda (the p
   1's MLP moves it), so the second answer token comes from routing after the prompt, through the
   appended rows' caches and late supports; it runs T steps of its own.
 * layer 1 head 0 and layer 0 head 1 split each question row's mass between BOS and the ``+m`` row
-  (3 : 1 and 15 : 1; at step 1 the first also gives the first hop's fact twice the +m row's share);
+  (1 : 1 and 15 : 1; at step 1 the first also gives the first hop's fact twice the +m row's share);
   the refinement needs the +m row read in the first (so eta decides whether a question still
   refining after t_d is answered, and a support cut from step 1 can lose it) and the weights to sum
   to 1 in the second (so Freeze-A must renormalise). Head 1 of layer 0 also carries BOS's initial
@@ -45,7 +45,7 @@ every RMSNorm weight is 2**15 / sqrt(hidden), so each norm is the identity up to
 scale does not move when registers change (so a settled row's attention is bit-identical from step
 to step). Gates are pairs of SiLU units in their linear / zero regimes, exact in float32. Float32
 only: in float16 the state check's gate weights (GATE_SLOPE / NOISE_STEP) overflow, and the split
-heads' shares sit exactly on mass-support boundaries (1 - 1/r = eta) that need float32's precision.
+heads' shares sit exactly on mass-support boundaries (1 - 2/r = eta) that need float32's precision.
 """
 from __future__ import annotations
 
@@ -199,7 +199,8 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
     # * layer 1 head 0, NEED_SPLIT : 1: the +m row's value okm = 1, BOS's 0, so what a question row
     #   reads is 1 / (NEED_SPLIT + 1) while the +m row is visible and 0 once a support drops it; the
     #   refinement needs it. So the late support's eta decides whether a question still refining
-    #   after t_d is answered: at eta = 0.9 / 0.95 / 0.99 the block is dropped from r >= 10 / 20 / never.
+    #   after t_d is answered: at eta = 0.88 / 0.9 / 0.92 the block is dropped from r >= 17 / 20 / 25,
+    #   at 0.95 never (r <= B = 32).
     #   At step 1 only, the first hop's fact takes DECOY times the +m row's mass there too: step 1's
     #   ranking puts that block above the +m row's, so a support cut from step 1 at the mass the
     #   WISE row holds (MassMatched) or at its size (SizeMatched) keeps the decoy and loses the +m row
@@ -207,7 +208,7 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
     # * layer 0 head 1, RENORM_SPLIT : 1: both rows carry ok = 1, so what it reads is 1 whenever the
     #   weights inside the row's support sum to 1, and the refinement needs it. Its +m share is
     #   smaller, so a support can drop the +m row's block here and keep it in layer 1 head 0 (at 0.95:
-    #   5 <= r < 20): every correct rule is then left alone, and Freeze-A's refinement stops if its
+    #   r >= 5): every correct rule is then left alone, and Freeze-A's refinement stops if its
     #   frozen weights are not renormalised (ok = RENORM_SPLIT / (RENORM_SPLIT + 1)). The head also
     #   carries BOS's initial noise (only rows that do not chase use it, see below).
     split_head(core[0], X, 1, RENORM_SPLIT, cfg.rope_style)
