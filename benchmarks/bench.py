@@ -42,15 +42,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.reference import dense_sdpa_call, masked_attention_reference, relative_error, sdpa_backend
+from kernels.reference import masked_attention_reference, relative_error
 from kernels.schedule import Schedule, build_schedule, default_head_group, default_pack
 from kernels.sparse_attention import KernelConfig, parse_config, sparse_attention
 
 from . import flex as flex_baseline
 from . import timers
 from .bench_host import PreparedLayers, format_host_table, host_overhead
-from .inputs import (DTYPES, REL_ERR_BOUND, active_pairs, dense_inputs, density, full_layout, random_qkv,
-                     random_wise_layout)
+from .inputs import (DTYPES, REL_ERR_BOUND, active_pairs, backend_context, dense_call, density, full_layout,
+                     random_qkv, random_wise_layout)
 from .columns import MEASURED_KEYS, PREPARED_KEYS
 from .output import PREPARED_COLS, format_table, write_rows
 
@@ -169,11 +169,7 @@ def _check(row: dict, run: _Run, bound: float) -> None:
         row["status"] = f"kernel rel_err above {bound}"
 
 
-def _backend(name: str):
-    """A context factory choosing one SDPA backend (entered around a timing, not each call)."""
-    from torch.nn.attention import sdpa_kernel
-
-    return lambda: sdpa_kernel(sdpa_backend(name))
+_backend = backend_context
 
 
 def _dense_calls(row: dict, qkv) -> dict:
@@ -183,14 +179,7 @@ def _dense_calls(row: dict, qkv) -> dict:
     for name in DENSE_BACKENDS:
         try:
             with _backend(name)():
-                inputs = dense_inputs(qkv)
-
-                def dense_all(inputs=inputs):
-                    for q, k, v in inputs:
-                        dense_sdpa_call(q, k, v)
-
-                dense_all()
-            dense[name] = dense_all
+                dense[name] = dense_call(qkv)
         except RuntimeError as e:  # SDPA: "No available kernel" for this shape / build
             row["status"] += f"; {name} unavailable: {str(e).splitlines()[0][:80]}"
     return dense

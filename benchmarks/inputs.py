@@ -73,3 +73,27 @@ def dense_inputs(qkv):
     except RuntimeError:  # this backend has no GQA path: SDPA raises "No available kernel"
         g = q.shape[0] // k.shape[0]
         return [(q, k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)) for q, k, v in qkv]
+
+
+def backend_context(name: str):
+    """A context factory choosing one SDPA backend (entered around a timing, not each call)."""
+    from torch.nn.attention import sdpa_kernel
+
+    from kernels.reference import sdpa_backend
+
+    return lambda: sdpa_kernel(sdpa_backend(name))
+
+
+def dense_call(qkv):
+    """One dense causal SDPA call over every layer's inputs, under the backend of the current
+    sdpa_kernel context (inputs prepared for it, one warm-up call made)."""
+    from kernels.reference import dense_sdpa_call
+
+    inputs = dense_inputs(qkv)
+
+    def dense_all():
+        for q, k, v in inputs:
+            dense_sdpa_call(q, k, v)
+
+    dense_all()
+    return dense_all

@@ -19,20 +19,16 @@ import sys
 import torch
 
 from kernels.prepared import prepare_attention, prepare_schedule
-from kernels.reference import dense_sdpa_call, masked_attention_reference, relative_error, sdpa_backend
+from kernels.reference import masked_attention_reference, relative_error
 from kernels.schedule import default_head_group
 from kernels.sparse_attention import default_config, parse_config
 
 from . import timers
-from .inputs import DTYPES, REL_ERR_BOUND, dense_inputs, random_qkv, random_wise_layout
+from .inputs import REL_ERR_BOUND, backend_context, dense_call, random_qkv, random_wise_layout
 from .output import write_rows
 
 
-def _backend(name: str):
-    """A context factory choosing one SDPA backend (entered around a timing, as bench does)."""
-    from torch.nn.attention import sdpa_kernel
-
-    return lambda: sdpa_kernel(sdpa_backend(name))
+_backend = backend_context
 
 
 def _name(cfg) -> str:
@@ -82,13 +78,7 @@ def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layer
     del ref
     for name in ("flash", "cudnn") if dev.type == "cuda" else ():
         with _backend(name)():
-            inputs = dense_inputs(qkv)
-
-            def dense_all(inputs=inputs):
-                for q, k, v in inputs:
-                    dense_sdpa_call(q, k, v)
-
-            dense_all()
+            dense_all = dense_call(qkv)
         calls.append((name, dense_all, _backend(name)))
     med, spread = timers.interleaved_ms(calls, rounds=rounds, rep=2 * rep)
     med.setdefault("flash", float("nan"))
