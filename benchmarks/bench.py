@@ -169,16 +169,13 @@ def _check(row: dict, run: _Run, bound: float) -> None:
         row["status"] = f"kernel rel_err above {bound}"
 
 
-_backend = backend_context
-
-
 def _dense_calls(row: dict, qkv) -> dict:
     """{backend: one dense call over all layers} for each SDPA backend that runs this shape (one
     warm-up call each); a backend that refuses it is named in the row's status instead."""
     dense = {}
     for name in DENSE_BACKENDS:
         try:
-            with _backend(name)():
+            with backend_context(name)():
                 dense[name] = dense_call(qkv)
         except RuntimeError as e:  # SDPA: "No available kernel" for this shape / build
             row["status"] += f"; {name} unavailable: {str(e).splitlines()[0][:80]}"
@@ -193,7 +190,7 @@ def _time_calls(row: dict, run: _Run, dense: dict, rep: int) -> None:
     if run.head_group is not None:
         global_scheds = run.build_all(head_group=None)
         calls.append(("kernel_global_ms", lambda: run.kernel_all(global_scheds), None))
-    calls += [(f"{name}_ms", fn, _backend(name)) for name, fn in dense.items()]
+    calls += [(f"{name}_ms", fn, backend_context(name)) for name, fn in dense.items()]
     medians, row["timing_spread"] = timers.interleaved_ms(calls, rep=2 * rep)
     for key, value in medians.items():
         row[key] = value / run.layers
@@ -218,7 +215,7 @@ def _time_reuse(row: dict, run: _Run, dense: dict, late_calls: int, rep: int) ->
     if run.prep is not None:
         run.prep.time(row, rep, per, late_calls)
     for name, dense_all in dense.items():
-        with _backend(name)():
+        with backend_context(name)():
             row[f"{name}20_ms"] = timers.ms(lambda: [dense_all() for _ in range(late_calls)], rep) * per
 
 

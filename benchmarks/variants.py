@@ -28,9 +28,6 @@ from .inputs import REL_ERR_BOUND, backend_context, dense_call, random_qkv, rand
 from .output import write_rows
 
 
-_backend = backend_context
-
-
 def _name(cfg) -> str:
     return f"{cfg.pack},{cfg.kb},{cfg.num_warps},{cfg.num_stages},{int(cfg.pad_d)}"
 
@@ -77,9 +74,9 @@ def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layer
         row["graph_ms"] = timers.graph_ms(call)[0] / layers
     del ref
     for name in ("flash", "cudnn") if dev.type == "cuda" else ():
-        with _backend(name)():
+        with backend_context(name)():
             dense_all = dense_call(qkv)
-        calls.append((name, dense_all, _backend(name)))
+        calls.append((name, dense_all, backend_context(name)))
     med, spread = timers.interleaved_ms(calls, rounds=rounds, rep=2 * rep)
     med.setdefault("flash", float("nan"))
     med.setdefault("cudnn", float("nan"))

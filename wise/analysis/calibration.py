@@ -8,10 +8,11 @@ final ``:``) attend at step t the target row of the fact of hop t while t <= L (
 x_t) and the terminal fact's target row from step L + 1 on; every other row attends BOS (row 0).
 Layer 1 head 1: on a two-token question (``??``) the row that holds the first answer a1 after the
 prompt chases a1's chain the same way (L2 hops, no refinement) and gives the second token; every
-prompt row attends BOS there. Layer 0 head 1 and layer 1 head 0 split each question row's mass
-between BOS and the ``+m`` row (NEED_SPLIT : 1 and a smaller share; other rows attend BOS) at
-every step; a refinement needs the +m row read in layer 0 head 1 (the other split only checks that
-weights inside a support sum to 1, which every correct rule keeps). A chasing row advances only
+prompt row attends BOS there. Layer 1 head 0 and layer 0 head 1 split each question row's mass
+between BOS and the ``+m`` row (NEED_SPLIT : 1, and at step 1 also the first hop's fact DECOY times
+the +m row; RENORM_SPLIT : 1 at every step; other rows attend BOS); a refinement needs the +m row
+read in layer 1 head 0 (the other split only checks that weights inside a support sum to 1, which
+every correct rule keeps). A chasing row advances only
 when the row it needs is visible; a pointer move or a refinement is one step; a token is right iff
 its row made all its moves, and the answer iff every token is. From that, per condition
 (DESIGN §4), each token through its own (layer, head):
