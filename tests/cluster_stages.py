@@ -59,6 +59,14 @@ def hooked_imap():
     WorkerPool.imap = imap
 
 
+def owed(pool) -> list[str]:
+    """Ids of the items whose results the stage had not been given when a hook at n = 1 runs: all
+    but the first (imap yields in item order)."""
+    from pipelines.compute.pool import item_id
+
+    return [item_id(item, j) for j, item in enumerate(pool._items) if j >= 1]
+
+
 def snapshot(paths, into: Path) -> dict[str, str]:
     into.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -118,6 +126,7 @@ def main(workdir: Path) -> None:
 
             def lose_a_busy_node(pool):  # the other node, idle now, survives
                 seen["in_flight"] = pool.in_flight()
+                seen["owed"] = owed(pool)
                 if not seen["in_flight"]:  # nothing to lose: the test says the scenario tested nothing
                     return
                 seen["lost_node"] = seen["in_flight"][0][1]
@@ -149,6 +158,7 @@ def main(workdir: Path) -> None:
 
             def lose_all(pool):
                 seen["in_flight"] = pool.in_flight()
+                seen["owed"] = owed(pool)
                 for node in list(cluster.nodes):
                     cluster.remove_worker(node)
 

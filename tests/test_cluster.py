@@ -100,8 +100,11 @@ def test_stages_on_a_cluster_equal_the_local_run_and_use_only_worker_nodes(run):
 def test_a_node_lost_mid_stage_loses_nothing(run):
     got = scenario(run, "node_loss")
     assert got["in_flight"], "no item was running on the removed node: the scenario tested nothing"
-    for example, _ in got["in_flight"]:
-        assert f"traces: example {example} resubmitted (1/2)" in got["log"], got["log"]
+    # The item running there may still return in the instant its node goes away; then the next one
+    # handed to that node's actor is lost instead (the race of the past-budget case below). Either
+    # way some item owed at the loss is resubmitted, and only such items are.
+    resubmitted = re.findall(r"traces: example (\S+) resubmitted \(1/2\)", got["log"])
+    assert resubmitted and set(resubmitted) <= set(got["owed"]), (resubmitted, got["in_flight"], got["log"])
     assert "traces: 1 actor(s) on 1 node(s)" in got["log"]
     ref = run["result"]["reference"]
     for rel, path in got["outputs"].items():  # every example once, as in the undisturbed run
@@ -128,12 +131,13 @@ def test_past_the_retry_budget_the_stage_fails_naming_the_examples_and_writes_no
     first = got["error"].splitlines()[0]
     m = re.match(r"trace: examples? (.+?) failed: .*\(compute\.max_retries = 0\)", first)
     assert m, first
-    # The items running on the lost nodes, and any the driver sent to their dead actors before it knew.
-    # An item whose task returned its (inlined) result in the instant before its node went away is
-    # not lost, though the driver still listed it as running (seen once under load: 1 of 2), so
-    # the error must name items that were running, not necessarily every one.
+    # Which items fail is a race the test cannot fix: an item running when the nodes went away may
+    # still return its (inlined) result in that instant, and the driver then hands the next items to
+    # actors it does not yet know are dead (seen under load: the error named two items submitted
+    # after the loss, not the one running at it). What holds: the error names at least one item, and
+    # only items whose results the stage had not yet delivered.
     named = set(m.group(1).split(", "))
-    assert named & set(lost), (first, lost)
+    assert named and named <= set(got["owed"]), (first, got["owed"])
     assert got["left_in_traces"] == [], got["left_in_traces"]  # no partial Parquet, no temporaries
 
 
