@@ -85,7 +85,7 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
         knobs.cache.dir = cache
         knobs.nvidia.dump_ptxas_log = True
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+                                options=config.launch_options())
     ptx = kernel.asm["ptx"]
     return dict(arch=arch, block_size=block_size, head_dim=head_dim, config=config,
                 wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
@@ -102,7 +102,7 @@ def table_configs() -> list[tuple[int, int, KernelConfig]]:
 def _fmt(r: dict) -> str:
     c = r["config"]
     head = (f"sm_{r['arch']} B={r['block_size']:<3} d={r['head_dim']:<3} pack={c.pack} kb={c.kb} w={c.num_warps} "
-            f"s={c.num_stages} pad={int(c.pad_d)}")
+            f"s={c.num_stages} pad={int(c.pad_d)}" + (f" maxnreg={c.maxnreg}" if c.maxnreg else ""))
     if "error" in r:
         return f"{head}: FAILED {r['error']}"
     return (f"{head}: wgmma {r['wgmma']:>3}  mma.sync {r['mma_sync']:>3}  smem {r['shared_bytes']:>6} B  "
@@ -112,7 +112,7 @@ def _fmt(r: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="compute capabilities, e.g. 80 90")
-    p.add_argument("--config", default=None, help="one config pack,kb,warps,stages[,pad] "
+    p.add_argument("--config", default=None, help="one config pack,kb,warps,stages[,pad[,maxnreg]] "
                                                   "(with --block-size and --head-dim); default: every table entry")
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=96)

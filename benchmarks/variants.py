@@ -21,15 +21,11 @@ import torch
 from kernels.prepared import prepare_attention, prepare_schedule
 from kernels.reference import masked_attention_reference, relative_error
 from kernels.schedule import default_head_group
-from kernels.sparse_attention import default_config, parse_config
+from kernels.sparse_attention import config_name, default_config, parse_config
 
 from . import timers
 from .inputs import REL_ERR_BOUND, backend_context, dense_call, random_qkv, random_wise_layout
 from .output import write_rows
-
-
-def _name(cfg) -> str:
-    return f"{cfg.pack},{cfg.kb},{cfg.num_warps},{cfg.num_stages},{int(cfg.pad_d)}"
 
 
 def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layers=4, seed=0,
@@ -46,7 +42,7 @@ def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layer
     ref = masked_attention_reference(*qkv[0], lays[0], block_size, out_dtype=torch.float32)
     rows, calls = [], []
     for cfg in cands:
-        row = dict(n=n, config=_name(cfg), head_group=group or 0, status="ok")
+        row = dict(n=n, config=config_name(cfg), head_group=group or 0, status="ok")
         rows.append(row)
         try:
             builders = [prepare_schedule(heads, m, block_size, pack=cfg.pack, device=dev, head_group=group)
@@ -92,7 +88,7 @@ def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layer
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.variants", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, nargs="+", default=[512, 1024, 4096])
-    p.add_argument("--configs", default="", help="pack,kb,warps,stages[,pad_d];...")
+    p.add_argument("--configs", default="", help="pack,kb,warps,stages[,pad_d[,maxnreg]];...")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default="variants.csv")
     a = p.parse_args(argv)
@@ -105,7 +101,7 @@ def main(argv=None) -> int:
                 print(" | ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
                       file=sys.stderr, flush=True)
     write_rows(rows, a.out)
-    print("n | config (pack,kb,warps,stages,pad) | ms | graph ms | x flash | x cudnn | err | spread")
+    print("n | config (pack,kb,warps,stages,pad[,maxnreg]) | ms | graph ms | x flash | x cudnn | err | spread")
     for r in rows:
         if "ms" in r:
             print(f"{r['n']} | {r['config']} | {r['ms']:.4f} | {r['graph_ms']:.4f} | {r['x_flash']:.2f} | "

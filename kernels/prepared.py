@@ -151,7 +151,7 @@ class PreparedSparseAttention:
                      s.order, s.row_start, s.row_count, s.row_full, s.key_blocks,
                      q_shape[1], s.tiles_per_head, q_shape[0] // k_shape[0], qk_scale, *constexprs.values())
             self._launch = FastLauncher(kernel_for(self.config), (s.num_tiles,), fixed,
-                                        num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+                                        **self.config.launch_options())
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:

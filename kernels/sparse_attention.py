@@ -38,6 +38,16 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     pad_d: bool = False  # head_dim 96: pad to 128 by masking instead of splitting into 64 + 32
+    # Registers a thread may use (ptxas --maxrregcount); None: Triton's choice. A lower cap lets
+    # more one-warp tiles share an SM (more gathers in flight) at the price of spills.
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict:
+        """The compile/launch options of this config (num_warps, num_stages, maxnreg when set)."""
+        opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 # Fixed configs per (block size, head_dim) (no runtime autotuning: it would cost seconds per new
@@ -86,14 +96,21 @@ SHORT_CONFIGS: dict[tuple[int, int], tuple[int, KernelConfig]] = {
 
 
 def parse_config(text: str) -> KernelConfig:
-    """'pack,kb,warps,stages[,pad_d]' (ints; pad_d 0/1), as the benchmark command lines take it."""
+    """'pack,kb,warps,stages[,pad_d[,maxnreg]]' (ints; pad_d 0/1; maxnreg 0 = no cap), as the
+    benchmark command lines take it."""
     try:
         x = [int(v) for v in text.split(",")]
     except ValueError:
         x = []
-    if not 4 <= len(x) <= 5:
-        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d] integers; got {text!r}")
-    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]))
+    if not 4 <= len(x) <= 6:
+        raise ValueError(f"kernel config must be pack,kb,warps,stages[,pad_d[,maxnreg]] integers; got {text!r}")
+    return KernelConfig(*x[:4], pad_d=len(x) > 4 and bool(x[4]), maxnreg=(x[5] or None) if len(x) > 5 else None)
+
+
+def config_name(cfg: KernelConfig) -> str:
+    """The config as parse_config reads it back: 'pack,kb,warps,stages,pad_d[,maxnreg]'."""
+    name = f"{cfg.pack},{cfg.kb},{cfg.num_warps},{cfg.num_stages},{int(cfg.pad_d)}"
+    return name + (f",{cfg.maxnreg}" if cfg.maxnreg is not None else "")
 
 
 def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int | None = None,
@@ -110,7 +127,7 @@ def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int
         cfg = PACK_CONFIGS.get((block_size, head_dim, pack)) or replace(cfg, pack=pack)
     if dtype == torch.float32:
         return replace(cfg, kb=max(1, min(cfg.kb, 64 // block_size)), num_stages=1,
-                       num_warps=max(2, cfg.num_warps))
+                       num_warps=max(2, cfg.num_warps), maxnreg=None)
     return cfg
 
 
@@ -326,6 +343,6 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
         out.stride(0), out.stride(1),
         schedule.order, schedule.row_start, schedule.row_count, schedule.row_full, schedule.key_blocks,
         q.shape[1], schedule.tiles_per_head, q.shape[0] // k.shape[0], qk_scale,
-        **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **constexprs, **cfg.launch_options(),
     )
     return out

@@ -239,13 +239,37 @@ def test_kernel_gpu_configs(cfg):
 
 
 def test_parse_config_reads_the_command_line_form():
-    from kernels.sparse_attention import parse_config
+    from kernels.sparse_attention import config_name, parse_config
 
     assert parse_config("4,2,4,3,1") == KernelConfig(4, 2, 4, 3, pad_d=True)
     assert parse_config("1,4,4,2") == KernelConfig(1, 4, 4, 2)
-    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1"):
+    capped = parse_config("1,1,1,2,0,224")
+    assert capped == KernelConfig(1, 1, 1, 2, maxnreg=224)
+    assert capped.launch_options() == dict(num_warps=1, num_stages=2, maxnreg=224)
+    assert parse_config("1,1,1,2,0,0").maxnreg is None  # 0: no cap
+    assert KernelConfig(1, 1, 1, 2).launch_options() == dict(num_warps=1, num_stages=2)
+    for cfg in (capped, KernelConfig(4, 2, 4, 3, pad_d=True)):  # the name reads back as the config
+        assert parse_config(config_name(cfg)) == cfg
+    for bad in ("1,2,4", "1,2,4,x", "1,2,4,2,0,1,1"):
         with pytest.raises(ValueError, match="pack,kb,warps,stages"):
             parse_config(bad)
+
+
+def test_a_register_cap_reaches_the_launch_and_fp32_drops_it(monkeypatch):
+    """KernelConfig.maxnreg is a launch option of the attention call (the interpreter takes it
+    too), and fp32's own config (FMA tiles) does not inherit a cap tuned for bf16 tiles."""
+    from kernels.sparse_attention import CONFIGS, default_config
+
+    capped = KernelConfig(1, 1, 2, 1, maxnreg=224)
+    lay = torch.ones(2, 2, 2, dtype=torch.bool).tril()
+    q, k, v = (torch.randn(2, 64, 64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    sched = build_schedule(lay, 32)
+    out = sparse_attention(q, k, v, sched, config=capped)
+    ref = masked_attention_reference(q, k, v, lay, 32, out_dtype=torch.float32)
+    assert relative_error(out, ref) < 1e-4
+    monkeypatch.setitem(CONFIGS, (32, 96), KernelConfig(1, 1, 1, 2, maxnreg=224))
+    assert default_config(96, 32, torch.bfloat16).maxnreg == 224
+    assert default_config(96, 32, torch.float32).maxnreg is None
 
 
 def test_flex_call_never_falls_back_to_eager_silently(monkeypatch):
