@@ -308,7 +308,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", default=None)
     p.add_argument("--no-flex", action="store_true")
-    p.add_argument("--config", default=None, help="kernel config override: pack,kb,warps,stages[,pad]")
+    p.add_argument("--config", default=None, help="kernel config override: pack,kb,warps,stages[,pad[,maxnreg]]")
     p.add_argument("--no-prepared", action="store_true", help="skip the prepared-path columns")
     p.add_argument("--head-group", type=int, default=None,
                    help="heads per launch group (0: one global order; default: default_head_group)")

@@ -27,7 +27,7 @@ import torch
 from .launch import FastLauncher
 from .schedule import (Schedule, alloc_schedule, build_kernel_args, build_schedule_kernel, build_schedule_torch,
                        capacity_order, check_schedule_args, group_sort_offsets, use_triton)
-from .sparse_attention import KernelConfig, kernel_for, plan_launch, sparse_attention
+from .sparse_attention import KernelConfig, attention_launcher, launch_checked, plan_launch
 
 
 class ScheduleBuilder:
@@ -146,12 +146,8 @@ class PreparedSparseAttention:
         self._out_stride = _shape_and_stride(q_shape, None)[1]
         self._launch = None
         if use_triton(self.device):
-            s = schedule
-            fixed = (*q_stride[:2], *k_stride[:2], *v_stride[:2], *self._out_stride[:2],
-                     s.order, s.row_start, s.row_count, s.row_full, s.key_blocks,
-                     q_shape[1], s.tiles_per_head, q_shape[0] // k_shape[0], qk_scale, *constexprs.values())
-            self._launch = FastLauncher(kernel_for(self.config), (s.num_tiles,), fixed,
-                                        **self.config.launch_options())
+            self._launch = attention_launcher(schedule, self.config, qk_scale, constexprs, q_shape, k_shape,
+                                              self._strides, self._out_stride)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,7 +167,7 @@ class PreparedSparseAttention:
                 and out.stride() == self._out_stride:
             self._launch(q, k, v, out)
             return out
-        return sparse_attention(q, k, v, self.schedule, self.scale, out=out, config=self.config)
+        return launch_checked(q, k, v, self.schedule, self.scale, out=out, config=self.config)
 
     @property
     def fast_calls(self) -> int:

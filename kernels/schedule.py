@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -56,6 +56,9 @@ class Schedule:
     row_count: torch.Tensor  # int32 [T]: entries of the tile
     row_full: torch.Tensor  # int32 [T]: leading entries below the tile's first query block
     key_blocks: torch.Tensor  # int32 [capacity]: key_block << 4 | pack bits (unused tail unset)
+    # sparse_attention's launchers on this schedule, one per (shapes, strides, dtype, scale,
+    # config) it was called with: repeated plain calls skip the per-call host work
+    launches: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tiles(self) -> int:

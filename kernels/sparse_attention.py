@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .schedule import Schedule
+from .launch import FastLauncher
+from .schedule import Schedule, use_triton
 
 LOG2E = 1.4426950408889634
 
@@ -318,9 +319,62 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
     config: kernel tile config (default: default_config with the schedule's pack and n); an explicit
     config's pack must equal schedule.pack.
     Returns out [Hq, n, d] in q's dtype. Launches asynchronously; no host synchronisation.
-    For repeated calls on one schedule, prepare_attention (kernels/prepared.py) does all of this
-    once and launches with a few microseconds of host time.
+    Repeated calls on one schedule with the same shapes, strides, dtypes, scale and config launch
+    through a launcher kept on the schedule (``Schedule.launches``, at most PREPARED_PER_SCHEDULE
+    of them) that skips the per-call checks and Triton's argument binding, as prepare_attention
+    (kernels/prepared.py) does explicitly.
     """
+    # A key seen once is marked (None); the second call builds its launcher, so a schedule used
+    # for one call pays nothing extra. Needs Triton on q's device and contiguous last dims.
+    memo = (schedule.launches if q.dim() == k.dim() == v.dim() == 3 and use_triton(q.device)
+            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 else None)
+    if memo is None:
+        return launch_checked(q, k, v, schedule, scale, out=out, config=config)
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, k.device, v.device, scale, config)
+    launch = memo.get(key, _UNSEEN)
+    if launch is _UNSEEN:
+        out = launch_checked(q, k, v, schedule, scale, out=out, config=config)
+        if len(memo) < PREPARED_PER_SCHEDULE:  # every check passed for this key
+            memo[key] = None
+        return out
+    if launch is None:  # the checks passed on the first call; only the launch plan is redone
+        cfg, qk_scale, constexprs = plan_launch(schedule, q.shape, k.shape, q.dtype, q.device, scale, config)
+        launch = memo[key] = attention_launcher(schedule, cfg, qk_scale, constexprs, q.shape, k.shape,
+                                                (q.stride(), k.stride(), v.stride()), _contiguous(q.shape))
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride() != _contiguous(q.shape):
+        return launch_checked(q, k, v, schedule, scale, out=out, config=config)  # checks out, any strides
+    launch(q, k, v, out)
+    return out
+
+
+_UNSEEN = object()
+
+
+def _contiguous(shape) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
+def attention_launcher(schedule: Schedule, cfg: KernelConfig, qk_scale: float, constexprs: dict, q_shape, kv_shape,
+                       qkv_strides, out_stride) -> FastLauncher:
+    """launcher(q, k, v, out) for one launch plan (plan_launch's result) on `schedule`: every argument
+    but the four tensors fixed, so calls after the first skip Triton's per-call work (kernels/launch.py).
+    The caller guarantees the tensors' shapes, dtype, device and strides are the planned ones."""
+    (qs, ks, vs), s = qkv_strides, schedule
+    fixed = (*qs[:2], *ks[:2], *vs[:2], *out_stride[:2], s.order, s.row_start, s.row_count, s.row_full,
+             s.key_blocks, q_shape[1], s.tiles_per_head, q_shape[0] // kv_shape[0], qk_scale, *constexprs.values())
+    return FastLauncher(kernel_for(cfg), (s.num_tiles,), fixed, **cfg.launch_options())
+
+
+PREPARED_PER_SCHEDULE = 8
+
+
+def launch_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,
+                   scale: float | None = None, *, out: torch.Tensor | None = None,
+                   config: KernelConfig | None = None) -> torch.Tensor:
+    """sparse_attention's checks and Triton's normal launch, every call (no prepared launch)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be [heads, n, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape:

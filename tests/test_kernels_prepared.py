@@ -313,3 +313,74 @@ def test_prepared_attention_gpu(d, block_size, hq, hkv):
         assert not torch.isnan(out).any()
         assert relative_error(out, ref) <= BOUND[torch.bfloat16]
     assert attn.fast_calls == 2 and build.fast_calls == 2, "the compiled-kernel launch was not used"
+
+
+def test_repeated_plain_calls_launch_through_a_launcher_kept_on_the_schedule():
+    """sparse_attention marks a (shapes, strides, dtype, scale, config) key on its first call and
+    builds its launcher on the second; later calls go through that launcher and still read a
+    schedule rebuilt in place. A schedule used once keeps no launcher, a last dim that is not
+    contiguous none at all, and at most PREPARED_PER_SCHEDULE keys are kept."""
+    from kernels.launch import FastLauncher
+    from kernels.sparse_attention import PREPARED_PER_SCHEDULE
+
+    n, b, d = 96, 32, 64
+    gen = torch.Generator().manual_seed(6)
+    lays = [random_wise_layout(2, n, b, rho, gen) for rho in (0.3, 0.8)]
+    build = prepare_schedule(2, lays[0].shape[-1], b, device=DEV)
+
+    def check(lay, scale=None):
+        q, k, v = (torch.randn(2, n, d, generator=gen).to(DEV) for _ in range(3))
+        out = sparse_attention(q, k, v, build.schedule, scale)
+        ref = masked_attention_reference(q, k, v, lay, b, scale=scale, out_dtype=torch.float32)
+        assert relative_error(out, ref) <= 1e-4
+
+    sched = build(lays[0])
+    check(lays[0])
+    assert list(sched.launches.values()) == [None]  # seen once: nothing prepared yet
+    check(lays[0])
+    (launch,) = sched.launches.values()
+    assert isinstance(launch, FastLauncher)
+    build(lays[1])  # rebuilt in place: the kept launcher reads the new schedule
+    check(lays[1])
+    out = torch.empty(2, n, 2 * d, device=DEV)[..., :d]  # an out of other strides: the checked launch
+    q, k, v = (torch.randn(2, n, d, generator=gen).to(DEV) for _ in range(3))
+    sparse_attention(q, k, v, sched, out=out)
+    assert relative_error(out, masked_attention_reference(q, k, v, lays[1], b, out_dtype=torch.float32)) <= 1e-4
+    assert list(sched.launches.values()) == [launch]
+    for i in range(PREPARED_PER_SCHEDULE + 2):  # other scales: other keys, up to the cap
+        check(lays[1], scale=0.1 + 0.01 * i)
+    assert len(sched.launches) == PREPARED_PER_SCHEDULE
+    q = torch.randn(2, d, n, generator=gen).to(DEV).transpose(1, 2)  # last dim not contiguous
+    other = build_schedule(lays[1].to(DEV), b)
+    out = sparse_attention(q, q, q, other)
+    assert relative_error(out, masked_attention_reference(q, q, q, lays[1], b, out_dtype=torch.float32)) <= 1e-4
+    assert other.launches == {}
+
+
+@pytest.mark.gpu
+def test_repeated_plain_calls_take_the_compiled_kernel_launch():
+    """sparse_attention called again on one schedule with the same shapes launches through the
+    launcher kept on it: the compiled-kernel launch, still reading a schedule rebuilt in place, and
+    a second shape gets an entry of its own; results equal the reference."""
+    n, b, d, h = 1000, 32, 96, 55
+    gen = torch.Generator().manual_seed(7)
+    lays = [layout_with_extremes(h, n, b, rho, seed=i).cuda() for i, rho in enumerate((0.37, 0.7))]
+    build = prepare_schedule(h, lays[0].shape[-1], b, head_dim=d)
+    for i, lay in enumerate(lays):
+        sched = build(lay)  # the same object, rebuilt
+        for _ in range(2):
+            q, k, v = (torch.randn(h, n, d, generator=gen).cuda().bfloat16() for _ in range(3))
+            out = sparse_attention(q, k, v, sched)
+            ref = masked_attention_reference(q, k, v, lay, b, out_dtype=torch.float32)
+            assert relative_error(out, ref) <= BOUND[torch.bfloat16]
+    (launch,) = sched.launches.values()
+    # 4 calls: the first is checked; the second builds the launcher, whose first launch is Triton's
+    assert launch.fast_calls == 2, "a repeated plain call did not take the compiled-kernel launch"
+    q8 = torch.randn(8, n, d, generator=gen).cuda().bfloat16()  # GQA: another key, its own entry
+    lay8 = lays[0][:8]
+    sched8 = build_schedule(lay8, b)
+    for _ in range(3):
+        out = sparse_attention(q8, k[:1], v[:1], sched8)
+    assert relative_error(out, masked_attention_reference(q8, k[:1], v[:1], lay8, b, out_dtype=torch.float32)) \
+        <= BOUND[torch.bfloat16]
+    assert len(sched8.launches) == 1 and next(iter(sched8.launches.values())).fast_calls == 1
