@@ -58,7 +58,8 @@ class Schedule:
     key_blocks: torch.Tensor  # int32 [capacity]: key_block << 4 | pack bits (unused tail unset)
     # sparse_attention's launchers on this schedule, one per (shapes, strides, dtype, scale,
     # config) it was called with: repeated plain calls skip the per-call host work
-    launches: dict = field(default_factory=dict, repr=False, compare=False)
+    # (not an init field: dataclasses.replace gives the copy, whose tensors may differ, its own)
+    launches: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_tiles(self) -> int:
