@@ -325,7 +325,7 @@ def test_repeated_plain_calls_launch_through_a_launcher_kept_on_the_schedule():
 
     n, b, d = 96, 32, 64
     gen = torch.Generator().manual_seed(6)
-    lays = [random_wise_layout(2, n, b, rho, gen) for rho in (0.3, 0.8)]
+    lays = [random_wise_layout(2, n, b, rho, gen).to(DEV) for rho in (0.3, 0.8)]
     build = prepare_schedule(2, lays[0].shape[-1], b, device=DEV)
 
     def check(lay, scale=None):
@@ -351,7 +351,7 @@ def test_repeated_plain_calls_launch_through_a_launcher_kept_on_the_schedule():
         check(lays[1], scale=0.1 + 0.01 * i)
     assert len(sched.launches) == PREPARED_PER_SCHEDULE
     q = torch.randn(2, d, n, generator=gen).to(DEV).transpose(1, 2)  # last dim not contiguous
-    other = build_schedule(lays[1].to(DEV), b)
+    other = build_schedule(lays[1], b)
     out = sparse_attention(q, q, q, other)
     assert relative_error(out, masked_attention_reference(q, q, q, lays[1], b, out_dtype=torch.float32)) <= 1e-4
     assert other.launches == {}
