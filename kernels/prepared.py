@@ -27,7 +27,7 @@ import torch
 from .launch import FastLauncher
 from .schedule import (Schedule, alloc_schedule, build_kernel_args, build_schedule_kernel, build_schedule_torch,
                        capacity_order, check_schedule_args, group_sort_offsets, use_triton)
-from .sparse_attention import KernelConfig, attention_launcher, launch_checked, plan_launch
+from .sparse_attention import KernelConfig, attention_launcher, contiguous_strides, launch_checked, plan_launch
 
 
 class ScheduleBuilder:
@@ -106,8 +106,7 @@ def _shape_and_stride(x, dtype):
     if isinstance(x, torch.Tensor):
         return tuple(x.shape), tuple(x.stride()), x.dtype, x.device
     shape = tuple(int(v) for v in x)
-    stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return shape, stride, dtype, None
+    return shape, contiguous_strides(shape), dtype, None
 
 
 class PreparedSparseAttention:
@@ -143,7 +142,7 @@ class PreparedSparseAttention:
         self.device = schedule.device
         self.q_shape, self.kv_shape = torch.Size(q_shape), torch.Size(k_shape)
         self._strides = (q_stride, k_stride, v_stride)
-        self._out_stride = _shape_and_stride(q_shape, None)[1]
+        self._out_stride = contiguous_strides(q_shape)
         self._launch = None
         if use_triton(self.device):
             self._launch = attention_launcher(schedule, self.config, qk_scale, constexprs, q_shape, k_shape,

@@ -320,7 +320,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
     config's pack must equal schedule.pack.
     Returns out [Hq, n, d] in q's dtype. Launches asynchronously; no host synchronisation.
     Repeated calls on one schedule with the same shapes, strides, dtypes, scale and config launch
-    through a launcher kept on the schedule (``Schedule.launches``, at most PREPARED_PER_SCHEDULE
+    through a launcher kept on the schedule (``Schedule.launches``, at most LAUNCHERS_PER_SCHEDULE
     of them) that skips the per-call checks and Triton's argument binding, as prepare_attention
     (kernels/prepared.py) does explicitly.
     """
@@ -333,28 +333,36 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
            q.device, k.device, v.device, scale, config)
     launch = memo.get(key, _UNSEEN)
-    if launch is _UNSEEN:
-        out = launch_checked(q, k, v, schedule, scale, out=out, config=config)
-        if len(memo) < PREPARED_PER_SCHEDULE:  # every check passed for this key
+    if launch is _UNSEEN or (out is not None and not (out.shape == q.shape and out.dtype == q.dtype
+                                                      and out.device == q.device and out.is_contiguous())):
+        out = launch_checked(q, k, v, schedule, scale, out=out, config=config)  # checks out, any strides
+        if launch is _UNSEEN and len(memo) < LAUNCHERS_PER_SCHEDULE:  # every check passed for this key
             memo[key] = None
         return out
     if launch is None:  # the checks passed on the first call; only the launch plan is redone
         cfg, qk_scale, constexprs = plan_launch(schedule, q.shape, k.shape, q.dtype, q.device, scale, config)
         launch = memo[key] = attention_launcher(schedule, cfg, qk_scale, constexprs, q.shape, k.shape,
-                                                (q.stride(), k.stride(), v.stride()), _contiguous(q.shape))
+                                                (q.stride(), k.stride(), v.stride()), contiguous_strides(q.shape))
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride() != _contiguous(q.shape):
-        return launch_checked(q, k, v, schedule, scale, out=out, config=config)  # checks out, any strides
     launch(q, k, v, out)
     return out
 
 
+LAUNCHERS_PER_SCHEDULE = 8
 _UNSEEN = object()
 
 
-def _contiguous(shape) -> tuple[int, ...]:
+def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
+def launch_args(schedule: Schedule, qk_scale: float, constexprs: dict, q_shape, kv_shape, qkv_strides,
+                out_stride) -> tuple:
+    """The kernel's arguments after q, k, v, out, in signature order (constexprs included)."""
+    (qs, ks, vs), s = qkv_strides, schedule
+    return (*qs[:2], *ks[:2], *vs[:2], *out_stride[:2], s.order, s.row_start, s.row_count, s.row_full,
+            s.key_blocks, q_shape[1], s.tiles_per_head, q_shape[0] // kv_shape[0], qk_scale, *constexprs.values())
 
 
 def attention_launcher(schedule: Schedule, cfg: KernelConfig, qk_scale: float, constexprs: dict, q_shape, kv_shape,
@@ -362,19 +370,14 @@ def attention_launcher(schedule: Schedule, cfg: KernelConfig, qk_scale: float, c
     """launcher(q, k, v, out) for one launch plan (plan_launch's result) on `schedule`: every argument
     but the four tensors fixed, so calls after the first skip Triton's per-call work (kernels/launch.py).
     The caller guarantees the tensors' shapes, dtype, device and strides are the planned ones."""
-    (qs, ks, vs), s = qkv_strides, schedule
-    fixed = (*qs[:2], *ks[:2], *vs[:2], *out_stride[:2], s.order, s.row_start, s.row_count, s.row_full,
-             s.key_blocks, q_shape[1], s.tiles_per_head, q_shape[0] // kv_shape[0], qk_scale, *constexprs.values())
-    return FastLauncher(kernel_for(cfg), (s.num_tiles,), fixed, **cfg.launch_options())
-
-
-PREPARED_PER_SCHEDULE = 8
+    fixed = launch_args(schedule, qk_scale, constexprs, q_shape, kv_shape, qkv_strides, out_stride)
+    return FastLauncher(kernel_for(cfg), (schedule.num_tiles,), fixed, **cfg.launch_options())
 
 
 def launch_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,
                    scale: float | None = None, *, out: torch.Tensor | None = None,
                    config: KernelConfig | None = None) -> torch.Tensor:
-    """sparse_attention's checks and Triton's normal launch, every call (no prepared launch)."""
+    """sparse_attention's checks and Triton's normal launch, every call (no kept launcher)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be [heads, n, d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape:
@@ -391,12 +394,7 @@ def launch_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: 
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
         raise ValueError(f"out must be [{q.shape[0]}, {q.shape[1]}, {q.shape[2]}] {q.dtype} on {q.device} "
                          f"with a contiguous last dim")
-    kernel_for(cfg)[(schedule.num_tiles,)](
-        q, k, v, out,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
-        schedule.order, schedule.row_start, schedule.row_count, schedule.row_full, schedule.key_blocks,
-        q.shape[1], schedule.tiles_per_head, q.shape[0] // k.shape[0], qk_scale,
-        **constexprs, **cfg.launch_options(),
-    )
+    args = launch_args(schedule, qk_scale, constexprs, q.shape, k.shape, (q.stride(), k.stride(), v.stride()),
+                       out.stride())
+    kernel_for(cfg)[(schedule.num_tiles,)](q, k, v, out, *args, **cfg.launch_options())
     return out

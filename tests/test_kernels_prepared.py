@@ -319,9 +319,9 @@ def test_repeated_plain_calls_launch_through_a_launcher_kept_on_the_schedule():
     """sparse_attention marks a (shapes, strides, dtype, scale, config) key on its first call and
     builds its launcher on the second; later calls go through that launcher and still read a
     schedule rebuilt in place. A schedule used once keeps no launcher, a last dim that is not
-    contiguous none at all, and at most PREPARED_PER_SCHEDULE keys are kept."""
+    contiguous none at all, and at most LAUNCHERS_PER_SCHEDULE keys are kept."""
     from kernels.launch import FastLauncher
-    from kernels.sparse_attention import PREPARED_PER_SCHEDULE
+    from kernels.sparse_attention import LAUNCHERS_PER_SCHEDULE
 
     n, b, d = 96, 32, 64
     gen = torch.Generator().manual_seed(6)
@@ -347,9 +347,9 @@ def test_repeated_plain_calls_launch_through_a_launcher_kept_on_the_schedule():
     sparse_attention(q, k, v, sched, out=out)
     assert relative_error(out, masked_attention_reference(q, k, v, lays[1], b, out_dtype=torch.float32)) <= 1e-4
     assert list(sched.launches.values()) == [launch]
-    for i in range(PREPARED_PER_SCHEDULE + 2):  # other scales: other keys, up to the cap
+    for i in range(LAUNCHERS_PER_SCHEDULE + 2):  # other scales: other keys, up to the cap
         check(lays[1], scale=0.1 + 0.01 * i)
-    assert len(sched.launches) == PREPARED_PER_SCHEDULE
+    assert len(sched.launches) == LAUNCHERS_PER_SCHEDULE
     q = torch.randn(2, d, n, generator=gen).to(DEV).transpose(1, 2)  # last dim not contiguous
     other = build_schedule(lays[1], b)
     out = sparse_attention(q, q, q, other)
