@@ -4,6 +4,7 @@ and caps them; `publish_database` replaces data/wise.duckdb atomically, so a rea
 while the statistics step publishes always gets answers."""
 import re
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -260,3 +261,62 @@ def test_positional_reader_keeps_one_position_per_thread(tmp_path):
     assert f.seek(-3, 2) == len(data) - 3 and f.read() == data[-3:] and f.read(4) == b""
     f.close()
     assert f.closed
+
+
+def _hold_write_lock(root: Path, *rels) -> None:
+    """What `dvc repro` writes while a stage holds its outputs (DVC's .dvc/tmp/rwlock)."""
+    import json
+
+    lock = root / ".dvc" / "tmp" / "rwlock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(json.dumps({"write": {str(root / rel): {"pid": 1, "cmd": "dvc repro"} for rel in rels},
+                                "read": {}}))
+
+
+def _restore_later(path: Path, data: bytes, delay: float = 0.2) -> threading.Thread:
+    def put():
+        time.sleep(delay)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.rename(path)
+    t = threading.Thread(target=put)
+    t.start()
+    return t
+
+
+def test_readers_wait_out_dvcs_delete_and_restore_of_an_output_it_holds(project):
+    """After a stage runs, DVC deletes each output and copies it back from its cache, holding the
+    output's write lock meanwhile. A reader connecting in that moment gets the view (the file is
+    waited for), and so does a query whose view was made before the delete."""
+    results = project / paths.CONDITION_RESULTS
+    data = results.read_bytes()
+    _hold_write_lock(project, paths.CONDITION_RESULTS)
+    results.unlink()
+    t = _restore_later(results, data)
+    con = connect(project)
+    assert con.execute("SELECT count(*) FROM results").fetchone() == (6,)
+    con.close()
+    t.join()
+    con = connect(project)  # a view made while the file is there, queried while it is gone
+    results.unlink()
+    t = _restore_later(results, data)
+    assert con.execute("SELECT count(*) FROM results WHERE condition = 'wise'").fetchone() == (3,)
+    con.close()
+    t.join()
+
+
+def test_a_missing_output_no_stage_holds_is_missing_at_once(project, monkeypatch):
+    """Without DVC's write lock on it (or with the lock on another output) a missing artifact gets
+    no view and the reader does not wait."""
+    import pipelines.store.dvc_relink as relink
+
+    slept = []
+    monkeypatch.setattr(relink.time, "sleep", slept.append)
+    (project / paths.CONDITION_RESULTS).unlink()
+    for held in ((), (paths.SWEEPS_DIR / "eta.parquet",)):
+        _hold_write_lock(project, *held)
+        con = connect(project)
+        with pytest.raises(duckdb.CatalogException, match="results"):
+            con.execute("SELECT * FROM results")
+        con.close()
+    assert slept == []

@@ -16,8 +16,9 @@ writes a random database id into its header, so it differs byte-wise on every bu
 locked down: whoever opens it with plain ``duckdb`` has DuckDB's full file access.
 
 A stage rewrites its outputs in place (dvc.yaml declares them ``persist``, so DVC never deletes them
-first) by atomic renames, so a view never points at a missing file while a stage reruns: a query
-reads the previous output or the new one.
+first) by atomic renames, and a reader waits out DVC's delete-and-restore of each output after the
+stage (``pipelines.store.dvc_relink``), so a query during a rerun reads the previous output or the
+new one.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import duckdb
 
 from pipelines.config import paths
+from pipelines.store.dvc_relink import reappears
 from pipelines.store.readonly_fs import PREFIX, ReadOnlyDataFS
 from wise.atomic_files import atomic_path
 
@@ -61,9 +63,14 @@ def create_views(con: duckdb.DuckDBPyConnection, root: Path, prefix: str = "") -
         # A glob (the sweeps, the retrofits) becomes one view over all matching files, unioned by
         # column name. A plain path is checked with stat, not by listing its folder: a listing taken
         # while a stage renames the new file over the old one may miss the name.
+        # A missing artifact that a DVC stage holds is waited for: DVC deletes and restores each
+        # output once the stage has run (pipelines.store.dvc_relink).
         pattern = rel.as_posix()
-        found = any(root.glob(pattern)) if any(c in pattern for c in "*?[") else (root / rel).is_file()
-        if found:
+        if any(c in pattern for c in "*?["):
+            found = lambda: any(root.glob(pattern))  # noqa: E731
+        else:
+            found = (root / rel).is_file
+        if found() or reappears(root, pattern, found):
             where = prefix + rel.relative_to(paths.DATA).as_posix() if prefix else rel.as_posix()
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM "
                         f"read_parquet({_sql_text(where)}, union_by_name = true)")

@@ -28,6 +28,8 @@ from pathlib import Path
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from pipelines.store.dvc_relink import reappears
+
 PROTOCOL = "wisedata"
 PREFIX = f"{PROTOCOL}://"
 
@@ -115,14 +117,34 @@ class ReadOnlyDataFS(DirFileSystem):
     cachable = False  # one instance per root, never shared through fsspec's instance cache
 
     def __init__(self, data_dir: str | Path):
-        super().__init__(path=str(Path(data_dir).resolve()), fs=LocalFileSystem())
+        self.data_dir = Path(data_dir).resolve()
+        super().__init__(path=str(self.data_dir), fs=LocalFileSystem())
 
     def open(self, path, mode="rb", *args, **kwargs):
         if mode not in ("rb", "r"):
             raise ReadOnlyError(f"the SQL readers are read-only: open({path!r}, {mode!r}) is refused")
         if mode == "rb":
-            return PositionalReader(self._join(path))
+            full = self._join(path)
+            try:
+                return PositionalReader(full)
+            except FileNotFoundError:
+                if not self._back_from_dvc(path, lambda: os.path.isfile(full)):
+                    raise
+                return PositionalReader(full)
         return super().open(path, mode, *args, **kwargs)
+
+    def glob(self, path, **kwargs):
+        # DuckDB globs a view's path before it opens it
+        found = super().glob(path, **kwargs)
+        if not found and self._back_from_dvc(path, lambda: bool(super(ReadOnlyDataFS, self).glob(path, **kwargs))):
+            found = super().glob(path, **kwargs)
+        return found
+
+    def _back_from_dvc(self, path, found) -> bool:
+        """Whether a missing `path` came back while DVC deleted and restored it after its stage
+        (pipelines.store.dvc_relink)."""
+        rel = Path(os.path.relpath(self._join(path), self.data_dir.parent)).as_posix()
+        return reappears(self.data_dir.parent, rel, found)
 
     def _open(self, path, mode="rb", *args, **kwargs):
         return self.open(path, mode, *args, **kwargs)
