@@ -135,6 +135,52 @@ def test_killed_actors_are_replaced_and_every_item_comes_back_once(tmp_path):
                      r"\(compute.max_retries = 0\)", proc.stdout), proc.stdout[-2000:]
 
 
+# Two items on two actors: once the first result is in, kill both and wait until the driver
+# knows they are dead. The idle one died with the busy one, so the busy one's item must not be
+# retried on it (that second death would be charged to the item and exhaust max_retries = 1):
+# the pool pings its idle actors after a death and the retry waits for a replacement.
+RETRY_SCRIPT = textwrap.dedent("""
+    import ray
+    from ray.exceptions import RayActorError
+    from pipelines.config.params import ComputeParams, ModelParams
+    from pipelines.compute.pool import WorkerPool
+    # ex1 runs for seconds (2000 tokens, 32 steps), ex0 for milliseconds: ex1 is still running
+    # when ex0 comes back.
+    items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + n))} for i, n in enumerate((20, 2000))]
+    ctx = {"settings": dict(steps=32, discovery_step=4, window=2, block_size=16, eta=0.9), "init_seed": 0}
+    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2, max_retries=1),
+                    len(items)) as pool:
+        first = list(pool.actors)
+        assert len(first) == 2, first
+        out = []
+        for result in pool.imap("trace", items, ctx):
+            out.append(result["example_id"])
+            if len(out) == 1:
+                assert [e for e, _ in pool.in_flight()] == ["ex1"], pool.in_flight()
+                for actor in first:
+                    ray.kill(actor)
+                for actor in first:
+                    try:
+                        ray.get(actor.ready.remote(), timeout=60)
+                        raise SystemExit("a killed actor still answers")
+                    except RayActorError:
+                        pass
+        assert out == ["ex0", "ex1"], out
+        assert pool.died == 2 and pool.replaced >= 1, (pool.died, pool.replaced)
+        print("RETRY-ON-A-LIVE-ACTOR-OK")
+""")
+
+
+def test_a_retry_does_not_go_to_an_idle_actor_that_died_too(tmp_path):
+    script = tmp_path / "retry.py"
+    script.write_text(RETRY_SCRIPT)
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert "RETRY-ON-A-LIVE-ACTOR-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def test_a_failing_task_names_its_example():
     from pipelines.config.params import ComputeParams, ModelParams
     from pipelines.compute.pool import WorkerPool

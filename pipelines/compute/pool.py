@@ -6,7 +6,9 @@ results come back to the driver, which alone writes stage outputs, in item order
 
 Actor death (a killed or crashed worker process, a lost node, an actor that cannot be reached):
 the pool drops the actor, resubmits the item it was running, at most ``compute.max_retries`` times
-per item, and starts a new actor where there is room; past the budget the stage fails, once
+per item, and starts a new actor where there is room (before the next item goes out it pings its
+idle actors and drops those that died too, so a retry is not charged for an actor that was
+already dead when the item reached it); past the budget the stage fails, once
 nothing else runs, naming every example id that ran out. The driver does the resubmitting rather
 than Ray's ``max_restarts`` / ``max_task_retries``: those do not cover an actor killed for good
 (``ray.kill``) and their final error does not say which item was lost. A result is kept once per
@@ -110,6 +112,7 @@ def _target_workers(compute: ComputeParams, n_items: int, capacity: int) -> int:
 
 
 _POLL_S = 1.0  # how often a running stage looks for nodes that joined and actors that finished loading
+_PING_S = 2.0  # how long an idle actor may take to answer a liveness ping after another actor died
 
 
 class WorkerPool:
@@ -182,6 +185,26 @@ class WorkerPool:
         self.actors.remove(actor)
         self.node_of.pop(actor, None)
         self.died += 1
+
+    def _answering(self, idle: list) -> list:
+        """The idle actors that answer a ping; those found dead are dropped. Run after an actor
+        died and before the next item goes out: actors die together (killed together, their node
+        lost), and a retry sent to one already dead would be charged to an item that never ran."""
+        import ray
+        from ray.exceptions import ObjectLostError, RayActorError
+
+        pings = {actor.ready.remote(): actor for actor in idle}
+        done, _ = ray.wait(list(pings), num_returns=len(pings), timeout=_PING_S)
+        alive = []
+        for ref, actor in pings.items():
+            if ref in done:
+                try:
+                    ray.get(ref)
+                except (RayActorError, ObjectLostError):
+                    self._drop(actor)
+                    continue
+            alive.append(actor)  # answered, or only slow: a real death shows up on its next item
+        return alive
 
     def _grow(self, queued: int, force: bool = False) -> list:
         """Actors that finished loading since the last call (now live); and starts actors for
@@ -276,8 +299,11 @@ class WorkerPool:
         lost: list[int] = []  # items past compute.max_retries: the stage fails once nothing runs
         ready: dict[int, Any] = {}  # finished out of order, waiting for their turn
         next_out, last_error = 0, None
+        a_death = False  # since the idle actors were last pinged
         while (queue and not lost) or running:
             idle += self._grow(0 if lost else len(queue))
+            if a_death and queue and idle and not lost:
+                idle, a_death = self._answering(idle), False
             self._report(desc, bar)
             while queue and idle and not lost:
                 i, actor = queue.popleft(), idle.pop(0)  # the longest idle first: a dead one shows up soon
@@ -305,6 +331,7 @@ class WorkerPool:
                 # was lost with its node before the driver fetched it. With max_restarts=0 the actor
                 # will not come back: drop it; _grow starts another where there is room.
                 self._drop(actor)
+                a_death = True
                 failures[i] += 1
                 if failures[i] > self.compute.max_retries:
                     lost.append(i)
