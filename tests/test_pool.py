@@ -120,13 +120,18 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_killed_actors_are_replaced_and_every_item_comes_back_once(tmp_path):
-    script = tmp_path / "kill.py"
-    script.write_text(KILL_SCRIPT)
+def _run_ray_script(tmp_path, text: str) -> subprocess.CompletedProcess:
+    """Run a driver script in its own process, with its own Ray temp dir."""
+    script = tmp_path / "driver.py"
+    script.write_text(text)
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                           timeout=300, cwd=ROOT)
+
+
+def test_killed_actors_are_replaced_and_every_item_comes_back_once(tmp_path):
+    proc = _run_ray_script(tmp_path, KILL_SCRIPT)
     assert "RETRIED-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     # One id when only the running item was lost; more when the driver also sent items to the
     # killed idle actor before it knew.
@@ -172,12 +177,7 @@ RETRY_SCRIPT = textwrap.dedent("""
 
 
 def test_a_retry_does_not_go_to_an_idle_actor_that_died_too(tmp_path):
-    script = tmp_path / "retry.py"
-    script.write_text(RETRY_SCRIPT)
-    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
+    proc = _run_ray_script(tmp_path, RETRY_SCRIPT)
     assert "RETRY-ON-A-LIVE-ACTOR-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
