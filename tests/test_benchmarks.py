@@ -284,3 +284,15 @@ def test_variants_checks_every_config_and_drops_a_wrong_one(monkeypatch):
     rows = variants.compare(100, [KernelConfig(1, 1, 2, 1)], heads=3, head_dim=64, layers=2,
                             dtype=torch.float32, device="cpu")
     assert all(r["status"].startswith("rel_err") and "ms" not in r for r in rows)
+
+
+def test_profile_target_checks_the_kernel_before_the_calls(monkeypatch):
+    """The profiler target runs the engine's prepared call on the bench's inputs after checking it
+    against the reference, and refuses to run a kernel whose output is off."""
+    from benchmarks import profile_target
+
+    r = profile_target.run(80, heads=2, head_dim=64, block_size=16, dtype=torch.float32, calls=2, device="cpu")
+    assert r["rel_err"] <= 1e-4 and r["kernel_calls"] == 3 and r["dense_calls"] == 0
+    monkeypatch.setattr(profile_target, "relative_error", lambda out, ref: 0.5)
+    with pytest.raises(SystemExit, match="relative error 5.0e-01 .*not profiling it"):
+        profile_target.run(80, heads=2, head_dim=64, block_size=16, dtype=torch.float32, device="cpu")
