@@ -50,7 +50,7 @@ from . import flex as flex_baseline
 from . import timers
 from .bench_host import PreparedLayers, format_host_table, host_overhead
 from .inputs import (DTYPES, REL_ERR_BOUND, active_pairs, backend_context, dense_call, density, full_layout,
-                     random_qkv, random_wise_layout)
+                     bench_layouts, random_qkv)
 from .columns import MEASURED_KEYS, PREPARED_KEYS
 from .output import PREPARED_COLS, format_table, write_rows
 
@@ -324,8 +324,7 @@ def main(argv=None) -> int:
     rows = []
     for b in a.block_size:
         for n in a.n:
-            gen = torch.Generator().manual_seed(a.seed + n + b)
-            lays = torch.stack([random_wise_layout(a.heads, n, b, a.rho, gen) for _ in range(a.layers)])
+            lays = bench_layouts(a.heads, n, b, a.rho, a.layers, a.seed)
             r = benchmark(lays, n, b, a.heads, kv_heads, a.head_dim, DTYPES[a.dtype], label,
                           flex=not a.no_flex, seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared,
                           head_group="auto" if a.head_group is None else a.head_group,

@@ -31,6 +31,14 @@ def random_wise_layout(heads: int, n: int, block_size: int, rho: float,
     return keep & torch.ones_like(eye).tril()
 
 
+def bench_layouts(heads: int, n: int, block_size: int, rho: float, layers: int, seed: int = 0) -> torch.Tensor:
+    """bool [layers, heads, M, M]: the benchmarks' supports for one (n, block size), one
+    random_wise_layout per layer from a CPU generator seeded seed + n + block_size, so every tool
+    (bench, variants, profile_target) times the same layouts for the same arguments."""
+    gen = torch.Generator().manual_seed(seed + n + block_size)
+    return torch.stack([random_wise_layout(heads, n, block_size, rho, gen) for _ in range(layers)])
+
+
 def full_layout(heads: int, n: int, block_size: int, device=None) -> torch.Tensor:
     """Every causal block kept: bool [heads, M, M]."""
     m = math.ceil(n / block_size)

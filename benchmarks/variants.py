@@ -24,15 +24,14 @@ from kernels.schedule import default_head_group
 from kernels.sparse_attention import config_name, default_config, parse_config
 
 from . import timers
-from .inputs import REL_ERR_BOUND, backend_context, dense_call, random_qkv, random_wise_layout
+from .inputs import REL_ERR_BOUND, backend_context, bench_layouts, dense_call, random_qkv
 from .output import write_rows
 
 
 def compare(n, configs, *, block_size=32, heads=55, head_dim=96, rho=0.37, layers=4, seed=0,
             dtype=torch.bfloat16, rep=100, rounds=5, device="cuda") -> list[dict]:
     dev = torch.device(device)
-    gen = torch.Generator().manual_seed(seed + n + block_size)
-    lays = torch.stack([random_wise_layout(heads, n, block_size, rho, gen) for _ in range(layers)]).to(dev)
+    lays = bench_layouts(heads, n, block_size, rho, layers, seed).to(dev)
     qkv = random_qkv(heads, heads, n, head_dim, dtype, dev, torch.Generator(device=dev).manual_seed(seed), layers)
     outs = [torch.empty_like(q) for q, _, _ in qkv]
     m = math.ceil(n / block_size)
