@@ -177,6 +177,9 @@ def run_statistics(p: Params) -> None:
         md = paths.RECURTRACE_CALIBRATED_MD  # its figure links, relative to data/report/
         calibrated = md.read_text().replace("](figures/", f"](../{md.parent.relative_to(paths.DATA).as_posix()}/figures/") \
             if md.is_file() else None
+        real = paths.REAL_MD  # stage real_eval's section; its figure sits beside it
+        real_model = real.read_text().replace("](nll_vs_loops.png", "](../real/nll_vs_loops.png") \
+            if real.is_file() else None
     finally:
         con.close()
     summary = summarise(rows, p)
@@ -200,7 +203,8 @@ def run_statistics(p: Params) -> None:
     write_report(p, {"summary": summary, "timing": timing, "convergence": conv_summary,
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
                      "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive,
-                     "recurtrace_calibrated": calibrated, "depth": depth},
+                     "recurtrace_calibrated": calibrated, "depth": depth,
+                     "real_model": real_model},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

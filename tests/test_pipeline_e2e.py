@@ -41,7 +41,8 @@ def project():
     # Only the training stage keeps its lock entry, as on a fresh clone: the committed checkpoint
     # is up to date and must not be retrained; every other stage runs on the micro params.
     lock = yaml.safe_load((tmp / "dvc.lock").read_text())
-    lock["stages"] = {"train_backbone": lock["stages"]["train_backbone"]}
+    lock["stages"] = {name: entry for name, entry in lock["stages"].items()
+                      if name == "train_backbone" or name.startswith("train_real_retrofit@")}
     (tmp / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     params = yaml.safe_load((tmp / "params.yaml").read_text())
     # Short chains, so that T=6 answers most questions and t_d=3 cuts some of them.
@@ -59,6 +60,9 @@ def project():
     params["retrofit"]["eval"].update(n=3, depths=[1, 2])
     params["retrofit"]["halting"].update(train_n=3, heldout_n=3, t_max=3, steps=20)
     params["retrofit"]["adaptive"].update(timing_examples=1, timing_repeats=1, wise_examples=1)
+    # The real model on the committed retrofits: one window, two needle items, two depths
+    params["real_model"].update(eval_depths=[1, 2], eval_windows=1, eval_needles=2, halting_train=2,
+                                halting_heldout=2, halting_t_max=2, halting_steps=20)
     (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
            "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"), "GIT_AUTHOR_NAME": "t",
@@ -77,7 +81,7 @@ def test_all_stages_write_outputs(project):
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
                   "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
                   "sweep@adaptive_threshold",
-                  "train_halting", "adaptive_eval"):
+                  "train_halting", "adaptive_eval", "real_base", "real_corpus", "real_eval"):
         assert f"Running stage '{stage}'" in repro.stdout
     # The shipped model is never retrained: the stage does not run, or (its code changed since the
     # committed lock) it runs and keeps the folder, whose recipe matches `train:`.
@@ -86,13 +90,18 @@ def test_all_stages_write_outputs(project):
     shipped = ROOT / "data/models/wise-small"
     for f in shipped.iterdir():
         assert (tmp / "data/models/wise-small" / f.name).read_bytes() == f.read_bytes(), f.name
+    # nor are the real model's retrofits (their lock entries and recipes match): kept, not retrained
+    for variant in ("lma", "plain"):
+        assert f"Running stage 'train_real_retrofit@{variant}'" not in repro.stdout or \
+            f"train_real_retrofit@{variant}: data/models/smollm2-135m-{variant} holds exactly this recipe; kept" in repro.stdout
     for rel in ("data/cohorts/examples.parquet", "data/traces/masses.parquet", "data/traces/steps.parquet",
                 "data/supports/layouts.parquet", "data/supports/metrics.parquet",
                 "data/conditions/results.parquet", "data/timing/timing.parquet",
                 "data/stats/condition_summary.parquet", "data/report/summary.md", "data/wise.duckdb",
                 "data/report/report.md", "data/report/report.html", "data/stats/convergence_summary.parquet",
                 "data/report/figures/fraction_converged.png", "data/report/figures/rolling_jaccard.png",
-                "data/sweeps/eta.parquet", "data/stats/sweep_summary.parquet"):
+                "data/sweeps/eta.parquet", "data/stats/sweep_summary.parquet", "data/real/curves.parquet",
+                "data/models/smollm2-135m-instruct/model.safetensors"):
         assert (tmp / rel).is_file(), rel
     metrics = json.loads((tmp / "data/metrics.json").read_text())  # headline numbers only (dvc metrics show)
     assert set(metrics["em"]) == {"full", "wise", "static95", "mass_matched", "size_matched", "freeze_a",
@@ -145,7 +154,7 @@ def test_report_has_every_table(project):
     tmp, _, _ = project
     report = (tmp / "data/report/report.md").read_text()
     for heading in ("What WISE does here", "Table 1", "Table 2", "Tables 3–4", "Stability", "Tables 7–9",
-                    "Context scaling"):
+                    "Context scaling", "A real pretrained model: SmolLM2-135M-Instruct"):
         assert heading in report
     assert (tmp / "data/report/figures/calibration_em.png").is_file()
     conv = pq.read_table(tmp / "data/stats/convergence_summary.parquet").to_pylist()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -107,3 +108,42 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+# -- whole folders (a checkpoint, a converted model) ----------------------------------------------
+def staging_folder(out: str | os.PathLike) -> Path:
+    """``dir/.<name>.staging-<pid>`` beside ``out``, emptied; leftovers of dead writers removed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_staging(out)
+    staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def remove_dead_staging(out: str | os.PathLike) -> None:
+    """Staging / backup folders of ``out`` left by a writer that was killed (kill -9 skips every
+    cleanup); those of live writers are left alone."""
+    out = Path(out)
+    for prefix in (f".{out.name}.staging-", f".{out.name}.old-"):
+        for path in out.parent.glob(prefix + "*"):
+            pid = path.name[len(prefix):]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def publish_folder(staging: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Put the folder `staging` in place of `out`. Each rename is atomic; a folder cannot replace a
+    non-empty one in one rename, so the old folder is moved aside first and put back if the second
+    rename fails."""
+    staging, out = Path(staging), Path(out)
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    try:
+        os.rename(staging, out)
+    except OSError:
+        if old.exists():
+            os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -143,6 +143,62 @@ class CalibrationParams:
 
 
 @dataclass(frozen=True)
+class RealModelParams:
+    """A real pretrained decoder (SmolLM2-135M-Instruct, wise.packaged_gguf) retrofitted with
+    RecurTrace and measured on real text (wise.data.real_text): stages real_base, real_corpus,
+    train_real_retrofit@{lma,plain} (GPU, committed) and real_eval."""
+
+    base: str = "preset:smollm2-135m-instruct"  # a packaged preset (converted by real_base)
+    name: str = "smollm2-135m"  # retrofits: data/models/<name>-{lma,plain}; tables: data/real/
+    dtype: str = "float32"
+    device: str = "auto"  # real_eval: auto (cuda if present) | cpu | cuda; training always asks for a GPU
+    seed: int = 0  # topic split, needle items, training draws, bootstrap
+    heldout_fraction: float = 0.2  # of the topics
+    test_fraction: float = 0.2
+    window_tokens: int = 256  # text windows (probe, training, held-out NLL)
+    needle_facts: int = 3  # facts hidden in each passage (1 = trivial, more = harder)
+    needle_words: int = 150  # words of prose per passage
+    block_layers: int = 3  # k
+    block_start: int = -1  # -1: the angular-distance probe picks it
+    min_prefix: int = 4  # the probe's block keeps this many layers before it ...
+    min_suffix: int = 4  # ... and after it (bounded away from the ends)
+    probe_windows: int = 16  # train-split windows the probe reads
+    lma_window: int = 3  # W
+    lma_head_dim: int = 32
+    gate_hidden: int = 8
+    max_added_fraction: float = 0.025
+    train_rows: int = 16  # rows per batch
+    train_needles: int = 2048  # needle items of the train split to draw from
+    train_needle_fraction: float = 0.5  # rows that are needle items (the rest: train-split windows)
+    train_steps: int = 3000
+    train_time_limit_s: float = 240.0
+    train_lr: float = 0.002
+    train_warmup_steps: int = 50
+    loops_mean: float = 3.9
+    loops_sigma: float = 0.5
+    loops_min: int = 2
+    loops_max: int = 8
+    eval_depths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+    eval_windows: int = 16  # test-split windows (held-out NLL)
+    eval_needles: int = 64  # test-split needle items (accuracy; the halting table's test rows)
+    halting_train: int = 64  # train-split needle items the halting heads learn on
+    halting_heldout: int = 64  # held-out needle items that choose tau and the confidence threshold
+    halting_t_min: int = 1
+    halting_t_max: int = 8
+    halting_delta: float = 0.01  # oracle margin (nats)
+    halting_tau_grid: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+    halting_confidence_grid: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
+    halting_nll_tolerance: float = 0.005
+    halting_steps: int = 300  # full-batch Adam steps per head
+    halting_lr: float = 0.05
+    halting_l2: float = 0.001
+    halting_act_ponder_cost: float = 0.01
+    halting_act_epsilon: float = 0.01
+    halting_pondernet_beta: float = 0.01
+    halting_pondernet_prior: float = 0.25
+
+
+@dataclass(frozen=True)
 class Params:
     calibration: CalibrationParams = field(default_factory=CalibrationParams)
     model: ModelParams = field(default_factory=ModelParams)
@@ -155,6 +211,7 @@ class Params:
     sweeps: SweepParams = field(default_factory=SweepParams)
     statistics: StatisticsParams = field(default_factory=StatisticsParams)
     compute: ComputeParams = field(default_factory=ComputeParams)
+    real_model: RealModelParams = field(default_factory=RealModelParams)
 
 
 # Sections of a params file owned by a stage that validates them itself (stages/validate.py checks

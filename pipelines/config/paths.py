@@ -40,6 +40,17 @@ def retrofit_tables(name: str) -> Path:
     return RETROFIT_DIR / name
 
 
+# A real pretrained model (stages real_base, real_corpus, train_real_retrofit, real_eval)
+REAL_DIR = DATA / "real"
+REAL_CORPUS = REAL_DIR / "corpus.parquet"
+REAL_LOOPS = REAL_DIR / "loops.parquet"  # per (variant, T, example): NLL, correct
+REAL_CURVES = REAL_DIR / "curves.parquet"  # per (variant, T, task): means with bootstrap CIs
+REAL_HALTING = REAL_DIR / "halting.parquet"  # per method: accuracy, mean loops, McNemar
+REAL_HALTING_EXAMPLES = REAL_DIR / "halting_examples.parquet"
+REAL_MD = REAL_DIR / "real_model.md"
+REAL_JSON = REAL_DIR / "real_model.json"  # dvc metrics
+REAL_FIGURE = REAL_DIR / "nll_vs_loops.png"
+
 # the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
 RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
 
@@ -70,4 +81,9 @@ VIEWS = {
     "adaptive_histogram": RETROFIT_DIR / "*" / ADAPTIVE_HISTOGRAM,
     "adaptive_wise": RETROFIT_DIR / "*" / ADAPTIVE_WISE,
     "adaptive_wise_summary": RETROFIT_DIR / "*" / ADAPTIVE_WISE_SUMMARY,
+    "real_corpus": REAL_CORPUS,
+    "real_loops": REAL_LOOPS,
+    "real_curves": REAL_CURVES,
+    "real_halting": REAL_HALTING,
+    "real_halting_examples": REAL_HALTING_EXAMPLES,
 }

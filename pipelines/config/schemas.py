@@ -115,6 +115,21 @@ CONTEXT_SCALING = _schema([("context_length", INT), ("n", INT)],
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_commit", STR), ("pool", STR)] + \
     _ints("t_min", "t_max") + [("delta", FLOAT)]
+# -- a real pretrained model (pipelines.real_model, pipelines.real_eval) ----------------------------
+REAL_CORPUS = _schema([("topic", STR), ("split", STR), ("text", STR), ("chars", INT), ("sha256", STR),
+                       ("python", STR)])
+BLOCK_PROBE = _schema(_ints("start", "end", "layers"), [("mean_angular_distance", FLOAT)], _ints("n_tokens"),
+                      [("eligible", BOOL), ("chosen", BOOL)])
+REAL_LOOPS = _schema([("variant", STR), ("task", STR), ("example_id", STR)], _ints("T"),
+                     [("nll", FLOAT), ("correct", BOOL), ("tokens", INT)])
+REAL_CURVES = _schema([("variant", STR), ("task", STR)], _ints("T", "n"),
+                      _floats("mean_nll", "nll_low", "nll_high", "accuracy", "accuracy_low", "accuracy_high"))
+REAL_HALTING_EXAMPLES = _schema([("example_id", STR), ("method", STR), ("kind", STR), ("threshold", FLOAT)],
+                                _ints("depth"), [("correct", BOOL), ("nll", FLOAT)])
+REAL_HALTING = _schema([("method", STR), ("kind", STR), ("threshold", FLOAT), ("n", INT)],
+                       _floats("accuracy", "accuracy_low", "accuracy_high", "nll", "mean_loops"),
+                       [("best_fixed", STR), ("mcnemar_best_p", FLOAT), ("matched_fixed", STR),
+                        ("mcnemar_matched_p", FLOAT)], _ints("only_method_right", "only_matched_right"))
 HALTING_LOOPS = _schema([("split", STR), ("example_id", STR), ("benchmark", STR)], _ints("hops", "loop"),
                         [("nll", FLOAT), ("correct", BOOL), ("top1", FLOAT), ("label", INT)],
                         _floats("p_continue", "act_halt", "pondernet_halt"))
@@ -169,4 +184,9 @@ BY_VIEW = {
     "adaptive_histogram": ADAPTIVE_HISTOGRAM,
     "adaptive_wise": ADAPTIVE_WISE,
     "adaptive_wise_summary": ADAPTIVE_WISE_SUMMARY,
+    "real_corpus": REAL_CORPUS,
+    "real_loops": REAL_LOOPS,
+    "real_curves": REAL_CURVES,
+    "real_halting": REAL_HALTING,
+    "real_halting_examples": REAL_HALTING_EXAMPLES,
 }

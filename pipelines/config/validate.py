@@ -48,6 +48,7 @@ def validate(p, max_positions: int | None = None):
     _require(1 <= w.window <= w.discovery_step, "wise.window", w.window,
              f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
     validate_adaptive(p)
+    validate_real_model(p.real_model)
     _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
              "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
     _require(len(set(c.context_lengths)) == len(c.context_lengths), "cohorts.context_lengths",
@@ -192,6 +193,62 @@ def validate(p, max_positions: int | None = None):
     _require(cp.gpus_per_worker > 0, "compute.gpus_per_worker", cp.gpus_per_worker, "must be > 0")
     _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
     return p
+
+
+def validate_real_model(m) -> None:
+    """`real_model:` (stages real_base, real_corpus, train_real_retrofit, real_eval)."""
+    from wise.data.real_text import CITIES, NAMES
+    from wise.packaged_gguf import PACKAGED, packaged
+
+    k = "real_model."
+    _require(packaged(m.base) is not None, k + "base", m.base,
+             f"must name a packaged preset: {', '.join('preset:' + n for n in sorted(PACKAGED))}")
+    _require(bool(m.name) and "/" not in m.name and not m.name.startswith("."), k + "name", m.name,
+             "must be a plain folder name")
+    _require(m.dtype in ("float32", "bfloat16"), k + "dtype", m.dtype, "must be float32 or bfloat16")
+    _require(m.device in ("auto", "cpu", "cuda"), k + "device", m.device, "must be auto, cpu or cuda")
+    for key in ("heldout_fraction", "test_fraction"):
+        _require(0.0 < getattr(m, key) < 1.0, k + key, getattr(m, key), "must be in (0, 1)")
+    _require(m.heldout_fraction + m.test_fraction < 1.0, k + "test_fraction", m.test_fraction,
+             "heldout_fraction + test_fraction must leave topics to train on (< 1)")
+    _require(32 <= m.window_tokens <= 8192, k + "window_tokens", m.window_tokens, "must be in [32, 8192]")
+    _require(1 <= m.needle_facts <= min(len(NAMES), len(CITIES)), k + "needle_facts", m.needle_facts,
+             f"must be in 1..{min(len(NAMES), len(CITIES))}")
+    _require(m.needle_words >= 10, k + "needle_words", m.needle_words, "must be >= 10")
+    _require(m.block_layers >= 1, k + "block_layers", m.block_layers, "must be >= 1")
+    _require(m.block_start >= -1, k + "block_start", m.block_start, "must be -1 (the probe) or a layer index")
+    for key in ("min_prefix", "min_suffix"):
+        _require(getattr(m, key) >= 1, k + key, getattr(m, key), "must be >= 1")
+    positive = ("probe_windows", "lma_window", "lma_head_dim", "gate_hidden", "train_rows", "train_needles",
+                "train_steps", "eval_windows", "eval_needles", "halting_train", "halting_heldout", "halting_steps")
+    for key in positive:
+        _require(getattr(m, key) >= 1, k + key, getattr(m, key), "must be >= 1")
+    _require(0.0 < m.max_added_fraction <= 1.0, k + "max_added_fraction", m.max_added_fraction, "must be in (0, 1]")
+    _require(0.0 <= m.train_needle_fraction <= 1.0, k + "train_needle_fraction", m.train_needle_fraction,
+             "must be in [0, 1]")
+    _require(m.train_time_limit_s >= 0, k + "train_time_limit_s", m.train_time_limit_s, "must be >= 0 (0: none)")
+    _require(m.train_lr > 0, k + "train_lr", m.train_lr, "must be > 0")
+    _require(m.train_warmup_steps >= 0, k + "train_warmup_steps", m.train_warmup_steps, "must be >= 0")
+    _require(m.loops_mean > 1 and m.loops_sigma >= 0, k + "loops_mean", m.loops_mean, "must be > 1 (loops_sigma >= 0)")
+    _require(2 <= m.loops_min <= m.loops_max, k + "loops_min", m.loops_min,
+             f"must satisfy 2 <= loops_min <= loops_max ({m.loops_max}): one loop trains nothing")
+    depths = list(m.eval_depths)
+    _require(bool(depths) and all(isinstance(t, int) and t >= 1 for t in depths) and 1 in depths
+             and len(set(depths)) == len(depths), k + "eval_depths", depths,
+             "must be distinct integers >= 1 including 1 (T = 1 is checked against the base)")
+    _require(1 <= m.halting_t_min <= m.halting_t_max <= max(depths or [0]), k + "halting_t_max", m.halting_t_max,
+             f"must satisfy 1 <= halting_t_min <= halting_t_max <= max(eval_depths) ({max(depths or [0])})")
+    _require(m.halting_delta >= 0, k + "halting_delta", m.halting_delta, "must be >= 0")
+    for key in ("halting_tau_grid", "halting_confidence_grid"):
+        grid = list(getattr(m, key))
+        _require(bool(grid) and all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in grid), k + key, grid,
+                 "must be a non-empty list of numbers in [0, 1]")
+    for key in ("halting_nll_tolerance", "halting_l2", "halting_act_ponder_cost", "halting_pondernet_beta"):
+        _require(getattr(m, key) >= 0, k + key, getattr(m, key), "must be >= 0")
+    _require(m.halting_lr > 0, k + "halting_lr", m.halting_lr, "must be > 0")
+    _require(0 < m.halting_act_epsilon < 1, k + "halting_act_epsilon", m.halting_act_epsilon, "must be in (0, 1)")
+    _require(0 < m.halting_pondernet_prior < 1, k + "halting_pondernet_prior", m.halting_pondernet_prior,
+             "must be in (0, 1)")
 
 
 def validate_adaptive(p) -> None:

@@ -195,6 +195,9 @@ def build_markdown(p: Params, d: dict) -> str:
     L += [embed(d["figures"]["context"], "density vs context"), ""]
     if d.get("recurtrace_calibrated"):  # RecurTrace opens with measured beside expected
         L += ["## RecurTrace with known answers (stage recurtrace_calibrated)", "", d["recurtrace_calibrated"], ""]
+    if d.get("real_model"):  # stage real_eval
+        L += ["## A real pretrained model: SmolLM2-135M-Instruct retrofitted with RecurTrace (stage real_eval)", "",
+              d["real_model"], ""]
     if d.get("adaptive"):
         L += adaptive_section(d["adaptive"], d["figures"]["adaptive"], f, table)
     return "\n".join(L)

@@ -121,11 +121,16 @@ def is_hub_id(source: str) -> bool:
 
 
 def resolve_base(source: str) -> Path:
-    """A local folder as is; a hub id through huggingface_hub, only when the user names one (the
-    config, the safetensors weights and the tokenizer files)."""
+    """A local folder as is; a packaged preset (``preset:smollm2-135m-instruct``) as its converted
+    folder; a hub id through huggingface_hub, only when the user names one (the config, the
+    safetensors weights and the tokenizer files)."""
+    from wise.packaged_gguf import packaged, resolve
+
     path = Path(source)
     if path.is_dir():
         return path
+    if packaged(source) is not None:
+        return resolve(source)
     if is_hub_id(source):
         from huggingface_hub import snapshot_download
 

@@ -12,12 +12,12 @@ card (wise.training.card), and only then puts the staging folder in place of `ou
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from wise.atomic_files import publish_folder, staging_folder
 from wise.training.card import RECIPE, write_card
 from wise.training.config import TrainConfig
 from wise.training.loop import train
@@ -43,51 +43,13 @@ def choose_device(requested: str) -> str:
     return "cuda"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _remove_dead_staging(out: Path) -> None:
-    """Staging / backup folders left by a writer that was killed (kill -9 skips every cleanup)."""
-    for prefix in (f".{out.name}.staging-", f".{out.name}.old-"):
-        for path in out.parent.glob(prefix + "*"):
-            pid = path.name[len(prefix):]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-
-
-def publish(staging: Path, out: Path) -> None:
-    """Put `staging` in place of `out`. Each rename is atomic; a folder cannot replace a non-empty
-    one in one rename, so the old folder is moved aside first and put back if the second rename
-    fails."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.rename(out, old)
-    try:
-        os.rename(staging, out)
-    except OSError:
-        if old.exists():
-            os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def train_checkpoint(config: TrainConfig, out: str | Path, device: str, *, workers: int | None = None,
                      eval_table: bool = False, eval_args: tuple[str, ...] = (), progress: bool = True) -> dict:
     """Train `config` and publish the complete folder at `out` (see the module doc); returns the
     training summary. eval_table: also measure the quality table (wise.evaluate --table, extra
     arguments eval_args) into quality.json before the card is written."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_staging(out)
-    staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = staging_folder(out)
     try:
         summary = train(config, staging, device=device, workers=workers, progress=progress)
         (staging / RECIPE).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
@@ -99,7 +61,7 @@ def train_checkpoint(config: TrainConfig, out: str | Path, device: str, *, worke
             if code:
                 raise RuntimeError(f"wise.evaluate --table exited with {code}")
         write_card(staging, shown=out)
-        publish(staging, out)
+        publish_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

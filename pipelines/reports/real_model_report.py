@@ -1,0 +1,110 @@
+"""The report's section "A real pretrained model" (written by stage real_eval as data/real/real_model.md,
+with its figure beside it; the statistics stage puts it into the report). Every number comes from
+the tables of pipelines.real_eval."""
+from __future__ import annotations
+
+from pipelines.config import paths
+
+LABELS = {"base": "base (T = 1)", "loop": "plain loop, untrained", "plain": "plain retrofit", "lma": "LMA retrofit"}
+
+
+def _f(x, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _ci(r: dict, key: str, low: str, high: str, digits: int = 3) -> str:
+    if r.get(key) is None:
+        return "–"
+    return f"{r[key]:.{digits}f} [{r[low]:.{digits}f}, {r[high]:.{digits}f}]"
+
+
+def _p(x) -> str:
+    return "–" if x is None else (f"{x:.3g}" if x >= 0.001 else f"{x:.1e}")
+
+
+def figure(table: list[dict], halting: list[dict]) -> str:
+    """NLL of held-out text and needle accuracy against loops, one line per variant; accuracy
+    against mean loops of every halting method beside the fixed depths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    for ax, task, key, low, high, label in ((axes[0], "text", "mean_nll", "nll_low", "nll_high", "held-out text NLL (nats/token)"),
+                                           (axes[1], "needle", "accuracy", "accuracy_low", "accuracy_high", "needle accuracy")):
+        for variant in LABELS:
+            rows = sorted((r for r in table if r["variant"] == variant and r["task"] == task), key=lambda r: r["T"])
+            if not rows:
+                continue
+            xs = [r["T"] for r in rows]
+            if variant == "base":
+                ax.axhline(rows[0][key], color="black", linestyle=":", label=LABELS[variant])
+                continue
+            ax.plot(xs, [r[key] for r in rows], marker="o", label=LABELS[variant])
+            ax.fill_between(xs, [r[low] for r in rows], [r[high] for r in rows], alpha=0.15)
+        ax.set_xlabel("loops T")
+        ax.set_ylabel(label)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["T"] for r in table})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+    axes[0].set_yscale("log")
+    axes[1].legend(fontsize=8)
+    fixed = sorted((r for r in halting if r["kind"] == "fixed"), key=lambda r: r["mean_loops"])
+    ax = axes[2]
+    ax.plot([r["mean_loops"] for r in fixed], [r["accuracy"] for r in fixed], marker="o", color="gray",
+            label="fixed depth (LMA retrofit)")
+    for r in halting:
+        if r["kind"] != "fixed":
+            ax.errorbar(r["mean_loops"], r["accuracy"], yerr=[[r["accuracy"] - r["accuracy_low"]],
+                        [r["accuracy_high"] - r["accuracy"]]], marker="s", capsize=3, label=r["method"])
+    ax.set_xlabel("mean loops")
+    ax.set_ylabel("needle accuracy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.REAL_FIGURE.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(paths.REAL_FIGURE, dpi=110)
+    plt.close(fig)
+    return paths.REAL_FIGURE.name
+
+
+def real_model_markdown(p, table: list[dict], halting: list[dict], card: dict, source: dict,
+                        block: tuple[int, int], topics: int, level: float, device: str) -> str:
+    start, k = block
+    depths = sorted({r["T"] for r in table if r["variant"] != "base"})
+    L = [f"Model: **{source['upstream']}** ({source['quantisation']} weights from the pip package "
+         f"`{source['distribution']}=={source['version']}`, GGUF sha256 `{source['sha256'][:16]}…`, "
+         f"{source['license']}), looped block layers {start}-{start + k - 1} (angular-distance probe, "
+         f"at least {p.min_prefix} layers before and {p.min_suffix} after). Text: CPython's language reference "
+         f"(`pydoc_data.topics`, {topics} topics split by topic); held-out NLL on {p.eval_windows} test windows of "
+         f"{p.window_tokens} tokens; needle task: {p.needle_facts} facts hidden in {p.needle_words} words of test "
+         f"prose, asked through the chat template, {p.eval_needles} items; run on {device}, {p.dtype}. Brackets: {100 * level:g}% bootstrap "
+         "intervals over examples. Tables: `data/real/*.parquet` (`python -m pipelines.store.query "
+         "\"SELECT * FROM real_curves\"`).", ""]
+    L += [f"![NLL and accuracy vs loops]({figure(table, halting)})", ""]
+    for task, title, key, low, high in (("text", "Held-out text NLL (nats/token)", "mean_nll", "nll_low", "nll_high"),
+                                        ("needle", "Needle accuracy", "accuracy", "accuracy_low", "accuracy_high")):
+        L += [f"**{title}**", "", "| variant | " + " | ".join(f"T = {T}" for T in depths) + " |",
+              "| --- |" + " --- |" * len(depths)]
+        for variant in LABELS:
+            cells = []
+            for T in depths:
+                r = next((r for r in table if (r["variant"], r["task"], r["T"]) == (variant, task, T)), None)
+                if variant == "base":
+                    r = next((r for r in table if (r["variant"], r["task"]) == ("base", task)), None) if T == 1 else None
+                cells.append(_ci(r, key, low, high) if r else "")
+            L.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
+        L.append("")
+    L += [f"**Halting on the LMA retrofit** (needle test items, budget {card['t_max']} loops, floor {card['t_min']}; "
+          f"thresholds chosen on {card['examples']['heldout']} held-out items: τ = {_f(card['tau'], 2)}, "
+          f"confidence λ = {_f(card['confidence_threshold'], 2)}; heads fit on {card['examples']['train']} train items; "
+          f"best held-out fixed depth T = {card['best_fixed_depth']}). McNemar: exact, two-sided.", "",
+          "| method | accuracy | mean loops | NLL | p vs best fixed | matched fixed | p vs matched | only method right / only matched right |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in halting:
+        L.append(f"| {r['method']} | {_ci(r, 'accuracy', 'accuracy_low', 'accuracy_high')} | {_f(r['mean_loops'], 2)} | "
+                 f"{_f(r['nll'])} | {_p(r['mcnemar_best_p'])} | {r['matched_fixed']} | {_p(r['mcnemar_matched_p'])} | "
+                 f"{r['only_method_right']} / {r['only_matched_right']} |")
+    L.append("")
+    return "\n".join(L)

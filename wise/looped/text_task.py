@@ -1,0 +1,121 @@
+"""A retrofit on real text: the rows it is scored on, its window NLL at fixed depths, and the
+batches it trains on (``wise.data.real_text`` gives the text and the needle-fact items).
+
+    row = needle_row(tokenizer, item)          # chat prompt + prefilled lead -> PromptRow
+    nll = window_nll(model, windows, depths)   # [windows, depths] mean next-token NLL
+    stream = TextBatches(rows, windows, spec)  # training batches, batch i a function of (seed, i)
+
+A needle item is asked through the model's own chat template (``apply_chat_template`` with the
+generation prompt), and the assistant's answer is prefilled up to the city ("Tamsin lives in"),
+so the gold continuation is the city's tokens: correct means greedy decoding emits exactly the
+city there, as ``wise.looped.evaluate.read_answer`` reads it. A text window is scored as a row
+whose prompt is its first token and whose continuation is the rest.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from wise.data.real_text import NeedleItem
+from wise.data.splits import derive_seed
+from wise.looped.data import IGNORE, Batch, PromptRow
+
+
+def needle_row(tokenizer, item: NeedleItem) -> PromptRow:
+    """The item through the chat template, the lead prefilled; continuation: " <city>"."""
+    messages = [{"role": "user", "content": f"{item.passage}\n\nQuestion: {item.question}"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + item.lead
+    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    answer = tokenizer(" " + item.answer, add_special_tokens=False).input_ids
+    return PromptRow(item.example_id, "needle", tuple(ids), tuple(answer), (item.answer,), item.facts)
+
+
+def window_row(ids: Sequence[int], example_id: str) -> PromptRow:
+    return PromptRow(example_id, "text", (int(ids[0]),), tuple(int(t) for t in ids[1:]), ("",), None)
+
+
+@torch.no_grad()
+def window_nll(model, windows: torch.Tensor, depths: Sequence[int], batch_rows: int = 8) -> torch.Tensor:
+    """windows [N, n] (equal lengths, no padding) -> [N, len(depths)]: each window's mean NLL of
+    tokens 2..n after T loops, for T in depths (one recurrence per batch, read at each depth)."""
+    depths = sorted(set(int(d) for d in depths))
+    if not depths or depths[0] < 1:
+        raise ValueError(f"depths must be >= 1, got {depths}")
+    out = torch.empty(windows.shape[0], len(depths), dtype=torch.float64)
+    for start in range(0, windows.shape[0], batch_rows):
+        ids = windows[start:start + batch_rows].to(model.device)
+        rope = model.rotary(ids.shape[1], ids.device)
+        e = model.embed(ids, rope)
+        s = model.initial_state(e)
+        column = 0
+        for t in range(1, depths[-1] + 1):
+            s = model.core_step(s, e, t, rope)
+            if t == depths[column]:
+                logp = torch.log_softmax(model.readout(s, rope)[:, :-1], dim=-1)
+                gold = logp.gather(-1, ids[:, 1:, None])[..., 0]
+                out[start:start + ids.shape[0], column] = (-gold.double().mean(1)).cpu()
+                column += 1
+    return out
+
+
+@dataclass(frozen=True)
+class TextBatchSpec:
+    rows: int  # rows per batch
+    needle_fraction: float  # share of rows that are needle items (the rest: text windows)
+    seed: int
+
+
+def _row_arrays(ids: Sequence[int], answer_from: int | None, width: int, pad: int):
+    """ids right-padded to width; targets = next token (IGNORE on padding); is_answer from
+    position answer_from - 1 on (the positions that predict the continuation)."""
+    x = np.full(width, pad, dtype=np.int64)
+    y = np.full(width, IGNORE, dtype=np.int64)
+    a = np.zeros(width, dtype=bool)
+    x[:len(ids)] = ids
+    y[:len(ids) - 1] = ids[1:]
+    if answer_from is not None:
+        a[answer_from - 1:len(ids) - 1] = True
+    return x, y, a
+
+
+class TextBatches:
+    """Training batches: needle rows (answer loss on the city, LM loss on the prompt) and text
+    windows (LM loss), batch i drawn from (seed, i) alone. Same interface as
+    ``wise.looped.data.BatchStream`` (``next``, ``close``) for ``wise.looped.train.run_loop``."""
+
+    def __init__(self, needles: Sequence[PromptRow], windows: Sequence[Sequence[int]], spec: TextBatchSpec,
+                 pad: int):
+        if not needles and spec.needle_fraction > 0:
+            raise ValueError("needle_fraction > 0 but there are no needle rows to train on")
+        if not windows and spec.needle_fraction < 1:
+            raise ValueError("needle_fraction < 1 but there are no text windows to train on")
+        self.needles, self.windows, self.spec, self.pad = list(needles), list(windows), spec, pad
+        self.index = 0
+
+    def batch(self, index: int) -> Batch:
+        rng = random.Random(derive_seed("text-batches", self.spec.seed, index))
+        picks = []
+        for _ in range(self.spec.rows):
+            if rng.random() < self.spec.needle_fraction:
+                row = self.needles[rng.randrange(len(self.needles))]
+                picks.append((list(row.prompt_ids) + list(row.answer_ids), len(row.prompt_ids)))
+            else:
+                picks.append((list(self.windows[rng.randrange(len(self.windows))]), None))
+        width = max(len(ids) for ids, _ in picks)
+        arrays = [_row_arrays(ids, at, width, self.pad) for ids, at in picks]
+        return Batch(index, *(np.stack(col) for col in zip(*arrays)))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        batch = self.batch(self.index)
+        self.index += 1
+        return batch
+
+    def close(self) -> None:
+        pass
