@@ -29,6 +29,9 @@ from pipelines.real_model import (base_folder, load_corpus, load_tokenizer, need
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 
 VARIANTS = ("base", "loop", "plain", "lma")
+# T = 1 against the base row by row: the two paths round differently (fp32 on a GPU: ~1e-5 nats),
+# a loop that changed anything moves the NLL by far more
+FLOOR_TOLERANCE = 1e-3
 
 
 def load_variants(p: RealModelParams, device: torch.device):
@@ -177,10 +180,17 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     # the lm head at the answer positions only, or a batch of windows: other matmul blocking than
     # the base's full forward); check_safe_floor above compared whole logits bit for bit
     first = {(r["task"], r["example_id"]): r["nll"] for r in rows if r["variant"] == "base"}
-    off = sorted({r["variant"] for r in rows if r["T"] == 1 and r["variant"] != "base"
-                  and abs(r["nll"] - first[(r["task"], r["example_id"])]) > 1e-5})
+    gaps = {}
+    for r in rows:
+        if r["T"] == 1 and r["variant"] != "base":
+            gap = abs(r["nll"] - first[(r["task"], r["example_id"])])
+            gaps[r["variant"]] = max(gaps.get(r["variant"], 0.0), gap)
+    off = {v: g for v, g in gaps.items() if g > FLOOR_TOLERANCE}
     if off:
-        raise AssertionError(f"safe floor broken: at T = 1 {off} differ from the base's NLL on real rows")
+        raise AssertionError(f"safe floor broken: at T = 1 the NLL of {sorted(off)} differs from the base's by "
+                             f"up to {max(off.values()):.3g} nats on real rows (rounding stays below {FLOOR_TOLERANCE})")
+    print(f"real_eval: T = 1 equals the base: largest NLL difference {max(gaps.values()):.2e} nats "
+          "(rounding; whole logits bit for bit on one row)", flush=True)
     table = curves(rows, st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)
     from pipelines.real_halting import run_halting
 

@@ -170,7 +170,7 @@ def run_train_real(params: Params, variant: str, device: str) -> dict:
         if str(summary["stopped_by"]).startswith("error"):
             raise RuntimeError(f"training {p.name}-{variant} failed: {summary['stopped_by']}")
         model.eval()
-        save_retrofit(model, staging, tokenizer_from=folder)
+        save_retrofit(model, staging)  # the added modules only: the tokenizer is the base's
         if probe_rows:
             write_parquet(probe_rows, staging / PROBE_TABLE, schemas.BLOCK_PROBE)
         write_csv(log, staging / LOSS_CURVE)

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from pipelines.config.run_spec import WORKER_COLUMNS
+from ray_processes import processes_with
 
 pytestmark = [
     pytest.mark.slow, pytest.mark.timeout(400),
@@ -33,18 +34,6 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="simulates GPUs on a machine without CUDA"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def processes_with(env_entry: str) -> list[int]:
-    """Pids of this user's processes whose environment holds `env_entry` (``KEY=value``)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if env_entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(int(pid))
-        except OSError:  # gone, or not ours
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 # The real pretrained model on one GPU: convert SmolLM2-135M-Instruct, train its LMA and plain
 # retrofits (both at once: each is far from filling an H200), then the larger evaluation
 # (params/real-model-gpu.yaml). Logs and a tarball of the checkpoints and tables go to $1 (default
-# $OUT, else ./real-gpu-logs); copy the checkpoints into data/models/ and commit them with
+# $OUT, else ./real-gpu-logs: checkpoints.tgz, tables.tgz); copy the checkpoints into data/models/ and commit them with
 # `dvc commit train_real_retrofit@lma train_real_retrofit@plain`.
 #
 #   benchmarks/pipeline/real_model_gpu.sh [LOG_DIR]
@@ -26,8 +26,8 @@ $py -m stages.train_real_retrofit plain > "$logs/train_plain.log" 2>&1 & plain=$
 wait $lma; wait $plain
 tail -n 2 "$logs/train_lma.log" "$logs/train_plain.log"
 trained=$(date +%s)
+tar -czf "$logs/checkpoints.tgz" data/models/smollm2-135m-lma data/models/smollm2-135m-plain
 $py -m stages.real_eval --params params/real-model-gpu.yaml 2>&1 | grep -v "it/s]" | tee "$logs/real_eval.log"
 done_at=$(date +%s)
 echo "wall: convert+train $((trained - start)) s, evaluation $((done_at - trained)) s" | tee "$logs/wall.txt"
-tar -czf "$logs/real_model.tgz" --exclude=tokenizer.json --exclude=tokenizer_config.json \
-  data/models/smollm2-135m-lma data/models/smollm2-135m-plain data/real
+tar -czf "$logs/tables.tgz" data/real

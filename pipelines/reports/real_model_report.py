@@ -1,4 +1,4 @@
-"""The report's section "A real pretrained model" (written by stage real_eval as data/real/real_model.md,
+"""The report's section "A real pretrained model" (written by stage real_eval as `paths.REAL_MD`,
 with its figure beside it; the statistics stage puts it into the report). Every number comes from
 the tables of pipelines.real_eval."""
 from __future__ import annotations
