@@ -52,7 +52,7 @@ from .bench_host import PreparedLayers, format_host_table, host_overhead
 from .inputs import (DTYPES, REL_ERR_BOUND, active_pairs, backend_context, dense_call, density, full_layout,
                      bench_layouts, random_qkv)
 from .columns import MEASURED_KEYS, PREPARED_KEYS
-from .output import PREPARED_COLS, format_table, write_rows
+from .output import PREPARED_COLS, REAL_COLS, format_table, write_rows
 
 DENSE_BACKENDS = ("flash", "cudnn")
 
@@ -316,8 +316,19 @@ def main(argv=None) -> int:
     p.add_argument("--dense-steps", type=int, default=12, help="full-attention steps per trajectory (t_d)")
     p.add_argument("--host-overhead", action="store_true",
                    help="also measure host us per launch (at the first --n) into <out>_host.*")
+    p.add_argument("--layouts", default=None,
+                   help="time layouts a real model discovered (stage real_wise's layouts.parquet) beside random "
+                        "ones of the same density, instead of --rho layouts (benchmarks/real_layouts.py)")
+    p.add_argument("--lengths", type=int, nargs="+", default=None,
+                   help="with --layouts: the nominal lengths to take (default: every length in the file)")
+    p.add_argument("--resample-heads", type=int, default=None,
+                   help="with --layouts: redraw the real heads to this many (e.g. 55 for Huginn-0125)")
+    p.add_argument("--packs", type=int, nargs="+", default=None,
+                   help="query blocks per kernel tile to time, each with its default config (default: the table's)")
     p.add_argument("--out", default="kernel_timing.parquet")
     a = p.parse_args(argv)
+    if a.layouts:
+        return real_layouts_main(a)
     kv_heads = a.kv_heads or a.heads // a.gqa
     cfg = parse_config(a.config) if a.config else None
     label = a.label or f"random-rho{a.rho}"
@@ -348,6 +359,46 @@ def main(argv=None) -> int:
             stem, ext = os.path.splitext(a.out)
             print(f"wrote host overhead to {write_rows(host, stem + '_host' + (ext or '.parquet'))}")
             print(format_host_table(host))
+    return 0
+
+
+def real_layouts_main(a) -> int:
+    """--layouts: per nominal length, the first example's real layouts and matched random ones,
+    for each pack of --packs; one row each, labelled real / random-matched."""
+    from kernels.sparse_attention import default_config
+
+    from .real_layouts import bench_length, fit_layouts, load_real_layouts, matched_random, neighbour_overlap
+
+    entries, seen = [], set()
+    for e in load_real_layouts(a.layouts, a.lengths):
+        if e["length"] not in seen:
+            seen.add(e["length"])
+            entries.append(e)
+    if not entries:
+        print(f"error: {a.layouts}: no layouts at lengths {a.lengths}", file=sys.stderr)
+        return 2
+    rows = []
+    for e in entries:
+        real = e["layout"]
+        heads = a.resample_heads or real.shape[1]
+        real = fit_layouts(real, real.shape[0], heads, a.seed)
+        kv_heads = a.kv_heads or heads // a.gqa
+        n, b = bench_length(real, e["block_size"]), e["block_size"]
+        for label, lays in (("real", real), ("random-matched", matched_random(real, b, a.seed))):
+            for pack in a.packs or [None]:
+                cfg = default_config(a.head_dim, b, DTYPES[a.dtype], pack=pack) if pack else None
+                r = benchmark(lays, n, b, heads, kv_heads, a.head_dim, DTYPES[a.dtype], label, flex=not a.no_flex,
+                              seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared,
+                              head_group="auto" if a.head_group is None else a.head_group,
+                              late_calls=a.late_calls, dense_steps=a.dense_steps)
+                for x in r:
+                    x.update(rho=float(density(lays.flatten(0, 1))), source_example=e["example_id"],
+                             nominal_length=e["length"], neighbour_overlap=neighbour_overlap(lays),
+                             pack=pack or 0)
+                rows += r
+                print(format_table(r[-1:], REAL_COLS).splitlines()[-1], file=sys.stderr, flush=True)
+    print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")
+    print(format_table(rows, REAL_COLS))
     return 0
 
 

@@ -32,6 +32,15 @@ PREPARED_COLS = [("n", "n", "{:d}"), ("B", "block_size", "{:d}"), ("H", "heads",
                  ("fast", "prep_fast_calls", "{:.0f}"), ("p err", "rel_err_prepared", "{:.1e}")]
 
 
+# real layouts beside matched random ones (benchmarks.bench --layouts)
+REAL_COLS = [("layouts", "label", "{}"), ("n", "n", "{:d}"), ("H", "heads", "{:d}"), ("Hkv", "kv_heads", "{:d}"),
+             ("d", "head_dim", "{:d}"), ("pack", "pack", "{:d}"), ("dens", "density", "{:.3f}"),
+             ("nbr J", "neighbour_overlap", "{:.3f}"), ("flash ms", "flash_ms", "{:.4f}"),
+             ("cudnn ms", "cudnn_ms", "{:.4f}"), ("kern ms", "kernel_ms", "{:.4f}"), ("flex ms", "flex_ms", "{:.4f}"),
+             ("x flash", "call_vs_flash", "{:.2f}"), ("x cudnn", "call_vs_cudnn", "{:.2f}"),
+             ("x flex", "kernel_vs_flex", "{:.2f}"), ("T32 xF", "traj32_vs_flash", "{:.2f}"),
+             ("err", "rel_err_kernel", "{:.1e}")]
+
 # the whole-model rows (benchmarks.whole_model)
 WHOLE_COLS = [("model", "model", "{}"), ("support", "label", "{}"), ("n", "n", "{:d}"), ("B", "block_size", "{:d}"),
               ("dens", "density", "{:.3f}"), ("full ms", "full_ms", "{:.1f}"), ("wise ms", "wise_ms", "{:.1f}"),

@@ -260,6 +260,25 @@ def check_against_reference(model, n: int, layouts: torch.Tensor, *, block_size:
     return dict(n=n, rel_err_kernel=max(checked.errors.values()), rel_err_logits=relative_error(got, ref))
 
 
+def real_plan(path: str, config: RecurrentConfig, seed: int) -> list[tuple]:
+    """Plan entries (label, n, density, layouts): per nominal length of the file, its first
+    example's layouts fitted to the shape (``benchmarks.real_layouts.fit_layouts``) and random ones
+    of the same density per layer."""
+    from .real_layouts import bench_length, fit_layouts, load_real_layouts, matched_random
+
+    plan, seen = [], set()
+    for e in load_real_layouts(path):
+        if e["length"] in seen:
+            continue
+        seen.add(e["length"])
+        real = fit_layouts(e["layout"], config.n_core, config.heads, seed)
+        n = bench_length(real, e["block_size"])
+        rho = density(real.flatten(0, 1))
+        plan += [(f"real:{e['example_id']}", n, rho, real),
+                 ("random-matched", n, rho, matched_random(real, e["block_size"], seed))]
+    return plan
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.whole_model", description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="huginn-0125", help="model shape: a wise.models preset")
@@ -274,6 +293,10 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="kernel", help="late attention backend (wise.engine.routing.BACKENDS)")
     p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
     p.add_argument("--check-n", type=int, default=256, help="length of the check against the reference")
+    p.add_argument("--layouts", default=None,
+                   help="time layouts a real model discovered (stage real_wise's layouts.parquet), fitted to the "
+                        "shape's core layers and heads, beside random ones of the same density (--n is ignored: "
+                        "each nominal length of the file is timed at M * B)")
     p.add_argument("--out", default="whole_model.parquet", help="Parquet, or CSV for *.csv")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -286,7 +309,7 @@ def main(argv=None) -> int:
         print(f"error: {a.preset}: {why}", file=sys.stderr)
         return 2
     dev, dtype = torch.device(a.device), DTYPES[a.dtype]
-    longest = max(a.n + [a.check_n])
+    longest = max(a.n + [a.check_n] + ([n for _, n, _, _ in real_plan(a.layouts, config, a.seed)] if a.layouts else []))
     model = build_model(config.replace(max_positions=max(config.max_positions, longest)), a.seed, dtype, dev)
     gen = torch.Generator().manual_seed(a.seed)
     shape = dict(block_size=a.block_size, steps=a.steps, dense_steps=a.dense_steps, seed=a.seed)
@@ -298,7 +321,7 @@ def main(argv=None) -> int:
     if not (chk["rel_err_kernel"] <= bound and math.isfinite(chk["rel_err_logits"])):
         print("error: the late-step path disagrees with the reference; nothing timed", file=sys.stderr)
         return 1
-    plan = [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n]
+    plan = real_plan(a.layouts, config, a.seed) if a.layouts else [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n]
     rows = whole_model_rows(config, plan, backend=a.backend, dtype=dtype, rounds=a.rounds, device=dev,
                             model=model, **shape)
     for r in rows:

@@ -180,6 +180,8 @@ def run_statistics(p: Params) -> None:
         real = paths.REAL_MD  # stage real_eval's section; its figure sits beside it
         real_model = real.read_text().replace("](nll_vs_loops.png", "](../real/nll_vs_loops.png") \
             if real.is_file() else None
+        real_wise = paths.REAL_WISE_MD.read_text().replace("](convergence.png", "](../real/wise/convergence.png") \
+            if paths.REAL_WISE_MD.is_file() else None
     finally:
         con.close()
     summary = summarise(rows, p)
@@ -204,7 +206,7 @@ def run_statistics(p: Params) -> None:
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
                      "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive,
                      "recurtrace_calibrated": calibrated, "depth": depth,
-                     "real_model": real_model},
+                     "real_model": real_model, "real_wise": real_wise},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

@@ -63,6 +63,10 @@ def project():
     # The real model on the committed retrofits: one window, two needle items, two depths
     params["real_model"].update(eval_depths=[1, 2], eval_windows=1, eval_needles=2, halting_train=2,
                                 halting_heldout=2, halting_t_max=2, halting_steps=20)
+    # WISE on the real retrofit: one QA prompt and one window of 128 tokens, one short setting
+    params["real_wise"].update(settings=[[4, 2, 1]], lengths=[128], needles=1, windows=1, continuation=8,
+                               adaptive={"criterion": "jaccard_min", "threshold": 0.9, "min_step": 2, "max_step": 3,
+                                         "window": 2})
     (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
            "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"), "GIT_AUTHOR_NAME": "t",
@@ -81,7 +85,7 @@ def test_all_stages_write_outputs(project):
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
                   "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
                   "sweep@adaptive_threshold",
-                  "train_halting", "adaptive_eval", "real_base", "real_corpus", "real_eval"):
+                  "train_halting", "adaptive_eval", "real_base", "real_corpus", "real_eval", "real_wise"):
         assert f"Running stage '{stage}'" in repro.stdout
     # The shipped model is never retrained: the stage does not run, or (its code changed since the
     # committed lock) it runs and keeps the folder, whose recipe matches `train:`.
@@ -101,6 +105,7 @@ def test_all_stages_write_outputs(project):
                 "data/report/report.md", "data/report/report.html", "data/stats/convergence_summary.parquet",
                 "data/report/figures/fraction_converged.png", "data/report/figures/rolling_jaccard.png",
                 "data/sweeps/eta.parquet", "data/stats/sweep_summary.parquet", "data/real/curves.parquet",
+                "data/real/wise/summary.parquet", "data/real/wise/layouts.parquet",
                 "data/models/smollm2-135m-instruct/model.safetensors"):
         assert (tmp / rel).is_file(), rel
     metrics = json.loads((tmp / "data/metrics.json").read_text())  # headline numbers only (dvc metrics show)

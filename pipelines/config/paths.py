@@ -50,6 +50,18 @@ REAL_HALTING_EXAMPLES = REAL_DIR / "halting_examples.parquet"
 REAL_MD = REAL_DIR / "real_model.md"
 REAL_JSON = REAL_DIR / "real_model.json"  # dvc metrics
 REAL_FIGURE = REAL_DIR / "nll_vs_loops.png"
+# WISE on the real model's retrofit (stage real_wise)
+REAL_WISE_DIR = REAL_DIR / "wise"
+REAL_WISE_STEPS = REAL_WISE_DIR / "steps.parquet"  # per (T, example, loop): S, S_block, A, H, O
+REAL_WISE_MECHANISM = REAL_WISE_DIR / "mechanism.parquet"  # per (T, example): convergence loops
+REAL_WISE_SUPPORTS = REAL_WISE_DIR / "supports.parquet"  # per (setting, example, condition): density, future mass
+REAL_WISE_RESULTS = REAL_WISE_DIR / "results.parquet"  # per (setting, example, condition): answer, NLL
+REAL_WISE_LAYOUTS = REAL_WISE_DIR / "layouts.parquet"  # the first setting's WISE supports (kernel benchmarks)
+REAL_WISE_SUMMARY = REAL_WISE_DIR / "summary.parquet"  # per (setting, task, length, condition): vs Full, CIs
+REAL_WISE_MECHANISM_SUMMARY = REAL_WISE_DIR / "mechanism_summary.parquet"
+REAL_WISE_MD = REAL_WISE_DIR / "real_wise.md"
+REAL_WISE_JSON = REAL_WISE_DIR / "real_wise.json"  # dvc metrics
+REAL_WISE_FIGURE = REAL_WISE_DIR / "convergence.png"
 
 # the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
 RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
@@ -86,4 +98,11 @@ VIEWS = {
     "real_curves": REAL_CURVES,
     "real_halting": REAL_HALTING,
     "real_halting_examples": REAL_HALTING_EXAMPLES,
+    "real_wise_steps": REAL_WISE_STEPS,
+    "real_wise_mechanism": REAL_WISE_MECHANISM,
+    "real_wise_supports": REAL_WISE_SUPPORTS,
+    "real_wise_results": REAL_WISE_RESULTS,
+    "real_wise_layouts": REAL_WISE_LAYOUTS,
+    "real_wise_summary": REAL_WISE_SUMMARY,
+    "real_wise_mechanism_summary": REAL_WISE_MECHANISM_SUMMARY,
 }

@@ -156,6 +156,26 @@ ADAPTIVE_WISE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("n", INT)
                                         "wise_mean_loops", "full_tiles_per_example", "wise_tiles_per_example",
                                         "tiles_saved"),
                                 [("with_late_loops", INT)], _floats("late_density", "same_prediction", "mcnemar_p"))
+# -- WISE on the real model's retrofit (pipelines.real_wise) ------------------------------------------
+_REAL_SETTING = _ints("T", "t_d", "w") + [("task", STR)] + _ints("length") + [("example_id", STR)] + _ints("n_tokens")
+REAL_WISE_STEPS = _schema(_ints("T"), [("task", STR)], _ints("length"), [("example_id", STR)], _ints("loop"),
+                          _floats("S", "S_block", "A", "H", "O"))
+REAL_WISE_MECHANISM = _schema(_ints("T"), [("task", STR)], _ints("length"), [("example_id", STR)],
+                              _ints("n_tokens", "tau_S", "tau_A", "tau_H", "tau_O", "gap", "tau_S_block"))
+REAL_WISE_SUPPORTS = _schema(_REAL_SETTING, [("condition", STR), ("density", FLOAT), ("block_count", INT),
+                                             ("retained_future_mass", FLOAT), ("discovery_step", INT)])
+REAL_WISE_RESULTS = _schema(_REAL_SETTING, [("condition", STR)], _ints("discovery_step"), [("nll", FLOAT)],
+                            _ints("answer_tokens"), [("prediction", STR), ("correct", BOOL)], _floats("em", "f1"),
+                            [("answer_change", STR), ("state_hash_td", STR), ("device", STR), ("dtype", STR)])
+REAL_WISE_LAYOUTS = _schema(_REAL_SETTING, _ints("block_size", "layer", "heads", "blocks"), [("layout_bits", BYTES)])
+REAL_WISE_SUMMARY = _schema(_ints("T", "t_d", "w"), [("task", STR)], _ints("length"), [("condition", STR)],
+                            _ints("n"), _floats("mean_nll", "delta_nll", "delta_nll_low", "delta_nll_high", "accuracy",
+                                                "accuracy_low", "accuracy_high", "delta_accuracy", "delta_accuracy_low",
+                                                "delta_accuracy_high", "mcnemar_p", "em", "f1", "answers_changed",
+                                                "mean_discovery_step", "density", "retained_future_mass"))
+REAL_WISE_MECHANISM_SUMMARY = _schema(_ints("T"), [("task", STR)], _ints("length", "n"),
+                                      _floats("median_tau_S", "median_tau_S_block", "median_tau_A", "median_tau_H",
+                                              "median_tau_O", "mean_gap", "routing_first", "mean_tokens"))
 
 # DuckDB view name (pipelines.config.paths.VIEWS: the artifact each one reads) -> the artifact's schema.
 BY_VIEW = {
@@ -189,4 +209,11 @@ BY_VIEW = {
     "real_curves": REAL_CURVES,
     "real_halting": REAL_HALTING,
     "real_halting_examples": REAL_HALTING_EXAMPLES,
+    "real_wise_steps": REAL_WISE_STEPS,
+    "real_wise_mechanism": REAL_WISE_MECHANISM,
+    "real_wise_supports": REAL_WISE_SUPPORTS,
+    "real_wise_results": REAL_WISE_RESULTS,
+    "real_wise_layouts": REAL_WISE_LAYOUTS,
+    "real_wise_summary": REAL_WISE_SUMMARY,
+    "real_wise_mechanism_summary": REAL_WISE_MECHANISM_SUMMARY,
 }

@@ -49,6 +49,7 @@ def validate(p, max_positions: int | None = None):
              f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
     validate_adaptive(p)
     validate_real_model(p.real_model)
+    validate_real_wise(p.real_wise)
     _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
              "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
     _require(len(set(c.context_lengths)) == len(c.context_lengths), "cohorts.context_lengths",
@@ -249,6 +250,49 @@ def validate_real_model(m) -> None:
     _require(0 < m.halting_act_epsilon < 1, k + "halting_act_epsilon", m.halting_act_epsilon, "must be in (0, 1)")
     _require(0 < m.halting_pondernet_prior < 1, k + "halting_pondernet_prior", m.halting_pondernet_prior,
              "must be in (0, 1)")
+
+
+def validate_real_wise(r) -> None:
+    """`real_wise:` (stage real_wise): settings (T, t_d, w) with 1 <= w <= t_d < T, the adaptive
+    rule below the smallest T, lengths within the model's positions, known conditions."""
+    k = "real_wise."
+    _require(r.retrofit in ("lma", "plain"), k + "retrofit", r.retrofit, "must be lma or plain")
+    settings = [list(s) if isinstance(s, (list, tuple)) else s for s in r.settings]
+    _require(bool(settings) and all(isinstance(s, list) and len(s) == 3 and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in s) for s in settings), k + "settings", settings,
+        "must be a non-empty list of [T, t_d, w] integer triples")
+    for T, td, w in settings:
+        _require(1 <= w <= td < T, k + "settings", [T, td, w], "must satisfy 1 <= w <= t_d < T")
+    _require(len({tuple(s) for s in settings}) == len(settings), k + "settings", settings, "has duplicates")
+    _require(_is_pow2(r.block_size) and r.block_size >= 16, k + "block_size", r.block_size,
+             "must be a power of two >= 16")
+    _require(0.0 < r.eta <= 1.0, k + "eta", r.eta, "must be in (0, 1]")
+    _require(r.backend in ("reference", "kernel", "flex"), k + "backend", r.backend,
+             "must be reference, kernel or flex")
+    lengths = list(r.lengths)
+    _require(bool(lengths) and len(set(lengths)) == len(lengths) and all(
+        isinstance(n, int) and 2 * r.block_size <= n <= 8192 for n in lengths), k + "lengths", lengths,
+        "must be distinct integers in [2 * block_size, 8192] (the model's positions)")
+    long = list(r.layout_lengths)
+    _require(len(set(long)) == len(long) and all(isinstance(n, int) and 2 * r.block_size <= n <= 8192 for n in long),
+             k + "layout_lengths", long, "must be distinct integers in [2 * block_size, 8192]")
+    for key in ("needles", "windows", "max_new_tokens", "topk"):
+        _require(getattr(r, key) >= 1, k + key, getattr(r, key), "must be >= 1")
+    _require(1 <= r.continuation < min(lengths) // 2, k + "continuation", r.continuation,
+             f"must be in [1, {min(lengths) // 2}) (half the shortest length)")
+    unknown = [c for c in r.conditions if c not in ALL_CONDITIONS]
+    _require(bool(r.conditions) and not unknown and r.conditions[0] == "full", k + "conditions",
+             list(r.conditions), f"must start with full and name only {list(ALL_CONDITIONS)}")
+    a = r.adaptive
+    keys = [f.name for f in dataclasses.fields(AdaptiveDiscovery)]
+    _require(isinstance(a, dict) and sorted(a) == sorted(keys), k + "adaptive", a, f"must give exactly {keys}")
+    try:
+        AdaptiveDiscovery(**{**a, "threshold": float(a["threshold"])})
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"params.yaml: {k}adaptive = {a!r}: {exc}") from None
+    smallest = min(T for T, _, _ in settings)
+    _require(a["max_step"] < smallest, k + "adaptive.max_step", a["max_step"],
+             f"must be below the smallest T of real_wise.settings ({smallest})")
 
 
 def validate_adaptive(p) -> None:

@@ -8,17 +8,17 @@ from pipelines.config import paths
 LABELS = {"base": "base (T = 1)", "loop": "plain loop, untrained", "plain": "plain retrofit", "lma": "LMA retrofit"}
 
 
-def _f(x, digits: int = 3) -> str:
+def fmt(x, digits: int = 3) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def _ci(r: dict, key: str, low: str, high: str, digits: int = 3) -> str:
+def fmt_ci(r: dict, key: str, low: str, high: str, digits: int = 3) -> str:
     if r.get(key) is None:
         return "–"
     return f"{r[key]:.{digits}f} [{r[low]:.{digits}f}, {r[high]:.{digits}f}]"
 
 
-def _p(x) -> str:
+def fmt_p(x) -> str:
     return "–" if x is None else (f"{x:.3g}" if x >= 0.001 else f"{x:.1e}")
 
 
@@ -93,18 +93,18 @@ def real_model_markdown(p, table: list[dict], halting: list[dict], card: dict, s
                 r = next((r for r in table if (r["variant"], r["task"], r["T"]) == (variant, task, T)), None)
                 if variant == "base":
                     r = next((r for r in table if (r["variant"], r["task"]) == ("base", task)), None) if T == 1 else None
-                cells.append(_ci(r, key, low, high) if r else "")
+                cells.append(fmt_ci(r, key, low, high) if r else "")
             L.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
         L.append("")
     L += [f"**Halting on the LMA retrofit** (needle test items, budget {card['t_max']} loops, floor {card['t_min']}; "
-          f"thresholds chosen on {card['examples']['heldout']} held-out items: τ = {_f(card['tau'], 2)}, "
-          f"confidence λ = {_f(card['confidence_threshold'], 2)}; heads fit on {card['examples']['train']} train items; "
+          f"thresholds chosen on {card['examples']['heldout']} held-out items: τ = {fmt(card['tau'], 2)}, "
+          f"confidence λ = {fmt(card['confidence_threshold'], 2)}; heads fit on {card['examples']['train']} train items; "
           f"best held-out fixed depth T = {card['best_fixed_depth']}). McNemar: exact, two-sided.", "",
           "| method | accuracy | mean loops | NLL | p vs best fixed | matched fixed | p vs matched | only method right / only matched right |",
           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in halting:
-        L.append(f"| {r['method']} | {_ci(r, 'accuracy', 'accuracy_low', 'accuracy_high')} | {_f(r['mean_loops'], 2)} | "
-                 f"{_f(r['nll'])} | {_p(r['mcnemar_best_p'])} | {r['matched_fixed']} | {_p(r['mcnemar_matched_p'])} | "
+        L.append(f"| {r['method']} | {fmt_ci(r, 'accuracy', 'accuracy_low', 'accuracy_high')} | {fmt(r['mean_loops'], 2)} | "
+                 f"{fmt(r['nll'])} | {fmt_p(r['mcnemar_best_p'])} | {r['matched_fixed']} | {fmt_p(r['mcnemar_matched_p'])} | "
                  f"{r['only_method_right']} / {r['only_matched_right']} |")
     L.append("")
     return "\n".join(L)

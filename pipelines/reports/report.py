@@ -198,6 +198,9 @@ def build_markdown(p: Params, d: dict) -> str:
     if d.get("real_model"):  # stage real_eval
         L += ["## A real pretrained model: SmolLM2-135M-Instruct retrofitted with RecurTrace (stage real_eval)", "",
               d["real_model"], ""]
+    if d.get("real_wise"):  # stage real_wise
+        L += ["### WISE on the real model: the retrofit's pretrained attention as the working set (stage real_wise)", "",
+              d["real_wise"], ""]
     if d.get("adaptive"):
         L += adaptive_section(d["adaptive"], d["figures"]["adaptive"], f, table)
     return "\n".join(L)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from wise.engine.conditions import DiscoveryMasses, condition_support, discovery_steps
-from wise.engine.runner import Late, Prefix, WiseSettings, readout_recording
+from wise.engine.runner import Late, Prefix, WiseSettings, caches_layers, readout_recording
 
 SUPPORT_FREE = ("full", "truncate")
 
@@ -33,8 +33,8 @@ def last_row(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def own_architecture(model) -> bool:
-    """The project's RecurrentDepthModel: its prelude and coda blocks can be run row by row against
-    cached keys (other models, e.g. wise.looped, recompute them over the whole sequence)."""
+    """The project's RecurrentDepthModel (its blocks take the attention callable directly; other
+    models that cache their layers, e.g. wise.looped, go through ``embed_rows`` / ``readout_rows``)."""
     from wise.models.recurrent import RecurrentDepthModel
 
     return isinstance(model, RecurrentDepthModel)
@@ -204,7 +204,7 @@ class RowGroup:
         self.truncate = self.conditions[0] == "truncate"
         if any((c == "truncate") != self.truncate for c in self.conditions):
             raise ValueError("truncate rows (no late steps) are decoded apart from the others")
-        self.fast = own_architecture(model) and prefixes[0].prelude_kv is not None
+        self.fast = caches_layers(model) and prefixes[0].prelude_kv is not None
         self.coda: list[Cache] | None = None  # per coda layer, the rows' own, from last_logits
         self._late: dict = {}
         self._layouts: torch.Tensor | None = None

@@ -11,9 +11,8 @@ steps from there. Two ways to continue a sequence (``conditions.generation``):
   late support is rediscovered on the sequence being processed. Conditions whose sequences are
   equal share each pass's prefix.
 * ``cached``: the prompt runs once; the keys and values of every (step, core layer), of the prelude
-  and of the coda are kept, and a new token runs its layers on its own row against them (models of
-  another architecture, e.g. ``wise.looped``, recompute their prelude and coda over the whole
-  sequence). A new row's late support is defined in ``wise.engine.appended_rows``: its block's row of the
+  and of the coda are kept, and a new token runs its layers on its own row against them (the
+  project's models directly, ``wise.looped``'s through its plain-layer seam). A new row's late support is defined in ``wise.engine.appended_rows``: its block's row of the
   prompt's support unioned with what its own query row discovers. Truncate runs the new row's
   first t_d steps.
 
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wise.engine.adaptive_decoding import adaptive_settings, run_adaptive_prefix
-from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
+from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row, own_architecture
 from wise.engine.conditions import ADAPTIVE
 from wise.engine.extension import extend
 from wise.engine.graph_decode import StaticDecoder
@@ -285,7 +284,8 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
     done = [False] * R
     if graphs is None:
         graphs = group.lates[0].state.device.type == "cuda"
-    static = StaticDecoder(group, max_new - 1) if graphs and group.fast and max_new > 1 else None
+    static = StaticDecoder(group, max_new - 1) \
+        if graphs and group.fast and own_architecture(group.model) and max_new > 1 else None
     tails = Tails(R)
     while True:
         for k, (token, lp, margin) in enumerate(chosen):

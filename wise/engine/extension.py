@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wise.engine.appended_rows import (SUPPORT_FREE, Cache, RowGroup, Tails, attend_rows, own_blocks, row_masses,
-                                weighted_sum)
+from wise.engine.appended_rows import (SUPPORT_FREE, Cache, RowGroup, Tails, attend_rows, own_architecture, own_blocks,
+                                       row_masses, weighted_sum)
 from wise.engine.conditions import discovery_steps
 from wise.engine.runner import initial_state
 
@@ -128,7 +128,12 @@ def extend(group: RowGroup, tails: Tails, new_ids: list[list[int]]) -> torch.Ten
     rope = model.rotary(start + r)
     rope_new = rope.rows(start, start + r)
     new_kv = {}
-    if group.fast:  # the new rows alone, against each prelude layer's cached keys
+    own = own_architecture(model)
+    if group.fast and not own:  # the new rows alone, through the model's plain-layer seam
+        attends = [_Plain(group.prelude(i), tails.kv.get(("prelude", i))) for i in range(len(model.prelude_layers()))]
+        e = model.embed_rows(torch.tensor(new_ids, device=device), rope_new, attends)
+        new_kv.update({("prelude", i): a.kv for i, a in enumerate(attends)})
+    elif group.fast:  # the new rows alone, against each prelude layer's cached keys
         e = model.transformer.wte(torch.tensor(new_ids, device=device)) * model.config.embed_scale
         for i, block in enumerate(model.transformer.prelude):
             attend = _Plain(group.prelude(i), tails.kv.get(("prelude", i)))
@@ -145,7 +150,11 @@ def extend(group: RowGroup, tails: Tails, new_ids: list[list[int]]) -> torch.Ten
     for t in range(1, last + 1):
         x = model.core_step(x, e, t, rope_new, seam)
     states = x if tails.states is None else torch.cat([tails.states, x], dim=1)
-    if group.fast:
+    if group.fast and not own:
+        attends = [_Plain(group.coda[i], tails.kv.get(("coda", i))) for i in range(len(group.coda))]
+        logits = model.readout_rows(x, rope_new, attends)
+        new_kv.update({("coda", i): a.kv for i, a in enumerate(attends)})
+    elif group.fast:
         tr = model.transformer
         y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
         for i, block in enumerate(tr.coda):

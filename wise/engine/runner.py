@@ -126,8 +126,27 @@ class _Record:
         return causal_attention(q, k, v)
 
 
+class _KeepKV:
+    """attend(q, k, v) of a layer whose model computes the output itself (``wise.looped``'s plain
+    seam): keeps k/v, returns None."""
+
+    def __call__(self, q, k, v):
+        self.kv = (k.contiguous(), v.contiguous())
+        return None
+
+
+def caches_layers(model) -> bool:
+    """Whether the model's prelude and coda can be run row by row against cached keys: the
+    project's RecurrentDepthModel, or a model with ``embed_rows`` / ``readout_rows`` taking one
+    attend per layer (``wise.looped.LoopedModel``)."""
+    return isinstance(model, RecurrentDepthModel) or callable(getattr(model, "embed_rows", None))
+
+
 def embed_recording(model, ids: torch.Tensor, rope) -> tuple[torch.Tensor, list]:
     """model.embed with each prelude layer's keys and values kept (the same numbers)."""
+    if not isinstance(model, RecurrentDepthModel):
+        keep = [_KeepKV() for _ in model.prelude_layers()]
+        return model.embed_rows(ids, rope, keep), [k.kv for k in keep]
     x = model.transformer.wte(ids) * model.config.embed_scale
     kvs = []
     for block in model.transformer.prelude:
@@ -139,6 +158,9 @@ def embed_recording(model, ids: torch.Tensor, rope) -> tuple[torch.Tensor, list]
 
 def readout_recording(model, s: torch.Tensor, rope, at) -> tuple[torch.Tensor, list]:
     """model.readout with each coda layer's keys and values kept (the same numbers)."""
+    if not isinstance(model, RecurrentDepthModel):
+        keep = [_KeepKV() for _ in model.coda_layers()]
+        return model.readout_rows(s, rope, keep, at), [k.kv for k in keep]
     tr = model.transformer
     x = tr.ln_f(s) if model.config.ln_f_after_recurrence else s
     kvs = []
@@ -171,7 +193,7 @@ def start_sequence(model, ids: torch.Tensor, seed: int, cache: bool):
     ids = ids.to(model.device).view(1, -1)
     rope = model.rotary(ids.shape[1])
     prelude_kv = None
-    if cache and isinstance(model, RecurrentDepthModel):
+    if cache and caches_layers(model):
         e, prelude_kv = embed_recording(model, ids, rope)
     else:
         e = model.embed(ids, rope)

@@ -32,7 +32,7 @@ from torch import nn
 from wise.looped.base import DecoderParts, Positions, apply_layer, decoder_parts, freeze, parameter_count, positions
 from wise.looped.config import LoopedConfig
 from wise.looped.lma import LoopMemoryAttention
-from wise.looped.seam import install_seam, routed
+from wise.looped.seam import install_plain_seam, install_seam, plain, routed
 
 
 class LoopedModel(nn.Module):
@@ -49,6 +49,9 @@ class LoopedModel(nn.Module):
             raise ValueError(f"retrofit config does not match its base: {wrong} (config, base)")
         self._parts = parts  # views into self.base (a plain attribute: nothing registered twice)
         install_seam([parts.layers[i] for i in c.block], c.block_start)
+        suffix = c.block_start + c.block_layers
+        install_plain_seam(parts.layers[:c.block_start], 0)
+        install_plain_seam(parts.layers[suffix:], suffix)
         norm_cls = type(parts.norm)  # the base's own RMSNorm class
         self.inject_norm = norm_cls(c.hidden, eps=c.norm_eps)
         self.alpha = nn.Parameter(torch.zeros(()))
@@ -97,10 +100,35 @@ class LoopedModel(nn.Module):
 
     def embed(self, ids: torch.Tensor, rope: Positions) -> torch.Tensor:
         """ids [b, n] -> e [b, n, hidden], the prefix output (the block input)."""
-        h = self._parts.embed(ids)
-        for layer in self._parts.layers[:self.config.block_start]:
-            h = apply_layer(layer, h, rope)
+        return self.embed_rows(ids, rope, [None] * self.config.block_start)
+
+    # -- the prefix and suffix layer by layer (wise.engine's cached decoding) -------------------------
+    def prelude_layers(self) -> list[nn.Module]:
+        return list(self._parts.layers[:self.config.block_start])
+
+    def coda_layers(self) -> list[nn.Module]:
+        return list(self._parts.layers[self.config.block_start + self.config.block_layers:])
+
+    def _plain_layers(self, layers, h: torch.Tensor, rope: Positions, attends) -> torch.Tensor:
+        if len(attends) != len(layers):
+            raise ValueError(f"{len(layers)} layers need as many attends, got {len(attends)}")
+        for layer, attend in zip(layers, attends):
+            with plain(attend):
+                h = apply_layer(layer, h, rope)
         return h
+
+    def embed_rows(self, ids: torch.Tensor, rope: Positions, attends) -> torch.Tensor:
+        """The prefix on ids [b, r] at positions `rope`, prefix layer i's attention through
+        attends[i] (``wise.looped.seam.plain``; None: the base's own)."""
+        return self._plain_layers(self.prelude_layers(), self._parts.embed(ids), rope, attends)
+
+    def readout_rows(self, s: torch.Tensor, rope: Positions, attends,
+                     at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``readout`` with suffix layer i's attention through attends[i]."""
+        h = self._plain_layers(self.coda_layers(), self.hidden_state(s), rope, attends)
+        if at is not None:
+            h = h[at]
+        return self._parts.lm_head(self._parts.norm(h)).float()
 
     def initial_state(self, e: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """s0 [b, n, hidden] = 0, what wise.engine.runner.initial_state draws for this config (scale 0)."""
@@ -146,12 +174,7 @@ class LoopedModel(nn.Module):
                 at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """State -> logits [b, n, vocab] fp32 (suffix layers, final norm, lm head); with
         at=(rows, positions) only those positions' logits [k, vocab]."""
-        h = self.hidden_state(s)
-        for layer in self._parts.layers[self.config.block_start + self.config.block_layers:]:
-            h = apply_layer(layer, h, rope)
-        if at is not None:
-            h = h[at]
-        return self._parts.lm_head(self._parts.norm(h)).float()
+        return self.readout_rows(s, rope, [None] * len(self.coda_layers()), at)
 
     # -- whole forward passes -------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, loops: int | None = None, policy=None, observer=None) -> torch.Tensor:
