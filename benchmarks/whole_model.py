@@ -328,7 +328,7 @@ def main(argv=None) -> int:
         r["source"] = "whole_model"
     print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")
     print(f"{rows[0]['gpu']}, torch {torch.__version__}, {a.preset} (random init), {a.dtype}, B={a.block_size}, "
-          f"rho={a.rho}, T={a.steps} = {a.dense_steps} dense + {a.steps - a.dense_steps} late steps "
+          f"{('layouts from ' + a.layouts) if a.layouts else f'rho={a.rho}'}, T={a.steps} = {a.dense_steps} dense + {a.steps - a.dense_steps} late steps "
           f"({a.backend}); medians of {a.rounds} forwards in turns; ms")
     print(format_table(rows, WHOLE_COLS))
     for r in rows:

@@ -294,3 +294,59 @@ def test_cached_decoding_equals_rerun_on_the_looped_model(fam):
         assert cached.gold_logprob == pytest.approx(rerun.gold_logprob, abs=1e-4)
         if c in ("full", "truncate"):  # support-free: the same tokens (other conditions may
             assert cached.tokens == rerun.tokens  # rediscover a different support on rerun)
+
+
+@torch.no_grad()
+def test_the_prompt_keeps_prelude_and_coda_keys_with_the_same_numbers(family):
+    """Cached decoding reads the prefix / suffix layers' keys through the plain-layer seam: recording
+    them changes no number, and a new row run on its own against them equals the whole-sequence pass."""
+    from wise.engine.appended_rows import Cache
+    from wise.engine.extension import _Plain
+    from wise.engine.runner import caches_layers, embed_recording, readout_recording
+
+    model = build_looped(tiny_base(family), **LMA)
+    assert caches_layers(model)
+    ids = ids_of(31)
+    rope = model.rotary(31)
+    e, kvs = embed_recording(model, ids[:, :30], model.rotary(30))
+    assert torch.equal(e, model.embed(ids[:, :30], model.rotary(30)))
+    assert len(kvs) == LMA["block_start"] and kvs[0][0].shape == (1, TINY["num_key_value_heads"], 30, 16)
+    s = torch.randn(1, 30, TINY["hidden_size"])
+    at = (torch.zeros(1, dtype=torch.long), torch.tensor([29]))
+    logits, coda = readout_recording(model, s, model.rotary(30), at)
+    assert torch.equal(logits, model.readout(s, model.rotary(30), at=at))
+    assert len(coda) == TINY["num_hidden_layers"] - LMA["block_start"] - LMA["block_layers"]
+    # the 31st token's prefix on its own row, against the cached keys, equals the whole pass
+    attends = [_Plain(Cache([(k, v, 1, True)]), None) for k, v in kvs]
+    row = model.embed_rows(ids[:, 30:], rope.rows(30, 31), attends)
+    assert torch.allclose(row, model.embed(ids, rope)[:, 30:], atol=1e-5)
+
+
+def test_decoding_sizes_its_gpu_batches_from_the_looped_config():
+    """The GPU path's cache estimate (examples and conditions decoded together) reads the config's
+    core-layer count, heads and widths; the looped config answers it."""
+    from wise.engine.decoding import _cache_bytes
+
+    model = build_looped(tiny_base("llama"), **LMA)
+    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16)
+    prefix, row, frozen = _cache_bytes(model, settings, 40, CONDITIONS)
+    per_step = LMA["block_layers"] * 2 * 40 * TINY["num_key_value_heads"] * 16 * 4
+    assert prefix == 3 * per_step and frozen == LMA["block_layers"] * TINY["num_attention_heads"] * 40 * 40 * 4
+    assert row > 3 * per_step
+
+
+@torch.no_grad()
+def test_a_cached_prefix_is_the_uncached_one_bit_for_bit(family):
+    """Keeping keys for cached decoding leaves full attention to the looped model's own
+    implementation, so the prefix states (and so the discovery masses and supports) are those of
+    the traces' uncached run on any device (on an H200 they once differed and a support flipped)."""
+    from wise.engine.runner import KVRecorder, run_prefix
+
+    model = build_looped(tiny_base(family), **LMA)
+    assert KVRecorder(model=model).defer
+    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16)
+    ids = ids_of(40)[0]
+    cached = run_prefix(model, ids, settings, state_seed("ex", 0), cache=True)
+    plain = run_prefix(model, ids, settings, state_seed("ex", 0), cache=False)
+    assert torch.equal(cached.state, plain.state) and cached.state_hash == plain.state_hash
+    assert all(torch.equal(a, b) for a, b in zip(cached.masses.window, plain.masses.window))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # WISE on the real model's retrofit on one GPU: convert SmolLM2-135M-Instruct (stage real_base), the
-# larger study (stage real_wise with params/real-wise-gpu.yaml: 512-2048 tokens, six (T, t_d, w)
+# larger study (stage real_wise with params/real-wise-gpu.yaml: 512-2048 tokens, four (T, t_d, w)
 # settings, the kernel backend; 4K and 8K windows traced for their working sets), then the kernel on
 # the real supports that study saved (data/real/wise/layouts.parquet), each beside random layouts of
 # the same density and dense flash / cuDNN / FlexAttention in the same run:

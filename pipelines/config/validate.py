@@ -281,8 +281,9 @@ def validate_real_wise(r) -> None:
     _require(1 <= r.continuation < min(lengths) // 2, k + "continuation", r.continuation,
              f"must be in [1, {min(lengths) // 2}) (half the shortest length)")
     unknown = [c for c in r.conditions if c not in ALL_CONDITIONS]
-    _require(bool(r.conditions) and not unknown and r.conditions[0] == "full", k + "conditions",
-             list(r.conditions), f"must start with full and name only {list(ALL_CONDITIONS)}")
+    _require(bool(r.conditions) and not unknown and r.conditions[0] == "full" and "wise" in r.conditions
+             and len(set(r.conditions)) == len(r.conditions), k + "conditions", list(r.conditions),
+             f"must start with full, include wise (its supports are the saved layouts) and name only {list(ALL_CONDITIONS)} once")
     a = r.adaptive
     keys = [f.name for f in dataclasses.fields(AdaptiveDiscovery)]
     _require(isinstance(a, dict) and sorted(a) == sorted(keys), k + "adaptive", a, f"must give exactly {keys}")

@@ -32,7 +32,7 @@ def run_adaptive_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: 
     ids, rope, e, s, prelude_kv = start_sequence(model, ids, seed, cache)
     recorder = TrajectoryObserver(s_.block_size, mass_dtype=torch.float16, diagnostics=False)
     obs = Observers(recorder)
-    kv = KVRecorder() if cache else None
+    kv = KVRecorder(model=model) if cache else None
     supports: dict[int, torch.Tensor] = {}
 
     def support_of(t: int) -> torch.Tensor:

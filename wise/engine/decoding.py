@@ -312,7 +312,8 @@ def _cache_bytes(model, settings: WiseSettings, n: int, conds) -> tuple[int, int
     item = next(model.parameters()).element_size()
     per_step = cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
     prefix = settings.discovery_step * per_step
-    row = (settings.steps - settings.discovery_step) * per_step + 2 * n * cfg.hidden * item
+    width = cfg.hidden * (1 + getattr(cfg, "memory_slots", 0))  # wise.looped states carry loop memory
+    row = (settings.steps - settings.discovery_step) * per_step + 2 * n * width * item
     frozen = cfg.n_core * cfg.heads * n * n * 4
     return prefix, row, frozen
 

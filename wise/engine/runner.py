@@ -107,15 +107,20 @@ def initial_state(model, e: torch.Tensor, seed: int, start: int = 0) -> torch.Te
 
 class KVRecorder:
     """Attention seam that attends causally (or through `inner`) and keeps each (step, layer)'s
-    keys and values: k/v [1, Hkv, n, d]."""
+    keys and values: k/v [1, Hkv, n, d]. For a model other than the project's own (``wise.looped``,
+    whose seam takes None as "your own attention"), full attention is left to the model, so a
+    cached run's states are bit for bit those of an uncached one (the traces'), on every device."""
 
-    def __init__(self, inner=None):
+    def __init__(self, inner=None, model=None):
         self.inner = inner
+        self.defer = model is not None and not isinstance(model, RecurrentDepthModel)
         self.kv: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor:
+    def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor | None:
         self.kv[(step, layer)] = (k, v)
-        return causal_attention(q, k, v) if self.inner is None else self.inner(q, k, v, step=step, layer=layer)
+        if self.inner is not None:
+            return self.inner(q, k, v, step=step, layer=layer)
+        return None if self.defer else causal_attention(q, k, v)
 
 
 class _Record:
@@ -216,7 +221,7 @@ def run_prefix(model, ids: torch.Tensor, settings: WiseSettings, seed: int, *, r
                                       steps={1, *window} if record else set(),
                                       keep_qk_step=s_.discovery_step if keep_qk else None)
     obs = Observers(recorder, observer)
-    kv = KVRecorder() if cache else None
+    kv = KVRecorder(model=model) if cache else None
     for t in range(1, s_.discovery_step + 1):
         s = model.core_step(s, e, t, rope, kv, obs)
     masses = None
@@ -263,7 +268,7 @@ def run_late(model, prefix: Prefix, condition: str, settings: WiseSettings, *, c
     policy, layouts, frozen = late_policy(prefix, condition, settings)
     if condition == "truncate":
         return Late(condition, prefix.state, None, {} if cache else None)
-    kv = KVRecorder(policy) if cache else None
+    kv = KVRecorder(policy, model) if cache else None
     s = prefix.state
     for t in range(settings.discovery_step + 1, settings.steps + 1):
         s = model.core_step(s, prefix.e, t, prefix.rope, kv if cache else policy, observer)

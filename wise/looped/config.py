@@ -83,6 +83,11 @@ class LoopedConfig:
         return self.block_layers * self.window if self.use_lma else 0
 
     @property
+    def n_core(self) -> int:
+        """Layers of the looped block: the runner's core layers (cache sizes, per-layer supports)."""
+        return self.block_layers
+
+    @property
     def block(self) -> range:
         return range(self.block_start, self.block_start + self.block_layers)
 

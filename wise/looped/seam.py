@@ -6,7 +6,7 @@ The looped block's attention modules get a private copy of the base config whose
 calls ``seam_attention(module, q, k, v, mask, ...)`` for every block layer with q [b, H, n, d] and
 k/v [b, Hkv, n, d] after q/k-norm and RoPE, the same tensors a routing policy of
 ``wise.engine.routing`` takes. Inside ``routed(step, policy, observer)`` (what ``core_step`` opens around
-one loop) the call goes to ``policy(q, k, v, step=, layer=)`` and ``observer.on_attention``, with
+one loop) the call goes to ``policy(q, k, v, step=, layer=)`` (None back: the base's own output) and ``observer.on_attention``, with
 ``layer`` the index inside the block (0..k-1), as for the recurrent models' core layers. Without a
 policy the base's own implementation computes the output (so the loop without routing is exactly
 the base's arithmetic), and an observer still sees it.
@@ -91,9 +91,13 @@ def seam_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
         out, _ = fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         out_bhnd = out.transpose(1, 2)  # [b, H, n, d], the observer's layout
     else:
-        _check_plain(query.shape[-1], attention_mask, dropout, scaling)
         out_bhnd = route.policy(query, key, value, step=route.step, layer=layer)
-        out = out_bhnd.transpose(1, 2).contiguous()
+        if out_bhnd is None:  # the policy only looked (e.g. kept the keys): the base's own attention
+            out, _ = fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+            out_bhnd = out.transpose(1, 2)
+        else:
+            _check_plain(query.shape[-1], attention_mask, dropout, scaling)
+            out = out_bhnd.transpose(1, 2).contiguous()
     if route.observer is not None:
         route.observer.on_attention(route.step, layer, query, key, value, out_bhnd)
     return out, None
