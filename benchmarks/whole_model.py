@@ -309,7 +309,8 @@ def main(argv=None) -> int:
         print(f"error: {a.preset}: {why}", file=sys.stderr)
         return 2
     dev, dtype = torch.device(a.device), DTYPES[a.dtype]
-    longest = max(a.n + [a.check_n] + ([n for _, n, _, _ in real_plan(a.layouts, config, a.seed)] if a.layouts else []))
+    plan = real_plan(a.layouts, config, a.seed) if a.layouts else [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n]
+    longest = max([n for _, n, _, _ in plan] + [a.check_n])
     model = build_model(config.replace(max_positions=max(config.max_positions, longest)), a.seed, dtype, dev)
     gen = torch.Generator().manual_seed(a.seed)
     shape = dict(block_size=a.block_size, steps=a.steps, dense_steps=a.dense_steps, seed=a.seed)
@@ -321,7 +322,6 @@ def main(argv=None) -> int:
     if not (chk["rel_err_kernel"] <= bound and math.isfinite(chk["rel_err_logits"])):
         print("error: the late-step path disagrees with the reference; nothing timed", file=sys.stderr)
         return 1
-    plan = real_plan(a.layouts, config, a.seed) if a.layouts else [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n]
     rows = whole_model_rows(config, plan, backend=a.backend, dtype=dtype, rounds=a.rounds, device=dev,
                             model=model, **shape)
     for r in rows:

@@ -137,15 +137,17 @@ def run_real_wise(p: Params) -> dict:
             for T_, t_d, w in r.settings:
                 if T_ != T:
                     continue
-                derived = {}
+                derived, trace_hashes = {}, {}
                 for it, tr in zip(items, traces):
+                    # the trace's state is hashed at the first setting's t_d for this T
+                    trace_hashes[it["example_id"]] = tr["state_hash_td"] if t_d == first[1] else None
                     summ = supports_from_trace(torch.from_numpy(tr["masses"]), len(it["token_ids"]), r.conditions,
                                                r.eta, t_d, w, r.block_size, settings_of(r, T, t_d, w).adaptive)
                     derived[it["example_id"]] = summ
                     supports += support_rows(it, summ, T, t_d, w)
                     if (T, t_d, w) == tuple(r.settings[0]):
                         layouts += layout_rows(it, summ["wise"].layout, T, t_d, w, r.block_size)
-                results += condition_rows(p, pool, items, derived, (T, t_d, w), tokenizer, stop)
+                results += condition_rows(p, pool, items, derived, trace_hashes, (T, t_d, w), tokenizer, stop)
         if long_items:  # Full only: the mechanism, the working set and the kernel's layouts at long contexts
             first = tuple(r.settings[0])
             context = {"settings": dataclasses.asdict(settings_of(r, *first)), "init_seed": p.real_model.seed,
@@ -213,8 +215,8 @@ def layout_rows(item: dict, layout: torch.Tensor, T: int, t_d: int, w: int, bloc
             for layer in range(L)]
 
 
-def condition_rows(p: Params, pool: WorkerPool, items: list[dict], derived: dict, setting: tuple,
-                   tokenizer, stop: list[int]) -> list[dict]:
+def condition_rows(p: Params, pool: WorkerPool, items: list[dict], derived: dict, trace_hashes: dict,
+                   setting: tuple, tokenizer, stop: list[int]) -> list[dict]:
     """Every condition on every item at one (T, t_d, w), pairing-checked, scored against Full."""
     from wise.analysis.metrics import answer_change, exact_match, f1
 
@@ -229,7 +231,7 @@ def condition_rows(p: Params, pool: WorkerPool, items: list[dict], derived: dict
         outs = pool.map("conditions", work, context, desc=f"real_wise {task} T={T} t_d={t_d} w={w}")
         for it, out in zip(group, outs, strict=True):
             by_cond = {row["condition"]: row for row in out["examples"][0]["rows"]}
-            check_pairing(it["example_id"], by_cond, derived[it["example_id"]], t_d)
+            check_pairing(it["example_id"], by_cond, derived[it["example_id"]], t_d, trace_hashes[it["example_id"]])
             full = by_cond["full"]
             full_text = answer_text(tokenizer, full["prediction_ids"])
             full_ok = _greedy_correct(full["prediction_ids"], it["answer_ids"])
@@ -264,11 +266,15 @@ def answer_text(tokenizer, ids: list[int]) -> str:
     return text.strip()
 
 
-def check_pairing(example_id: str, by_cond: dict, derived: dict, t_d: int) -> None:
-    """All conditions at t_d share one state; every support run uses its trace-derived support."""
+def check_pairing(example_id: str, by_cond: dict, derived: dict, t_d: int, trace_hash: str | None = None) -> None:
+    """All conditions at t_d share one state, the Full trace's own when it was hashed at this t_d;
+    every support run uses its trace-derived support."""
     hashes = {row["state_hash_td"] for row in by_cond.values() if row["discovery_step"] == t_d}
     if len(hashes) != 1:
         raise SupportMismatchError(f"{example_id}: conditions reached t_d = {t_d} in different states {sorted(hashes)}")
+    if trace_hash is not None and hashes != {trace_hash}:
+        raise SupportMismatchError(f"{example_id}: the conditions' state at t_d = {t_d} is not the one its Full trace "
+                                   "reached: the supports were derived from another computation")
     for name, row in by_cond.items():
         if name not in derived:
             continue

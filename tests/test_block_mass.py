@@ -197,6 +197,24 @@ def test_fast_block_mass_gpu_uses_the_kernel(dtype, monkeypatch):
     assert calls == [1]
 
 
+def _observer_masses(q, k, diagnostics: bool) -> torch.Tensor:
+    from wise.engine.mechanism import TrajectoryObserver
+
+    obs = TrajectoryObserver(32, diagnostics=diagnostics, steps={1})
+    out = torch.zeros_like(q)
+    obs.on_attention(1, 0, q[None], k[None], None, out[None])
+    return obs.step_masses(1)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_trace_and_run_recorders_store_the_same_masses(device):
+    """A Full trace (diagnostics on) and a run's discovery recorder (masses only) must store the
+    same fp16 masses bit for bit: supports are re-derived from traces and compared with the runs'
+    exactly, and the kernel's and the dense probabilities' fp32 sums round differently."""
+    q, k = qk(9, 3, 1024, 64, torch.float32, seed=11, device=device)
+    assert torch.equal(_observer_masses(q, k, True), _observer_masses(q, k, False))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 

@@ -87,6 +87,9 @@ def test_one_gpu_typed_actor_per_gpu_each_with_its_own_gpu(run, gpus):
         # nothing tried CUDA: the worker resolved model.device auto to cpu and loaded the model once
         assert a["cuda_available"] is False and a["device"] == "cpu" and a["model_loads"] == 1, a
     assert sorted(a["gpu_ids"][0] for a in actors) == [str(i) for i in range(gpus)], actors
+    for a in actors:  # the stage log says where each actor computes and what Ray gave it
+        gpu = a["gpu_ids"][0]
+        assert f"pid {a['pid']}: cpu, Ray GPU ids ['{gpu}'], CUDA_VISIBLE_DEVICES={gpu}" in run["output"], a
 
 
 @pytest.mark.parametrize("gpus", [1, 2])

@@ -18,10 +18,8 @@ SPEC = PACKAGED["smollm2-135m-instruct"]
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("real") / "smollm2-135m-instruct"
-    convert(SPEC, out)
-    return out
+def converted(smollm2_converted):
+    return smollm2_converted
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +49,8 @@ def test_conversion_gives_an_ordinary_folder_with_its_card(converted):
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (9, 3, 64)
     assert config["vocab_size"] == 49152 and "quantization_config" not in config
     assert "transformers_version" not in config  # the same bytes whatever transformers wrote them
+    # nor whatever the shell says: local_files_only follows HF_HUB_OFFLINE (set by conftest)
+    assert "local_files_only" not in json.loads((converted / "tokenizer_config.json").read_text())
     source = json.loads((converted / "gguf_source.json").read_text())
     assert source["sha256"] == SPEC.sha256 and source["version"] == SPEC.version
     card = (converted / "README.md").read_text()

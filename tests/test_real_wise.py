@@ -11,17 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from wise.packaged_gguf import PACKAGED, convert
-
 ROOT = Path(__file__).resolve().parents[1]
 LMA = ROOT / "data" / "models" / "smollm2-135m-lma"
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("real") / "smollm2-135m-instruct"
-    convert(PACKAGED["smollm2-135m-instruct"], out)
-    return out
+def converted(smollm2_converted):
+    return smollm2_converted
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +154,15 @@ def test_bad_real_wise_params_are_refused_by_key():
         check(lengths=[64], continuation=40)
     with pytest.raises(ParamsError, match="real_wise.retrofit"):
         check(retrofit="base")
+
+
+def test_pairing_refuses_conditions_that_left_the_full_traces_state():
+    from pipelines.real_wise import SupportMismatchError, check_pairing
+
+    rows = {name: {"state_hash_td": "a", "discovery_step": 3} for name in ("full", "truncate")}
+    check_pairing("ex", rows, {}, 3, trace_hash="a")
+    check_pairing("ex", rows, {}, 3)  # a trace hashed at another t_d says nothing here
+    with pytest.raises(SupportMismatchError, match="ex: the conditions' state at t_d = 3 is not the one its Full trace"):
+        check_pairing("ex", rows, {}, 3, trace_hash="b")
+    with pytest.raises(SupportMismatchError, match="different states"):
+        check_pairing("ex", {**rows, "wise": {"state_hash_td": "c", "discovery_step": 3}}, {}, 3, trace_hash="a")

@@ -173,11 +173,16 @@ def convert(spec: PackagedGGUF, out: str | Path, gguf_path: str | Path | None = 
         staging.mkdir(parents=True)
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
-        for name in ("config.json", "generation_config.json"):  # the same bytes whatever transformers wrote them
+        # The same bytes whatever transformers wrote them and whatever the environment says:
+        # local_files_only follows HF_HUB_OFFLINE, so with it the folder's hash (a DVC dep of the
+        # real-model stages) would change with the shell that ran the conversion.
+        volatile = {"config.json": "transformers_version", "generation_config.json": "transformers_version",
+                    "tokenizer_config.json": "local_files_only"}
+        for name, key in volatile.items():
             path = staging / name
             if path.is_file():
                 fields = json.loads(path.read_text())
-                fields.pop("transformers_version", None)
+                fields.pop(key, None)
                 path.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
         for path in staging.iterdir():
             ordinary_mode(path)  # safetensors writes its file private

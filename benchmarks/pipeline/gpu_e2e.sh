@@ -10,7 +10,7 @@
 #   stage_times.tsv  stage, seconds (from "Running stage" to DVC's lock-file update)
 #   gpu_memory.csv   nvidia-smi samples (every 0.5 s) while `dvc repro` ran
 #   pytest.log       `python -m pytest -m gpu -q`
-#   env.txt, params.yaml, metrics.json, summary.md   what ran, and the statistics stage's outputs
+#   env.txt, params.yaml, metrics.json, summary.md, report.md   what ran, and the statistics stage's outputs
 #
 # Usage:  benchmarks/pipeline/gpu_e2e.sh [--cpu] [--tests MARKEXPR | --no-tests] [-S key=value]... [LOG_DIR]
 #   LOG_DIR     default: $OUT if set, else ./gpu-e2e-logs
@@ -203,7 +203,7 @@ if [ "$REPRO_RC" -eq 0 ]; then
   query "timing (ms; status says what was not measured; peak_gib: torch's peak of a whole-model row):" \
     "SELECT source, label, n, block_size, status, flash_ms, kernel_ms, full_ms, wise_ms, ratio, peak_gib
      FROM timing ORDER BY source, label, n, block_size"
-  cp data/metrics.json data/report/summary.md "$LOG_DIR/" 2>/dev/null
+  cp data/metrics.json data/report/summary.md data/report/report.md "$LOG_DIR/" 2>/dev/null  # report.md: its timing tables
   MISMATCHES=$(python -c "import json; print(json.load(open('data/metrics.json')).get('expected_mismatches'))")
   say "expected mismatches (data/metrics.json): $MISMATCHES"
   [ "$MISMATCHES" = 0 ] || FAILED+=("$MISMATCHES answers differ from the expected ones")

@@ -89,6 +89,19 @@ class ModelWorker:
 
         return ray.get_runtime_context().get_node_id()
 
+    def placement(self) -> str:
+        """Where this actor computes, for the stage log: the device torch uses, and what Ray gave it."""
+        import ray
+        import torch
+
+        param = next(self.model.parameters())
+        where = str(param.device)
+        if param.device.type == "cuda":
+            where += f" ({torch.cuda.get_device_name(param.device)})"
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        return (f"pid {os.getpid()}: {where}, Ray GPU ids {gpus or 'none'}, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}")
+
     def stats(self) -> dict:
         """pid, device, models this worker loaded (1) and items it ran."""
         return {"pid": os.getpid(), "device": self.device, "model_loads": self.model_loads, "items": self.items}
@@ -166,6 +179,9 @@ class WorkerPool:
         pending, self.starting = self.starting, {}
         for ref, node in zip(pending, ray.get(list(pending))):
             self._add(pending[ref], node)
+        kind = f"{opts['num_gpus']} GPU + {opts['num_cpus']} CPU" if use_gpu else f"{opts['num_cpus']} CPU"
+        for actor, where in zip(self.actors, ray.get([a.placement.remote() for a in self.actors])):
+            _log(f"ray actor ({kind}) on node {self.node_of[actor][:8]}, {where}")
         return self
 
     def _start_actor(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipelines.config import paths
 from pipelines.reports.real_model_report import fmt, fmt_ci, fmt_p
 
 
@@ -17,9 +18,6 @@ def _gci(r: dict, key: str) -> str:
     if r.get(key) is None:
         return "–"
     return f"{r[key]:.3g} [{r[key + '_low']:.3g}, {r[key + '_high']:.3g}]"
-
-# the paper's ordering of the conditions (quality kept vs Full, best first)
-PAPER_ORDER = ("wise", "freeze_a", "static95", "mass_matched", "size_matched", "truncate")
 
 
 def real_wise_figure(steps: list[dict], path: Path) -> str:
@@ -77,7 +75,7 @@ def real_wise_markdown(p, summary: list[dict], mech: list[dict], working: list[d
          f"wise_adaptive: {r.adaptive}. Brackets: {100 * p.statistics.ci_level:g}% paired bootstrap intervals over "
          "examples; McNemar exact, two-sided, against Full. Tables: `data/real/wise/*.parquet` "
          "(`python -m pipelines.store.query \"SELECT * FROM real_wise_summary\"`).", ""]
-    L += [f"![convergence per loop]({real_wise_figure_name()})", ""]
+    L += [f"![convergence per loop]({paths.REAL_WISE_FIGURE.name})", ""]
     L += ["**Mechanism**: median loop at which each quantity converges (diagnostics rule; T + 1 = not within T "
           "loops); routing first = fraction of prompts whose routing (S, A) settles before the representation (H, O).",
           "", "| T | task | length | n | tokens | S_block | S | A | H | O | mean gap | routing first |",
@@ -118,9 +116,3 @@ def real_wise_markdown(p, summary: list[dict], mech: list[dict], working: list[d
                          f"{fmt(s['density'])} | {fmt(s['retained_future_mass'])} | {fmt(s['mean_discovery_step'], 1)} |")
     L.append("")
     return "\n".join(L)
-
-
-def real_wise_figure_name() -> str:
-    from pipelines.config import paths
-
-    return paths.REAL_WISE_FIGURE.name

@@ -69,7 +69,12 @@ class TrajectoryObserver:
             return
         probs = layer_probs(q, k)
         if self.steps is None or step in self.steps:
-            self.masses.setdefault(step, {})[layer] = block_mass(probs, self.block_size).to(self.mass_dtype)
+            # On CUDA the runs' recorder takes masses from the Triton kernel, whose fp32 sums round
+            # differently from the dense probabilities': a trace must store the same numbers, or the eta
+            # threshold flips a block near a tie and a run's support differs from its trace's.
+            mass = (fast_block_mass(q, k, self.block_size, self.mass_dtype) if q.is_cuda
+                    else block_mass(probs, self.block_size).to(self.mass_dtype))
+            self.masses.setdefault(step, {})[layer] = mass
         if self.diagnostics:
             values = {"S": math.nan, "A": math.nan, "O": math.nan}
             if self.rows is not None:
