@@ -30,6 +30,7 @@ from pipelines.cohorts import cohort_row, generation_reserve
 from pipelines.config.run_spec import wise_settings
 from pipelines.config.params import load_params
 from pipelines.compute.pool import ModelWorker
+from pipelines.compute.tasks.contexts import ConditionsContext, TraceContext
 from wise.data import build_cohort_variants, load_examples
 from wise.data.tokenizer import load_tokenizer
 
@@ -95,19 +96,20 @@ def main(argv=None) -> int:
     print(f"dryrun: {p.model.source} ({n_params / 1e9:.2f}B parameters, {p.model.dtype}) on {device}, "
           f"loaded in {load_s:.1f} s", flush=True)
     item = build_example(p, model, load_tokenizer(tok_path), budget)
-    settings = dataclasses.asdict(wise_settings(p))
-    base = {"settings": settings, "init_seed": p.recurrence.init_seed}
-    stop = [model.config.eos_token_id, *model.config.extra_eos_token_ids]
+    settings = wise_settings(p)
+    stop = (model.config.eos_token_id, *model.config.extra_eos_token_ids)
 
     phases = []
-    _, secs, peak = timed(lambda: worker.run("trace", item, {**base, "topk": p.diagnostics.topk,
-                                                                   "diagnostics": True}), device)
+    trace_ctx = TraceContext(settings=settings, init_seed=p.recurrence.init_seed, topk=p.diagnostics.topk,
+                             diagnostics=True)
+    _, secs, peak = timed(lambda: worker.run("trace", item, trace_ctx), device)
     phases.append({"phase": "trace", "seconds": round(secs, 2), "peak_gib": peak})
     print(f"dryrun: {len(item['token_ids'])} tokens; trace (Full, all diagnostics) {secs:.1f} s, "
           f"peak {gib(peak)}", flush=True)
     # One work item with every condition, as the conditions stage sends it: one shared prefix.
-    ctx = {**base, "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
-           "stop_ids": stop, "generation": p.conditions.generation}
+    ctx = ConditionsContext(settings=settings, init_seed=p.recurrence.init_seed, conditions=tuple(p.conditions.names),
+                            max_new_tokens=p.conditions.max_new_tokens, stop_ids=stop,
+                            generation=p.conditions.generation)
     batch, secs, peak = timed(lambda: worker.run("conditions", {"examples": [item]}, ctx), device)
     out = batch["examples"][0]
     hashes = {row["state_hash_td"] for row in out["rows"]}
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
     summary = {"source": p.model.source, "dtype": p.model.dtype, "device": device,
                "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
                "parameters": n_params, "tokens": len(item["token_ids"]), "context": budget,
-               "settings": settings, "max_new_tokens": p.conditions.max_new_tokens,
+               "settings": dataclasses.asdict(settings), "max_new_tokens": p.conditions.max_new_tokens,
                "load_seconds": round(load_s, 1), "phases": phases,
                "seconds_per_condition": round(total / len(p.conditions.names), 2),
                "max_peak_gib": max(ph["peak_gib"] for ph in phases) if device == "cuda" else None}

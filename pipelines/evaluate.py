@@ -9,14 +9,13 @@ and condition; ``conditions.allow_support_mismatch`` keeps such rows instead, fl
 """
 from __future__ import annotations
 
-import dataclasses
-
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
 from pipelines.reports.expected import oracle_for, settings_of
 from pipelines.config.params import Params
 from pipelines.compute.pool import WorkerPool
+from pipelines.compute.tasks.contexts import ConditionsContext
 from pipelines.config.run_spec import run_spec, wise_settings
 from wise.analysis.metrics import answer_change, exact_match, f1
 
@@ -37,10 +36,9 @@ def run_condition_stage(p: Params) -> None:
         layouts.setdefault((r["example_id"], r["condition"]), {})[r["layer"]] = r["layout_bits"]
     text = model_text(p.model.source, p.model.revision)
     items = work_items(cohort, p.conditions.batch_examples if p.conditions.generation == "cached" else 1)
-    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
-               "conditions": list(p.conditions.names), "max_new_tokens": p.conditions.max_new_tokens,
-               "generation": p.conditions.generation,
-               "stop_ids": list(text.stop_ids)}
+    context = ConditionsContext(settings=wise_settings(p), init_seed=p.recurrence.init_seed,
+                                conditions=tuple(p.conditions.names), max_new_tokens=p.conditions.max_new_tokens,
+                                stop_ids=tuple(text.stop_ids), generation=p.conditions.generation)
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         batches = pool.map("conditions", items, context, desc="conditions")
     by_id = {out["example_id"]: {**out, "worker": batch["worker"]} for batch in batches for out in batch["examples"]}

@@ -20,14 +20,13 @@ naming the example and condition). Summaries (CIs, McNemar, convergence) are in
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
 from pipelines.config import paths, schemas
 from pipelines.config.params import ModelParams, Params, RealWiseParams
 from pipelines.compute.pool import WorkerPool
+from pipelines.compute.tasks.contexts import ConditionsContext, TraceContext
 from pipelines.real_model import base_folder, load_corpus, load_tokenizer, retrofit_folder, split_windows
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 from wise.engine.conditions import supports_from_trace
@@ -126,8 +125,8 @@ def run_real_wise(p: Params) -> dict:
     steps, mechanism, supports, results, layouts = [], [], [], [], []
     with WorkerPool(retrofit_model(p), p.compute, len(items)) as pool:
         for T, first in by_T.items():
-            context = {"settings": dataclasses.asdict(settings_of(r, *first)), "init_seed": p.real_model.seed,
-                       "topk": r.topk, "diagnostics": True}
+            context = TraceContext(settings=settings_of(r, *first), init_seed=p.real_model.seed, topk=r.topk,
+                                   diagnostics=True)
             traces = pool.map("trace", [{k: it[k] for k in ("example_id", "token_ids")} for it in items], context,
                               desc=f"real_wise traces T={T}")
             for it, tr in zip(items, traces, strict=True):
@@ -150,8 +149,8 @@ def run_real_wise(p: Params) -> dict:
                 results += condition_rows(p, pool, items, derived, trace_hashes, (T, t_d, w), tokenizer, stop)
         if long_items:  # Full only: the mechanism, the working set and the kernel's layouts at long contexts
             first = tuple(r.settings[0])
-            context = {"settings": dataclasses.asdict(settings_of(r, *first)), "init_seed": p.real_model.seed,
-                       "topk": r.topk, "diagnostics": True}
+            context = TraceContext(settings=settings_of(r, *first), init_seed=p.real_model.seed, topk=r.topk,
+                                   diagnostics=True)
             for it in long_items:
                 (tr,) = pool.map("trace", [{k: it[k] for k in ("example_id", "token_ids")}], context,
                                  desc=f"real_wise long trace n={it['length']}")
@@ -224,9 +223,9 @@ def condition_rows(p: Params, pool: WorkerPool, items: list[dict], derived: dict
     rows = []
     for task, max_new in (("qa", r.max_new_tokens), ("text", 1)):
         group = [it for it in items if it["task"] == task]
-        context = {"settings": dataclasses.asdict(settings_of(r, T, t_d, w)), "init_seed": p.real_model.seed,
-                   "conditions": list(r.conditions), "max_new_tokens": max_new, "generation": "cached",
-                   "stop_ids": stop}
+        context = ConditionsContext(settings=settings_of(r, T, t_d, w), init_seed=p.real_model.seed,
+                                    conditions=tuple(r.conditions), max_new_tokens=max_new, stop_ids=tuple(stop),
+                                    generation="cached")
         work = [{"examples": [{k: it[k] for k in ("example_id", "token_ids", "answer_ids")}]} for it in group]
         outs = pool.map("conditions", work, context, desc=f"real_wise {task} T={T} t_d={t_d} w={w}")
         for it, out in zip(group, outs, strict=True):

@@ -13,6 +13,7 @@ from pipelines.cohorts import model_text
 from pipelines.reports.expected import oracle_for, settings_of
 from pipelines.config.params import Params, ParamsError, adaptive_rule
 from pipelines.compute.pool import WorkerPool
+from pipelines.compute.tasks.contexts import SweepContext
 from pipelines.config.run_spec import run_spec, wise_settings
 from wise.engine.conditions import ADAPTIVE
 from wise.analysis.metrics import answer_change, exact_match, f1
@@ -43,11 +44,10 @@ def run_sweep_stage(p: Params, axis: str) -> None:
     tok = text.tokenizer
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"], "answer_ids": r["answer_ids"]}
              for r in cohort]
-    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
-               "axis": axis, "adaptive_key": ADAPTIVE_AXES.get(axis), "values": values,
-               "max_new_tokens": p.conditions.max_new_tokens,
-               "generation": p.conditions.generation,
-               "stop_ids": list(text.stop_ids)}
+    context = SweepContext(settings=wise_settings(p), init_seed=p.recurrence.init_seed,
+                           max_new_tokens=p.conditions.max_new_tokens, stop_ids=tuple(text.stop_ids),
+                           generation=p.conditions.generation, axis=axis, values=tuple(values),
+                           adaptive_key=ADAPTIVE_AXES.get(axis))
     with WorkerPool(p.model, p.compute, len(items)) as pool:
         outputs = pool.map("sweep", items, context, desc=f"sweep {axis}")
     oracle, base = oracle_for(p.model.source, tok), settings_of(p)

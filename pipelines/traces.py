@@ -4,14 +4,13 @@
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import ParquetStream, read_parquet
 from pipelines.config.params import Params
 from pipelines.compute.pool import WorkerPool
+from pipelines.compute.tasks.contexts import TraceContext
 from pipelines.config.run_spec import model_spec, wise_settings, worker_spec
 
 
@@ -27,8 +26,8 @@ def run_traces(p: Params) -> None:
     cohort = read_parquet(paths.COHORT).to_pylist()
     items = [{"example_id": r["example_id"], "token_ids": r["token_ids"],
               "question_start": r["question_start"]} for r in cohort]
-    context = {"settings": dataclasses.asdict(wise_settings(p)), "init_seed": p.recurrence.init_seed,
-               "topk": p.diagnostics.topk, "diagnostics": True}
+    context = TraceContext(settings=wise_settings(p), init_seed=p.recurrence.init_seed,
+                           topk=p.diagnostics.topk, diagnostics=True)
     with WorkerPool(p.model, p.compute, len(items)) as pool, \
             ParquetStream(paths.TRACE_MASSES, schemas.TRACE_MASSES) as masses_out, \
             ParquetStream(paths.TRACE_STEPS, schemas.TRACE_STEPS) as steps_out, \

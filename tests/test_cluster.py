@@ -139,8 +139,11 @@ ATTACH = """
 import sys
 from pipelines.config.params import ComputeParams, ModelParams
 from pipelines.compute.pool import WorkerPool
+from pipelines.compute.tasks.contexts import TraceContext
+from wise.engine.runner import WiseSettings
 items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 23 + i))} for i in range(4)]
-ctx = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
+ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+                   topk=16, diagnostics=True)
 with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(ray_address=sys.argv[1]), 4) as pool:
     out = pool.map("trace", items, ctx)
     print("ATTACHED", len(out), pool.placement)

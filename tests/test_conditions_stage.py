@@ -1,12 +1,12 @@
 """The conditions stage's work items: examples of one prompt length go to a worker together, and a
 batched item gives each example the rows it gets alone."""
-import dataclasses
 
 import pytest
 import torch
 
 from pipelines.evaluate import work_items
 from pipelines.compute.tasks.conditions import run_conditions
+from pipelines.compute.tasks.contexts import ConditionsContext
 from wise.analysis.calibration import CONDITIONS
 from wise.engine.conditions import ADAPTIVE
 from wise.engine.discovery_depth import AdaptiveDiscovery
@@ -35,9 +35,8 @@ def test_a_batched_item_gives_every_example_its_own_rows():
     # wise_adaptive: the random model's supports hold from step 1, so it settles at min_step
     settings = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6,
                             adaptive=AdaptiveDiscovery(threshold=0.5, min_step=2, max_step=7, window=2))
-    context = {"settings": dataclasses.asdict(settings), "init_seed": 0, "conditions": [*CONDITIONS, ADAPTIVE],
-               "max_new_tokens": 3,
-               "stop_ids": [1], "generation": "cached"}
+    context = ConditionsContext(settings=settings, init_seed=0, conditions=(*CONDITIONS, ADAPTIVE), max_new_tokens=3,
+                                stop_ids=(1,), generation="cached")
     cohort = [row(i, 48) for i in range(3)]
     (item,) = work_items(cohort, 8)
     batched = run_conditions(model, item, context)["examples"]

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from pipelines.config.failures import log_failure, one_line
+from pipelines.compute.tasks.contexts import TraceContext
 from pipelines.compute.work import example_ids
+from wise.engine.runner import WiseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-CTX = {"settings": dict(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
+CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+                   topk=16, diagnostics=True)
 
 
 def test_work_items_are_named_by_their_example_ids():
@@ -45,6 +48,8 @@ RAY_STAGE = textwrap.dedent("""
     import sys
     from pipelines.config.cli import stage_main
     from pipelines.compute.pool import WorkerPool
+    from pipelines.compute.tasks.contexts import TraceContext
+    from wise.engine.runner import WiseSettings
 
     def run(p):
         items = [{"example_id": "ok@64", "token_ids": list(range(3, 40))},
@@ -52,7 +57,8 @@ RAY_STAGE = textwrap.dedent("""
         with WorkerPool(p.model, p.compute, len(items)) as pool:
             pool.map("trace", items, CTX)
 
-    CTX = %r
+    CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+                       topk=16, diagnostics=True)
     sys.exit(stage_main("traces", run))
 """)
 
@@ -66,7 +72,7 @@ def test_a_ray_task_failure_reaches_the_user_as_one_line_with_the_traceback_in_t
     raw["cohorts"].update(benchmarks=["synthhop"], context_lengths=[256, 512], sources={})
     raw["compute"].update(num_workers=1, cpus_per_worker=1, max_retries=0)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    (tmp_path / "stage.py").write_text(RAY_STAGE % (CTX,))
+    (tmp_path / "stage.py").write_text(RAY_STAGE)
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="wr", dir="/tmp"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "stage.py"], cwd=tmp_path, capture_output=True, text=True, env=env,

@@ -5,7 +5,6 @@ bit and give the kernel's output equal to the fp32 reference, and the stage's ba
 refused by key."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -90,6 +89,7 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
     from kernels.reference import masked_attention_reference, relative_error
     from kernels.schedule import build_schedule
     from kernels.sparse_attention import sparse_attention
+    from pipelines.compute.tasks.contexts import TraceContext
     from pipelines.compute.tasks.trace import trace_example
     from pipelines.config import schemas
     from pipelines.real_wise import layout_rows
@@ -99,7 +99,7 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
 
     s = _settings()
     item = {"example_id": "window-test-0@160", "token_ids": window}
-    tr = trace_example(looped, item, {"settings": dataclasses.asdict(s), "init_seed": 0, "topk": 16})
+    tr = trace_example(looped, item, TraceContext(settings=s, init_seed=0, topk=16, diagnostics=True))
     layout = supports_from_trace(torch.from_numpy(tr["masses"]), len(window), ["wise"], s.eta, s.discovery_step,
                                  s.window, s.block_size)["wise"].layout
     rows = layout_rows({**item, "task": "text", "length": 160}, layout, s.steps, s.discovery_step, s.window,

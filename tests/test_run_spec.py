@@ -15,7 +15,9 @@ from pipelines.store.artifacts import to_table
 from pipelines.evaluate import PairingError, SupportMismatchError, result_rows
 from pipelines.config.params import ModelParams, Params
 from pipelines.compute.pool import ModelWorker
+from pipelines.compute.tasks.contexts import TraceContext
 from pipelines.config.run_spec import code_version, run_spec, weights_id
+from wise.engine.runner import WiseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data/models/wise-tiny-random"
@@ -47,7 +49,8 @@ def test_code_version_names_the_package_and_the_checked_out_commit():
 
 def test_a_worker_stamps_its_device_and_dtype_on_every_result():
     worker = ModelWorker(ModelParams(source="preset:tiny-random@0", device="cpu", dtype="float32"))
-    ctx = {"settings": dict(steps=3, discovery_step=2, window=1, block_size=16, eta=0.9), "init_seed": 0}
+    ctx = TraceContext(WiseSettings(steps=3, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+                       topk=16, diagnostics=True)
     out = worker.run("trace", {"example_id": "e", "token_ids": list(range(3, 40)), "question_start": 30}, ctx)
     assert out["worker"] == CPU
     assert ModelWorker(ModelParams(source="preset:tiny-random@0", device="cpu", dtype="bfloat16")).spec()["dtype"] \

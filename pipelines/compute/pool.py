@@ -68,7 +68,7 @@ class ModelWorker:
         self.model_loads += 1
         return load_checkpoint(model.source, dtype=dtype, device=self.device, revision=model.revision)
 
-    def run(self, task: str, item: Any, context: dict, index: int = 0) -> Any:
+    def run(self, task: str, item: Any, context: Any, index: int = 0) -> Any:
         """The task's result; a dict result also gets ``worker``: this worker's ``spec()``, which
         the driver writes into the rows (the device and dtype are known here, not there)."""
         from pipelines.compute.work import get_task
@@ -281,11 +281,11 @@ class WorkerPool:
             if not self.compute.ray_address:
                 ray.shutdown()
 
-    def map(self, task: str, items: Sequence[Any], context: dict, desc: str = "") -> list[Any]:
+    def map(self, task: str, items: Sequence[Any], context: Any, desc: str = "") -> list[Any]:
         """Run `task` on every item; results in item order."""
         return list(self.imap(task, items, context, desc))
 
-    def imap(self, task: str, items: Sequence[Any], context: dict, desc: str = ""):
+    def imap(self, task: str, items: Sequence[Any], context: Any, desc: str = ""):
         """Like `map`, but yields results in item order as soon as they are available, so the
         driver can write each one out instead of holding them all."""
         bar = tqdm(total=len(items), desc=desc or task, unit="item", dynamic_ncols=True)
@@ -299,7 +299,7 @@ class WorkerPool:
         finally:
             bar.close()
 
-    def _imap_ray(self, task: str, items: Sequence[Any], context: dict, desc: str, bar):
+    def _imap_ray(self, task: str, items: Sequence[Any], context: Any, desc: str, bar):
         # The pool's own scheduling rather than ray.util.ActorPool: it must know which actor ran
         # which item, drop an unreachable actor (ActorPool hands it out again, and the retry fails
         # on it too) and take in actors that start mid-stage.

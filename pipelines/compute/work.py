@@ -2,7 +2,9 @@
 
 Each task lives in its own module under ``pipelines/compute/tasks`` and is imported on first use, so a
 stage's dvc.yaml entry depends only on the task it runs. ``context`` carries the settings shared by
-all items of a stage; items carry one example's token ids.
+all items of a stage, typed: one frozen dataclass per task (``pipelines.compute.tasks.contexts``),
+built in the driver, which a task requires (a plain dict is refused); items carry one example's
+token ids.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def example_ids(item: Any, index: int) -> str:
     return f"#{index} (a work item without example ids)"
 
 
-def get_task(name: str) -> Callable[[Any, dict, dict], dict]:
+def get_task(name: str) -> Callable[[Any, dict, Any], dict]:
     if name not in TASKS:
         raise KeyError(f"unknown work item kind {name!r}; known: {sorted(TASKS)}")
     module, _, func = TASKS[name].partition(":")

@@ -1,26 +1,28 @@
 """Work item run inside a ``ModelWorker``: every condition on a few examples (prompts of one
 length, decoded as one batch).
 
-Plain dicts in and out."""
+A plain dict item in, a plain dict out; the context is a ``ConditionsContext``."""
 from __future__ import annotations
 
+from pipelines.compute.tasks.contexts import ConditionsContext, require
 from wise.engine.decoding import evaluate_examples
-from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.runner import state_seed
 from wise.engine.support import pack_layout
 
 
-def run_conditions(model, item: dict, context: dict) -> dict:
+def run_conditions(model, item: dict, context: ConditionsContext) -> dict:
     """Every requested condition on each of item["examples"], from each example's shared prefix:
     greedy prediction and gold log-prob (``wise.engine.decoding.evaluate_examples``)."""
-    settings = WiseSettings(**context["settings"])
+    require("conditions", context, ConditionsContext)
+    settings = context.settings
     examples = item["examples"]
-    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"], state_seed(ex["example_id"], context["init_seed"]))
-                                     for ex in examples], context["conditions"], settings,
-                             context["max_new_tokens"], set(context["stop_ids"]), context.get("generation", "cached"))
+    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"], state_seed(ex["example_id"], context.init_seed))
+                                     for ex in examples], context.conditions, settings,
+                             context.max_new_tokens, set(context.stop_ids), context.generation)
     out = []
     for ex, by_condition in zip(examples, runs):
         rows = []
-        for name in context["conditions"]:
+        for name in context.conditions:
             run = by_condition[name]
             rows.append({
                 "condition": name,

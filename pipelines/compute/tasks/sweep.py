@@ -1,27 +1,29 @@
 """Work item run inside a ``ModelWorker``: one example across the values of one sweep axis.
 
-Plain dicts in and out."""
+A plain dict item in, a plain dict out; the context is a ``SweepContext``."""
 from __future__ import annotations
 
 import dataclasses
 
 import torch
 
+from pipelines.compute.tasks.contexts import SweepContext, require
 from wise.engine.conditions import ADAPTIVE, supports_from_trace
 from wise.engine.decoding import evaluate_example
 from wise.engine.mechanism import TrajectoryObserver
-from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import run_condition, state_seed
 
 
-def run_sweep(model, item: dict, context: dict) -> dict:
+def run_sweep(model, item: dict, context: SweepContext) -> dict:
     """One example across the values of one sweep axis: WISE answer (wise_adaptive's on an axis of
     its rule, with its discovery step), gold log-prob and support metrics per value, plus the Full
     answer once (it does not depend on the swept settings)."""
-    base = WiseSettings(**context["settings"])
+    require("sweep", context, SweepContext)
+    base = context.settings
     prompt = torch.tensor(item["token_ids"], dtype=torch.long)
-    stop = set(context["stop_ids"])
-    seed, max_new = state_seed(item["example_id"], context["init_seed"]), context["max_new_tokens"]
-    generation = context.get("generation", "cached")
+    stop = set(context.stop_ids)
+    seed, max_new = state_seed(item["example_id"], context.init_seed), context.max_new_tokens
+    generation = context.generation
 
     def run(conditions, s):
         # wise_adaptive decodes cached only (its depth is per prompt, not per rerun pass)
@@ -32,10 +34,10 @@ def run_sweep(model, item: dict, context: dict) -> dict:
     full = run(["full"], base)["full"]
     traces: dict[int, torch.Tensor] = {}  # block size -> Full masses [T, L, H, M, M]
     rows = []
-    key = context.get("adaptive_key")  # an axis of wise_adaptive's rule: that condition runs
+    key = context.adaptive_key  # an axis of wise_adaptive's rule: that condition runs
     condition = "wise" if key is None else ADAPTIVE
-    for value in context["values"]:
-        s = (dataclasses.replace(base, **{context["axis"]: value}) if key is None else
+    for value in context.values:
+        s = (dataclasses.replace(base, **{context.axis: value}) if key is None else
              dataclasses.replace(base, adaptive=dataclasses.replace(base.adaptive, **{key: value})))
         if s.block_size not in traces:
             obs = TrajectoryObserver(s.block_size, diagnostics=False)
@@ -46,7 +48,7 @@ def run_sweep(model, item: dict, context: dict) -> dict:
         wise = run([condition], s)[condition]
         t_d = s.discovery_step if wise.discovery_step is None else wise.discovery_step
         if wise.state_hash != full.state_hash and t_d == base.discovery_step:
-            raise RuntimeError(f"{item['example_id']}: sweep point {context['axis']}={value} lost pairing with Full")
+            raise RuntimeError(f"{item['example_id']}: sweep point {context.axis}={value} lost pairing with Full")
         rows.append({"value": value, "prediction_ids": wise.tokens, "gold_logprob": wise.gold_logprob,
                      "density": support.density, "block_count": support.block_count,
                      "retained_future_mass": support.retained_future_mass, "discovery_step": t_d})

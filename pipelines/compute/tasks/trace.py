@@ -1,23 +1,24 @@
 """Work item run inside a ``ModelWorker``: the Full trajectory of one prompt.
 
-Plain dicts in and out."""
+A plain dict item in, a plain dict out; the context is a ``TraceContext``."""
 from __future__ import annotations
 
 import torch
 
+from pipelines.compute.tasks.contexts import TraceContext, require
 from wise.engine.mechanism import TrajectoryObserver
-from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import run_condition, state_seed
 
 
-def trace_example(model, item: dict, context: dict) -> dict:
+def trace_example(model, item: dict, context: TraceContext) -> dict:
     """Full trajectory of the prompt: block masses of every step (fp16) and S/A/H/O per step, over
     every position and over the question rows (item["question_start"] to the end)."""
-    settings = WiseSettings(**context["settings"])
+    require("trace", context, TraceContext)
+    settings = context.settings
     ids = torch.tensor(item["token_ids"], dtype=torch.long)
-    seed = state_seed(item["example_id"], context["init_seed"])
+    seed = state_seed(item["example_id"], context.init_seed)
     rows = range(item["question_start"], len(ids)) if "question_start" in item else None
-    obs = TrajectoryObserver(settings.block_size, k_max=context.get("topk", 16),
-                             diagnostics=context.get("diagnostics", True), rows=rows)
+    obs = TrajectoryObserver(settings.block_size, k_max=context.topk, diagnostics=context.diagnostics, rows=rows)
     res = run_condition(model, ids, "full", settings, seed, observer=obs)
     T = settings.steps
     masses = obs.stacked_masses(T)  # [T, L, H, M, M]
