@@ -25,7 +25,7 @@ SPLITS = {"train": "train", "heldout": "validation"}
 
 def load_model(params: RetrofitParams, variant: str, device: str):
     from wise.data.tokenizer import load_tokenizer
-    from wise.looped.checkpoint import load_retrofit, read_config
+    from wise.models.looped.checkpoint import load_retrofit, read_config
     from wise.looped.data import SpecialIds
     from wise.looped.train import DTYPES
 

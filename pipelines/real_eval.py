@@ -36,9 +36,9 @@ FLOOR_TOLERANCE = 1e-3
 
 def load_variants(p: RealModelParams, device: torch.device):
     """The frozen base and its three looped variants sharing it (one copy of the weights)."""
-    from wise.looped.base import load_base
-    from wise.looped.checkpoint import load_retrofit
-    from wise.looped.model import build_looped
+    from wise.models.looped.base import load_base
+    from wise.models.looped.checkpoint import load_retrofit
+    from wise.models.looped.model import build_looped
 
     dtype = getattr(torch, p.dtype)
     base = load_base(base_folder(p), dtype=dtype, device=device)
@@ -126,7 +126,7 @@ def needle_signals(model, row, read_at: set[int], pool: str = "mean") -> dict:
 
 
 def run_real_eval(params: Params) -> dict:
-    from wise.looped.base import no_tf32
+    from wise.models.looped.base import no_tf32
 
     p, st = params.real_model, params.statistics
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if p.device == "auto" else p.device)

@@ -107,10 +107,10 @@ def run_train_real(params: Params, variant: str, device: str) -> dict:
     """Train one retrofit of the real base (see the module doc); returns its training summary."""
     from wise.atomic_files import publish_folder, staging_folder
     from wise.fingerprint import base_fingerprint
-    from wise.looped.base import load_base
-    from wise.looped.checkpoint import save_retrofit
+    from wise.models.looped.base import load_base
+    from wise.models.looped.checkpoint import save_retrofit
     from wise.looped.depth import loops_for_step
-    from wise.looped.model import build_looped, check_safe_floor
+    from wise.models.looped.model import build_looped, check_safe_floor
     from wise.looped.recipe import Training
     from wise.looped.text_task import TextBatchSpec, TextBatches
     from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, autocast_for, lma_heads_for, run_loop

@@ -2,7 +2,7 @@
 
 The retrofit of stage train_real_retrofit (``real_wise.retrofit``: lma or plain) is the backbone:
 a pretrained prelude, a looped block of pretrained layers whose attention goes through the WISE
-seam (``wise.looped.seam``) and a pretrained coda. The pipeline's own work items run on it, in the
+seam (``wise.models.looped.seam``) and a pretrained coda. The pipeline's own work items run on it, in the
 pipeline's worker pool (one Ray actor per GPU, CPU actors without one):
 
 1. ``trace``: the Full trajectory of every prompt at each T of ``real_wise.settings``: block

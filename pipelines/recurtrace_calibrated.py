@@ -1,7 +1,7 @@
 """Stage recurtrace_calibrated: the RecurTrace calibrated case (``retrofit.calibration``).
 
 Writes the constructed base ``data/models/<name>`` (``wise.looped.chain_base``: save_pretrained,
-tokenizer, card), loads it back through the retrofit loader (``wise.looped.base.load_base``, as a
+tokenizer, card), loads it back through the retrofit loader (``wise.models.looped.base.load_base``, as a
 Qwen3 / Llama base is loaded), checks that the angular-distance probe picks the hop layer (the
 pinned block), and runs one cell (``wise.looped.calibrate.run_cell``) per seed. Outputs, all under
 ``data/retrofit/<name>/`` (so no other retrofit's tables are touched):
@@ -160,13 +160,13 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
     """The trained LMA retrofit data/models/<name>-lma (trained here unless its recipe matches)."""
     import json
 
-    from wise.looped.base import load_base
+    from wise.models.looped.base import load_base
     from wise.fingerprint import base_fingerprint
     from wise.looped.calibrate import items_and_rows
     from wise.looped.chain_base import HOP_LAYER
-    from wise.looped.checkpoint import base_pointer, load_retrofit, save_retrofit
+    from wise.models.looped.checkpoint import base_pointer, load_retrofit, save_retrofit
     from wise.looped.latch import LMA_SHAPE, train_latch
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
     from wise.looped.tables import write_json
 
     c = params.calibration
@@ -190,10 +190,10 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
 
 
 def run(params: RetrofitParams, log=print) -> dict:
-    from wise.looped.base import load_base
+    from wise.models.looped.base import load_base
     from wise.looped.calibrate import fixed_table, items_and_rows, models, run_cell
     from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, save_chain_base
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
     from wise.looped.probe import block_distances
     from wise.looped.tables import write_json, write_parquet, write_text
 

@@ -10,9 +10,9 @@ from wise.adaptive import rules as R
 from wise.adaptive.online import causal_tiles, run_online, wise_adaptive
 from wise.adaptive.tables import paired, summarize
 from wise.adaptive.trajectory import LoopSignal, Trajectory, trajectory
-from wise.looped.base import build_base
+from wise.models.looped.base import build_base
 from wise.looped.data import PromptRow
-from wise.looped.model import build_looped
+from wise.models.looped.model import build_looped
 from wise.engine.runner import WiseSettings
 from wise.analysis.stats import mcnemar
 

@@ -4,7 +4,8 @@ depends on validate's stamp (so params are checked before DVC deletes any output
 The code a stage runs is the import closure of its `python -m <module>` command inside the repo,
 read from the source (tests/import_graph.py: lazy imports, package __init__ files and the task
 modules of dispatched work items count). A dependency covers a module when it is the module's file
-or a folder above it. Nothing is imported or executed here.
+or a folder above it. Nothing is imported or executed here. The code deps are generated from that
+closure (tests/dvc_deps.py); the test below proves dvc.yaml is what the generator writes.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 
 import yaml
 
+from dvc_deps import render, stage_module
 from import_graph import ROOT, closure, dynamic_imports, repo_modules, run_graph, task_registry
 
 STAMP = "data/params.validated"
@@ -41,12 +43,6 @@ def uncovered(files: set[str], deps: list[str]) -> list[str]:
     return sorted(f for f in files if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps))
 
 
-def stage_module(cmd: str) -> str:
-    m = re.match(r"python -m ([\w.]+)", cmd)
-    assert m, f"stage command {cmd!r} is not `python -m <module>`: the test cannot follow it"
-    return m.group(1)
-
-
 def test_the_closure_follows_lazy_imports_packages_and_dispatched_tasks():
     files = code_files("stages.conditions")
     assert "wise/engine/mechanism.py" in files  # decoding -> runner -> mechanism
@@ -69,6 +65,34 @@ def test_every_stage_depends_on_the_code_it_runs():
     gaps = {name: missing for name, st in stages().items()
             if (missing := uncovered(code_files(stage_module(st["cmd"]), graph), st["deps"]))}
     assert not gaps, f"modules a stage runs but dvc.yaml does not list as its deps: {gaps}"
+
+
+def test_dvc_yaml_code_deps_are_the_generated_ones():
+    _, changed = render((ROOT / "dvc.yaml").read_text())
+    assert not changed, f"code deps that do not follow the imports (python tests/dvc_deps.py --write): {changed}"
+
+
+WISE_STAGES = {"build_calibration", "cohorts", "traces", "supports", "conditions", "timing", "statistics",
+               "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size", "sweep@adaptive_threshold"}
+
+
+def test_editing_recurtrace_code_reruns_no_wise_stage():
+    # The RecurTrace experiment (wise/looped) and the halting heads (wise/adaptive) are not code
+    # the WISE stages run; a retrofit is loaded through the models floor (wise/models/looped).
+    recurtrace = sorted(p.relative_to(ROOT).as_posix() for pkg in ("wise/looped", "wise/adaptive")
+                        for p in (ROOT / pkg).rglob("*.py"))
+    assert recurtrace
+    all_stages = stages()
+    assert WISE_STAGES <= set(all_stages)
+    dirtied = {name: hit for name in WISE_STAGES if (hit := [f for f in recurtrace
+                                                              if not uncovered({f}, all_stages[name]["deps"])])}
+    assert not dirtied, f"WISE stages that a RecurTrace edit would rerun: {dirtied}"
+
+
+def test_the_generator_collapses_only_folders_the_stage_runs_whole():
+    deps = render((ROOT / "dvc.yaml").read_text())[0]
+    assert "      - wise/engine\n" in deps  # the conditions stage runs every engine module
+    assert "      - kernels\n" not in deps  # kernels/README.md is not code a stage runs
 
 
 def test_editing_the_mechanism_observer_reruns_every_stage_that_runs_it():

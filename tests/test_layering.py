@@ -24,9 +24,7 @@ from import_graph import PACKAGES, ROOT, import_graph, imported_names, repo_modu
 FLOORS: list[tuple[str, ...]] = [
     ("kernels",),
     ("wise", "wise.atomic_files", "wise.objective", "wise.data"),
-    # wise.models.checkpoint loads a retrofit folder, so the looped model's own modules sit here too
-    ("wise.models", "wise.looped.base", "wise.looped.config", "wise.looped.lma", "wise.looped.seam",
-     "wise.looped.model", "wise.looped.tables", "wise.looped.checkpoint"),
+    ("wise.models",),  # both model families: recurrent-depth and looped (wise.models.looped)
     ("wise.engine",),
     ("wise.analysis",),
     ("wise.looped", "wise.adaptive", "wise.training"),

@@ -56,9 +56,9 @@ def _cell(**kw) -> dict:
 def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from wise.looped.base import load_base
+    from wise.models.looped.base import load_base
     from wise.fingerprint import base_fingerprint
-    from wise.looped.model import build_looped, check_safe_floor
+    from wise.models.looped.model import build_looped, check_safe_floor
 
     folder = save_chain_base(tmp_path / "recurtrace-chain")
     base = load_base(folder)
@@ -198,8 +198,8 @@ def latch_accuracy(model, n: int = 60) -> float:
 @pytest.mark.parametrize("gate", ["open", "forced_shut"])
 def test_lma_retrofit_latches_unless_its_gate_is_shut(gate, monkeypatch):
     from wise.looped.calibrate import models
-    from wise.looped.checkpoint import load_retrofit
-    from wise.looped.lma import LoopMemoryAttention
+    from wise.models.looped.checkpoint import load_retrofit
+    from wise.models.looped.lma import LoopMemoryAttention
 
     lma = load_retrofit(LMA_CHECKPOINT)
     plain = latch_accuracy(models()[0])

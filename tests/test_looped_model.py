@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from wise.engine.conditions import CONDITIONS
-from wise.looped.base import build_base, parameter_count
-from wise.looped.checkpoint import load_retrofit, save_retrofit
-from wise.looped.lma import LoopMemoryAttention, alibi_slopes
-from wise.looped.model import LoopedModel, build_looped, check_safe_floor
+from wise.models.looped.base import build_base, parameter_count
+from wise.models.looped.checkpoint import load_retrofit, save_retrofit
+from wise.models.looped.lma import LoopMemoryAttention, alibi_slopes
+from wise.models.looped.model import LoopedModel, build_looped, check_safe_floor
 from wise.engine.runner import WiseSettings, run_condition, state_seed
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
@@ -58,7 +58,7 @@ def test_one_loop_reproduces_the_base_exactly(family):
 
 
 def test_safe_floor_check_fails_when_one_loop_is_not_the_base(monkeypatch):
-    import wise.looped.model as looped_model
+    import wise.models.looped.model as looped_model
 
     model = build_looped(tiny_base("qwen3"), **LMA)
     check_safe_floor(model)
@@ -227,7 +227,7 @@ def test_every_runner_condition_runs_on_the_looped_model(fam):
 @torch.no_grad()
 def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
     from wise.fingerprint import base_fingerprint
-    from wise.looped.checkpoint import base_pointer
+    from wise.models.looped.checkpoint import base_pointer
     from wise.models import load_checkpoint
     from wise.models.checkpoint import load_config
 

@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from wise.looped.base import build_base
+from wise.models.looped.base import build_base
 from wise.fingerprint import base_fingerprint
-from wise.looped.checkpoint import base_pointer, save_retrofit
-from wise.looped.model import build_looped
+from wise.models.looped.checkpoint import base_pointer, save_retrofit
+from wise.models.looped.model import build_looped
 
 TOKENIZER = "data/models/wise-tiny-random"
 

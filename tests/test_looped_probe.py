@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from wise.looped.base import build_base
+from wise.models.looped.base import build_base
 from wise.looped.probe import angular_distance, block_distances, choose_block
 
 FIELDS = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 6,

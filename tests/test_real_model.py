@@ -24,7 +24,7 @@ def converted(smollm2_converted):
 
 @pytest.fixture(scope="module")
 def base(converted):
-    from wise.looped.base import load_base
+    from wise.models.looped.base import load_base
 
     return load_base(converted)
 
@@ -140,7 +140,7 @@ def test_the_probe_picks_a_block_away_from_the_ends(base, tokenizer, corpus):
 
 def test_one_loop_of_every_retrofit_is_the_base(base, tokenizer, corpus):
     from wise.data.real_text import needle_items
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
     from wise.looped.text_task import needle_row
 
     row = needle_row(tokenizer, needle_items(corpus, "test", 1, 0, 3, 60)[0])
@@ -176,7 +176,7 @@ def test_the_topic_split_and_the_needle_items_are_deterministic(corpus, tokenize
 
 def test_window_nll_reads_each_depth_of_one_recurrence(base, tokenizer, corpus):
     from wise.data.real_text import windows
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
     from wise.looped.text_task import window_nll
 
     runs = [tokenizer(r["text"], add_special_tokens=False).input_ids for r in corpus if r["split"] == "test"]
@@ -213,7 +213,7 @@ def test_training_batches_are_a_function_of_seed_and_index(tokenizer, corpus):
 def test_real_eval_refuses_a_broken_safe_floor(base, tokenizer, corpus):
     from pipelines.real_eval import check_safe_floor
     from wise.data.real_text import needle_items
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
     from wise.looped.text_task import needle_row
 
     row = needle_row(tokenizer, needle_items(corpus, "test", 1, 0, 2, 40)[0])

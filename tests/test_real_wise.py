@@ -21,7 +21,7 @@ def converted(smollm2_converted):
 
 @pytest.fixture(scope="module")
 def looped(converted):
-    from wise.looped.checkpoint import load_retrofit
+    from wise.models.looped.checkpoint import load_retrofit
 
     return load_retrofit(LMA, base=converted)
 

@@ -85,3 +85,8 @@ def test_a_context_round_trips_through_pickle(ctx):
     back = pickle.loads(pickle.dumps(ctx))
     assert back == ctx and type(back) is type(ctx)
     assert isinstance(back.settings, WiseSettings) and back.settings.adaptive == SETTINGS.adaptive
+
+
+def test_wise_settings_refuse_an_untyped_adaptive_rule():
+    with pytest.raises(TypeError, match="AdaptiveDiscovery"):
+        WiseSettings(adaptive={"criterion": "jaccard_min", "threshold": 1.0})

@@ -21,7 +21,7 @@ from typing import Iterable
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"  # sharded layout: {"weight_map": {tensor: shard file}}
-RETROFIT_WEIGHTS = "retrofit.safetensors"  # = wise.looped.checkpoint.WEIGHTS_NAME
+RETROFIT_WEIGHTS = "retrofit.safetensors"  # = wise.models.looped.checkpoint.WEIGHTS_NAME
 BASE_FINGERPRINT_FILES = ("config.json", "*.safetensors", INDEX_NAME)
 
 

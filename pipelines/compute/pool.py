@@ -92,12 +92,10 @@ class ModelWorker:
     def placement(self) -> str:
         """Where this actor computes, for the stage log: the device torch uses, and what Ray gave it."""
         import ray
-        import torch
 
-        param = next(self.model.parameters())
-        where = str(param.device)
-        if param.device.type == "cuda":
-            where += f" ({torch.cuda.get_device_name(param.device)})"
+        device = str(next(self.model.parameters()).device)
+        spec = self.spec()
+        where = f"{device} ({spec['device_name']})" if spec["device"] == "cuda" else device
         gpus = [str(g) for g in ray.get_gpu_ids()]
         return (f"pid {os.getpid()}: {where}, Ray GPU ids {gpus or 'none'}, "
                 f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}")

@@ -42,8 +42,8 @@ class WiseSettings:
     adaptive: AdaptiveDiscovery = AdaptiveDiscovery()  # wise_adaptive's settling rule (wise.engine.discovery_depth)
 
     def __post_init__(self) -> None:
-        if isinstance(self.adaptive, dict):  # from dataclasses.asdict (work items carry plain dicts)
-            object.__setattr__(self, "adaptive", AdaptiveDiscovery(**self.adaptive))
+        if not isinstance(self.adaptive, AdaptiveDiscovery):
+            raise TypeError(f"WiseSettings.adaptive must be an AdaptiveDiscovery, got {type(self.adaptive).__name__}")
         # t_d = T is allowed (no late steps: every condition is Full); the pipeline asks t_d < T
         if not 1 <= self.window <= self.discovery_step <= self.steps:
             raise ValueError(f"need 1 <= window <= discovery_step <= steps, got {self}")

@@ -45,7 +45,7 @@ from wise.looped.calibration_params import CellParams
 def models(base_seed: int = 0):
     """(plain looping of the overshooting base, the latched base looped), block = the hop layer."""
     from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
 
     out = []
     for overshoot in (True, False):
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     lma = None
     if args.lma_steps == 0 and Path(args.lma).is_dir():
-        from wise.looped.checkpoint import load_retrofit
+        from wise.models.looped.checkpoint import load_retrofit
 
         lma = load_retrofit(args.lma)
     cell = run_cell(CellParams(seed=args.seed, n=args.n, fit_n=args.fit_n, bimodal_n=args.bimodal_n,

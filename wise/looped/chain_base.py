@@ -2,7 +2,7 @@
 depth a synthchain question needs is known (the RecurTrace calibration base; card: ``card_text``).
 
 Hugging Face Llama layout (``LlamaForCausalLM``, saved with ``save_pretrained``, loaded by the
-retrofit loader ``wise.looped.base.load_base`` like any Qwen3 / Llama base), 5 layers, 2 heads of
+retrofit loader ``wise.models.looped.base.load_base`` like any Qwen3 / Llama base), 5 layers, 2 heads of
 64, RoPE theta 1e30 (pairs 0..7 locate offsets, pairs >= 8 do not rotate), the synthchain
 word-level tokenizer. On a prompt ``... x : -> y . ... Question : s +m ? Answer :``:
 

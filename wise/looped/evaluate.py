@@ -116,7 +116,7 @@ def checkpoint_fingerprint(folder) -> str:
     import hashlib
     from pathlib import Path
 
-    from wise.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from wise.models.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
 
     h = hashlib.sha256()
     for name in (CONFIG_NAME, WEIGHTS_NAME):
@@ -131,8 +131,8 @@ def evaluate_checkpoints(params, folders: dict, device: str | torch.device = "cp
     from pathlib import Path
 
     from wise.data.tokenizer import load_tokenizer
-    from wise.looped.base import no_tf32
-    from wise.looped.checkpoint import load_retrofit, read_config
+    from wise.models.looped.base import no_tf32
+    from wise.models.looped.checkpoint import load_retrofit, read_config
     from wise.looped.data import SpecialIds, prompt_rows
     from wise.looped.train import DTYPES
 

@@ -27,7 +27,7 @@ LMA_SHAPE = {"window": 3, "lma_heads": 2, "lma_head_dim": 16, "gate_hidden": 16}
 
 def build_retrofit(use_lma: bool, seed: int = 0, overshoot: bool = True, base_seed: int = 0, **fields):
     from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base
-    from wise.looped.model import build_looped
+    from wise.models.looped.model import build_looped
 
     base, _ = build_chain_base(ChainBaseSpec(seed=base_seed, overshoot=overshoot))
     lma = LMA_SHAPE if use_lma else {}

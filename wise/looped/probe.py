@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from wise.looped.base import apply_layer, decoder_parts, positions
+from wise.models.looped.base import apply_layer, decoder_parts, positions
 
 
 def angular_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,7 @@ def probe_base(base, tokenizer_path, block_layers: int, benchmarks: Sequence[str
                seed: int, min_prefix: int = 1, min_suffix: int = 1, sources: dict | None = None) -> list[dict]:
     """The probe table of a loaded base on generated-benchmark prompts, tokenized for it."""
     from wise.data.tokenizer import load_tokenizer
-    from wise.looped.base import base_facts
+    from wise.models.looped.base import base_facts
     from wise.looped.data import SpecialIds, check_vocab
 
     tok = load_tokenizer(tokenizer_path)
@@ -115,7 +115,7 @@ def format_table(rows: Sequence[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from wise.looped.base import load_base, resolve_base
+    from wise.models.looped.base import load_base, resolve_base
     from wise.looped.tables import write_parquet
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

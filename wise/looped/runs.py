@@ -82,7 +82,7 @@ def ensure_retrofit(params: RetrofitParams, variant: str, out: str | Path, devic
 
 
 def table_recipe(params: RetrofitParams, folders: dict) -> dict:
-    from wise.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+    from wise.models.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
     from wise.looped.evaluate import checkpoint_fingerprint
 
     for variant, folder in sorted(folders.items()):

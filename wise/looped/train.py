@@ -113,7 +113,7 @@ def train_base(cfg: BaseTraining, out: str | Path, device: str | torch.device = 
     """Train the embedded base decoder from scratch (a transformers causal LM built from
     `cfg.family` + `cfg.model`) and save it with save_pretrained, the tokenizer beside it."""
     from wise.data.tokenizer import load_tokenizer
-    from wise.looped.base import build_base, parameter_count
+    from wise.models.looped.base import build_base, parameter_count
 
     out, device = Path(out), torch.device(device)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ def train_base(cfg: BaseTraining, out: str | Path, device: str | torch.device = 
 def lma_heads_for(base, params: RetrofitParams, block_layers: int) -> int:
     """The most LMA heads of lma_head_dim that keep the added parameters within
     max_added_fraction of the base (at least one; the caller checks the budget)."""
-    from wise.looped.base import parameter_count
+    from wise.models.looped.base import parameter_count
 
     h, d, g = base.config.hidden_size, params.lma_head_dim, params.gate_hidden
     fixed = 1 + h + block_layers * (h + 2 * d + 1 + 2 * h * g + g + g + 1)  # alpha, norms, gamma, gate
@@ -163,8 +163,8 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
     path) in the checkpoint written to `out`: block (the probe when block_start is -1), LMA size,
     budget check. Returns (model, probe rows or None)."""
     from wise.fingerprint import base_fingerprint
-    from wise.looped.checkpoint import base_pointer
-    from wise.looped.model import build_looped, check_safe_floor
+    from wise.models.looped.checkpoint import base_pointer
+    from wise.models.looped.model import build_looped, check_safe_floor
     from wise.looped.probe import probe_base
 
     probe_rows, start = None, params.block_start
@@ -197,8 +197,8 @@ def train_retrofit(params: RetrofitParams, variant: str, out: str | Path, device
     """Retrofit `params.base` (or the folder `base_folder`, which must hold the same weights) and
     train only the added modules; writes the retrofit checkpoint into `out`."""
     from wise.data.tokenizer import load_tokenizer
-    from wise.looped.base import load_base, resolve_base
-    from wise.looped.checkpoint import save_retrofit
+    from wise.models.looped.base import load_base, resolve_base
+    from wise.models.looped.checkpoint import save_retrofit
     from wise.looped.depth import loops_for_step
     from wise.looped.tables import write_parquet
 

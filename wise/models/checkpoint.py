@@ -9,7 +9,7 @@ Reads the project's own checkpoints (``model_type: wise_recurrent``) and the pub
 (``model.safetensors.index.json`` + shards), in any stored float dtype. A weights file that is
 truncated or not safetensors is refused with its path and the ``model.source`` it came from; hub
 downloads take ``model.revision`` (a branch, tag or commit), so a run can be pinned. A RecurTrace
-retrofit folder (``model_type: recurtrace_looped``) is handed to ``wise.looped.checkpoint``.
+retrofit folder (``model_type: recurtrace_looped``) is handed to ``wise.models.looped.checkpoint``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.models.state_dict_map import to_project_names
 
 CONFIG_NAME = "config.json"
-LOOPED_MODEL_TYPE = "recurtrace_looped"  # = wise.looped.config.MODEL_TYPE; wise.looped is imported only for one
+LOOPED_MODEL_TYPE = "recurtrace_looped"  # = wise.models.looped.config.MODEL_TYPE (imported lazily, for retrofit folders only)
 TOKENIZER_NAME = "tokenizer.json"
 
 
@@ -58,8 +58,8 @@ def load_config(folder: str | os.PathLike) -> RecurrentConfig:
         return RecurrentConfig.from_dict(raw)
     if model_type == RAVEN_MODEL_TYPE:  # Huginn-0125, Recurrent-Llama-3.2 and siblings
         return config_from_raven(raw, folder=Path(folder), source=str(path))
-    if model_type == LOOPED_MODEL_TYPE:  # a RecurTrace retrofit (wise.looped)
-        from wise.looped.checkpoint import read_config
+    if model_type == LOOPED_MODEL_TYPE:  # a RecurTrace retrofit (wise.models.looped)
+        from wise.models.looped.checkpoint import read_config
 
         return read_config(folder)
     raise ValueError(f"{path}: model_type {model_type!r} is not supported; known: "
@@ -151,7 +151,7 @@ def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", revision: str | None = None) -> RecurrentDepthModel:
     """Load a checkpoint folder / hub id (at ``revision``), or build ``preset:<name>`` with seeded
     random weights (``preset:tiny-random@seed``); ``preset:wise-chain@seed`` is the constructed
-    calibration model. A retrofit folder gives a ``wise.looped.LoopedModel``."""
+    calibration model. A retrofit folder gives a ``wise.models.looped.LoopedModel``."""
     if source.startswith("preset:"):
         name, _, seed = source[len("preset:"):].partition("@")
         if name == "wise-chain":  # the calibration model: weights computed, not random
@@ -164,7 +164,7 @@ def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
     folder = resolve_model_source(source, revision)
     config = load_config(folder)
     if getattr(config, "model_type", None) == LOOPED_MODEL_TYPE:
-        from wise.looped.checkpoint import load_retrofit
+        from wise.models.looped.checkpoint import load_retrofit
 
         return load_retrofit(folder, dtype=dtype, device=device)
     state = to_project_names(read_state(folder, dtype, source=source), config, str(folder))

@@ -29,10 +29,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from wise.looped.base import DecoderParts, Positions, apply_layer, decoder_parts, freeze, parameter_count, positions
-from wise.looped.config import LoopedConfig
-from wise.looped.lma import LoopMemoryAttention
-from wise.looped.seam import install_plain_seam, install_seam, plain, routed
+from wise.models.looped.base import DecoderParts, Positions, apply_layer, decoder_parts, freeze, parameter_count, positions
+from wise.models.looped.config import LoopedConfig
+from wise.models.looped.lma import LoopMemoryAttention
+from wise.models.looped.seam import install_plain_seam, install_seam, plain, routed
 
 
 class LoopedModel(nn.Module):
@@ -119,7 +119,7 @@ class LoopedModel(nn.Module):
 
     def embed_rows(self, ids: torch.Tensor, rope: Positions, attends) -> torch.Tensor:
         """The prefix on ids [b, r] at positions `rope`, prefix layer i's attention through
-        attends[i] (``wise.looped.seam.plain``; None: the base's own)."""
+        attends[i] (``wise.models.looped.seam.plain``; None: the base's own)."""
         return self._plain_layers(self.prelude_layers(), self._parts.embed(ids), rope, attends)
 
     def readout_rows(self, s: torch.Tensor, rope: Positions, attends,
@@ -213,7 +213,7 @@ def check_safe_floor(model: LoopedModel, seed: int = 0, n: int = 32) -> None:
 def build_looped(base: nn.Module, base_pointer: str = "", base_sha256: str = "", **fields) -> LoopedModel:
     """A fresh retrofit of `base` (added modules at their initialisation); `fields` are
     LoopedConfig fields (block_start, block_layers, use_lma, window, lma_heads ...)."""
-    from wise.looped.base import base_facts
+    from wise.models.looped.base import base_facts
 
     config = LoopedConfig(base=base_pointer, base_sha256=base_sha256, **base_facts(base.config), **fields)
     return LoopedModel(base, config)

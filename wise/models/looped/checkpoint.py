@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from wise.looped.base import is_hub_id, load_base, resolve_base
-from wise.looped.config import LoopedConfig
-from wise.looped.model import LoopedModel
+from wise.models.looped.base import is_hub_id, load_base, resolve_base
+from wise.models.looped.config import LoopedConfig
+from wise.models.looped.model import LoopedModel
+from wise.atomic_files import atomic_path
 from wise.fingerprint import base_fingerprint
 
 CONFIG_NAME = "config.json"
@@ -56,9 +57,8 @@ def read_config(folder: str | os.PathLike) -> LoopedConfig:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    from wise.looped.tables import write_text
-
-    write_text(text, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def save_retrofit(model: LoopedModel, folder: str | os.PathLike, tokenizer_from: str | os.PathLike | None = None) -> Path:
