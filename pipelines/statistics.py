@@ -156,7 +156,7 @@ def run_statistics(p: Params) -> None:
     from pipelines.reports.calibration_report import calibration_data
     from pipelines.reports.discovery_depth_report import depth_data
     from pipelines.cohorts import model_text
-    from pipelines.discovery import iter_trace_masses
+    from pipelines.supports import iter_trace_masses
     from pipelines.reports.expected import oracle_for
     from pipelines.config.validate import model_facts
     from pipelines.reports.report import write_report

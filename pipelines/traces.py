@@ -1,6 +1,6 @@
 """The traces stage: the Full trajectory of every prompt on the worker pool, streamed to Parquet.
 
-``stages/traces.py`` is the thin CLI; ``pipelines.discovery`` reads the traces back.
+``stages/traces.py`` is the thin CLI; ``pipelines.supports`` reads the traces back.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 
 Accuracy, mean loops and wall time per example of every fixed depth, the halting head, the
 confidence rule, ACT, PonderNet and the two oracles; exact McNemar against the best fixed depth;
-depth vs difficulty; WISE under adaptive depth (pipelines/adaptive.py). Needs the heads of the
+depth vs difficulty; WISE under adaptive depth (pipelines/adaptive_eval.py). Needs the heads of the
 train_halting stage. One intra-op thread on a CPU (--threads), as train_halting: the wall times
 are then those of one core, steadier on a shared machine.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.adaptive import run_adaptive_eval
+from pipelines.adaptive_eval import run_adaptive_eval
 from stages.retrofit_cli import run_stage
 
 

@@ -2,7 +2,7 @@
 import sys
 
 from pipelines.config.cli import stage_main
-from pipelines.evaluate import run_condition_stage
+from pipelines.conditions import run_condition_stage
 
 if __name__ == "__main__":
     sys.exit(stage_main("conditions", run_condition_stage))

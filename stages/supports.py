@@ -2,7 +2,7 @@
 import sys
 
 from pipelines.config.cli import stage_main
-from pipelines.discovery import run_supports
+from pipelines.supports import run_supports
 
 if __name__ == "__main__":
     sys.exit(stage_main("supports", run_supports))

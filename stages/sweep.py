@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from pipelines.config.cli import stage_main
-from pipelines.sweeps import AXES, run_sweep_stage
+from pipelines.sweep import AXES, run_sweep_stage
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

@@ -5,7 +5,7 @@
 
 Trajectories of retrofit.eval's benchmarks (train and validation splits, retrofit.halting's sizes),
 the oracle-distilled halting head, ACT and PonderNet fitted with the retrofit frozen, τ and the
-confidence threshold chosen on the validation split (pipelines/halting.py). CPU is enough: the
+confidence threshold chosen on the validation split (pipelines/train_halting.py). CPU is enough: the
 heads are linear and the embedded retrofit small (about a minute). On a CPU the stage runs one
 intra-op thread (--threads): rows go one at a time through a small model, and on a shared machine
 an OpenMP thread waiting for a busy core makes every op several times slower (one loop of the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.halting import run_train_halting
+from pipelines.train_halting import run_train_halting
 from stages.retrofit_cli import run_stage
 
 

@@ -93,8 +93,8 @@ def main(workdir: Path) -> None:
     os.chdir(workdir)
     micro_params(workdir)
     hooked_imap()
-    from pipelines.discovery import run_supports
-    from pipelines.evaluate import run_condition_stage
+    from pipelines.supports import run_supports
+    from pipelines.conditions import run_condition_stage
     from pipelines.compute.local_cluster import LocalCluster
     from pipelines.config.params import load_params
     from pipelines.traces import run_traces

@@ -1,5 +1,5 @@
 """Driver for tests/test_pool_gpu_typed.py, run as its own process (``python tests/gpu_typed_stage.py
-WORKDIR``): the `conditions` stage body (``pipelines.evaluate.run_condition_stage``) on a small cohort,
+WORKDIR``): the `conditions` stage body (``pipelines.conditions.run_condition_stage``) on a small cohort,
 with the project's compute params (``num_workers: 0``, one actor per GPU; ``gpus_per_worker: 1``)
 and ``model.device: auto``, on a CPU-only machine that Ray is told has 1 GPU, then 2 GPUs.
 
@@ -78,8 +78,8 @@ def main(workdir: Path) -> None:
     Path("params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     recording_map()
     from pipelines.config.params import load_params
-    from pipelines.discovery import run_supports
-    from pipelines.evaluate import run_condition_stage
+    from pipelines.supports import run_supports
+    from pipelines.conditions import run_condition_stage
     from pipelines.traces import run_traces
     from stages import build_calibration, cohorts
 

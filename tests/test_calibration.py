@@ -21,7 +21,7 @@ import wise.engine.routing
 import wise.engine.runner
 import wise.engine.support
 import wise.analysis.calibration
-from wise.analysis.calibration import (CONDITIONS, Settings, expected_outcome, expected_taus, mass_support_row,
+from wise.analysis.calibration import (CONDITIONS, expected_outcome, expected_taus, mass_support_row,
                                       need_shares, parse_layout, renorm_shares, split_masses)
 from wise.data import build_cohort_variants, format_prompt, load_examples
 from wise.data.probes import build_prompts
@@ -57,8 +57,8 @@ def prompts(n: int, budget: int, seed: int = 11, **options):
     return out
 
 
-def settings_of(w: WiseSettings) -> Settings:
-    return Settings(w.steps, w.discovery_step, w.window, w.block_size, w.eta)
+def settings_of(w: WiseSettings) -> WiseSettings:
+    return WiseSettings(w.steps, w.discovery_step, w.window, w.block_size, w.eta)
 
 
 def engine_answers(model, cases, conditions, settings: WiseSettings) -> list[dict[str, str]]:
@@ -228,7 +228,7 @@ def test_every_condition_matches_its_expectation_on_the_pipeline_engine(model):
     backend (gather), 24 prompts at 256 and 8 at 1024."""
     cases = prompts(24, 256) + prompts(8, 1024, seed=4)
     assert mismatches(model, cases, WiseSettings(backend="gather")) == []
-    s = Settings()
+    s = WiseSettings()
     cases = prompts(120, 256) + prompts(40, 1024, seed=4)  # the expectations alone: more examples
     expected = {c: [expected_outcome(lay, c, s) for _, _, lay in cases] for c in CONDITIONS}
     # the simple reading of the expectations (DESIGN §6)
@@ -244,7 +244,7 @@ def test_every_condition_matches_its_expectation_on_the_pipeline_engine(model):
 
 def test_first_tokens_match_their_expectation_on_run_condition(model):
     """The one-pass engine (``run_condition``: no cache, no batching) gives the same first tokens."""
-    s, settings = Settings(), WiseSettings()
+    s, settings = WiseSettings(), WiseSettings()
     for ex, ids, lay in prompts(12, 256, seed=6):
         for c in CONDITIONS:
             right = first_token(model, ex, ids, c, settings) == ex.answers[0].split()[0]
@@ -266,7 +266,7 @@ def test_eta_between_0875_and_0999_decides_answers_and_the_engine_follows(model)
     pool = prompts(64, 256, seed=21)
 
     def right(lay, eta):
-        return tuple(expected_outcome(lay, c, Settings(eta=eta)).correct for c in ("wise", "freeze_a"))
+        return tuple(expected_outcome(lay, c, WiseSettings(eta=eta)).correct for c in ("wise", "freeze_a"))
 
     cases = []
     for a, b in zip(etas, etas[1:]):  # prompts whose predicted answers change between neighbouring etas
@@ -342,7 +342,7 @@ def _mass_matched_whole_row(mp):  # MassMatched's target: the row's whole step-1
     mp.setitem(wise.engine.conditions.SUPPORT_RULES, "mass_matched", rule)
 
 
-def _mass_matched_whole_row_changes(lay, s=Settings()):
+def _mass_matched_whole_row_changes(lay, s=WiseSettings()):
     """The construction's answer under MassMatched with that target differs from the right one."""
     real = wise.analysis.calibration.support_row
 
@@ -385,7 +385,7 @@ def _heads_swapped(mp):
         mp.setattr(module, "condition_support", wise.engine.conditions.condition_support)
 
 
-def _renorm_needed(lay, s=Settings()):
+def _renorm_needed(lay, s=WiseSettings()):
     """Freeze-A right, refining after t_d, and layer 0 head 1's support (the RENORM_SPLIT : 1 head)
     drops the +m row's block, so only renormalised frozen weights still sum to 1 there."""
     q, m_block = lay.answer_row // s.block_size, lay.question_rows[0] // s.block_size
@@ -394,7 +394,7 @@ def _renorm_needed(lay, s=Settings()):
         and m_block not in kept
 
 
-def _late_need(lay, s=Settings()):  # WISE right, and the question rows need a fact after t_d
+def _late_need(lay, s=WiseSettings()):  # WISE right, and the question rows need a fact after t_d
     return expected_outcome(lay, "wise", s).correct and lay.hops + lay.refine > s.discovery_step
 
 
@@ -402,9 +402,9 @@ def _wise_with(lay, window):
     """WISE's expected answer if the working set came from `window` (steps) with t_d unchanged."""
     from wise.analysis.calibration import block_masses, chase_progress, refine_visible, support_row
 
-    s = Settings()
+    s = WiseSettings()
     steps = list(window)
-    shifted = Settings(discovery_step=steps[-1], window=len(steps))
+    shifted = WiseSettings(discovery_step=steps[-1], window=len(steps))
     q = lay.answer_row // s.block_size
     first = support_row("wise", lambda t: block_masses(lay, t, s.block_size, q), q, shifted)
     # the +m row's head splits the same way at every step, so its support does not move with the window
@@ -419,22 +419,22 @@ def _wise_with(lay, window):
 # name: (plant, condition that shows it, which prompts must show it: a rule on the expectations)
 FAULTS = {
     "appended rows attend every key": (
-        _attend_every_key, "wise", lambda lay: (o := expected_outcome(lay, "wise", Settings())).first_correct
+        _attend_every_key, "wise", lambda lay: (o := expected_outcome(lay, "wise", WiseSettings())).first_correct
         and not o.correct),
     "new tokens get row 0's initial state": (_row0_initial_state, "full", lambda lay: lay.follow.hops >= 2),
     "Freeze-A not renormalised": (_freeze_a_not_renormalised, "freeze_a", _renorm_needed),
     "eta ignored (a fixed 0.9)": (
         _eta_fixed, "wise",
-        lambda lay: expected_outcome(lay, "wise", Settings(eta=0.9)).correct
-        != expected_outcome(lay, "wise", Settings()).correct),
+        lambda lay: expected_outcome(lay, "wise", WiseSettings(eta=0.9)).correct
+        != expected_outcome(lay, "wise", WiseSettings()).correct),
     "eta compared with < (one block short)": (_eta_strict, "wise", _late_need),
     "MassMatched's target: the whole row's step-1 mass": (
         _mass_matched_whole_row, "mass_matched", _mass_matched_whole_row_changes),
     "working set from the last step only": (
-        _last_step_only, "wise", lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", Settings()).correct),
+        _last_step_only, "wise", lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", WiseSettings()).correct),
     "window shifted by one": (
         _window_shifted, "wise",
-        lambda lay: _wise_with(lay, range(8, 12)) != expected_outcome(lay, "wise", Settings()).correct),
+        lambda lay: _wise_with(lay, range(8, 12)) != expected_outcome(lay, "wise", WiseSettings()).correct),
     "layer index swapped": (_layers_swapped, "wise", _late_need),
     "head index swapped": (_heads_swapped, "wise", _late_need),
 }

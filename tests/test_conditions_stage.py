@@ -4,7 +4,7 @@ batched item gives each example the rows it gets alone."""
 import pytest
 import torch
 
-from pipelines.evaluate import work_items
+from pipelines.conditions import work_items
 from pipelines.compute.tasks.conditions import run_conditions
 from pipelines.compute.tasks.contexts import ConditionsContext
 from wise.analysis.calibration import CONDITIONS

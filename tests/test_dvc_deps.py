@@ -46,7 +46,7 @@ def uncovered(files: set[str], deps: list[str]) -> list[str]:
 def test_the_closure_follows_lazy_imports_packages_and_dispatched_tasks():
     files = code_files("stages.conditions")
     assert "wise/engine/mechanism.py" in files  # decoding -> runner -> mechanism
-    assert "pipelines/compute/tasks/conditions.py" in files  # pool.map("conditions", ...) in pipelines.evaluate
+    assert "pipelines/compute/tasks/conditions.py" in files  # pool.map("conditions", ...) in pipelines.conditions
     assert "pipelines/compute/tasks/sweep.py" not in files  # another stage's task
     assert {"stages/__init__.py", "pipelines/__init__.py", "wise/__init__.py"} <= files
     assert "kernels/block_mass.py" in code_files("stages.traces")  # imported inside a function

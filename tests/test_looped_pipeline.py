@@ -39,9 +39,9 @@ def test_wise_stages_run_on_the_looped_model(tmp_path, monkeypatch):
     from pipelines.config import paths, schemas
     from pipelines.store.artifacts import write_parquet
     from pipelines.cohorts import build_cohort
-    from pipelines.discovery import run_supports
+    from pipelines.supports import run_supports
     from pipelines.traces import run_traces
-    from pipelines.evaluate import run_condition_stage
+    from pipelines.conditions import run_condition_stage
     from pipelines.config.params import load_params
 
     source = make_retrofit(tmp_path)

@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.config import schemas
 from pipelines.store.artifacts import to_table
-from pipelines.evaluate import PairingError, SupportMismatchError, result_rows
+from pipelines.conditions import PairingError, SupportMismatchError, result_rows
 from pipelines.config.params import ModelParams, Params
 from pipelines.compute.pool import ModelWorker
 from pipelines.compute.tasks.contexts import TraceContext

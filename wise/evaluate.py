@@ -99,12 +99,13 @@ def check_card_update(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default = WiseSettings()  # the flags' defaults are the settings' own
     ap.add_argument("--model", default=None,
                     help=f"checkpoint folder with tokenizer.json (default: {CALIBRATION_MODEL} for "
                          f"synthchain, else {DEFAULT_MODEL})")
     ap.add_argument("--benchmark", default="synthhop")
     ap.add_argument("--context", type=int, default=512, help="prompt token budget")
-    ap.add_argument("--steps", type=int, default=32, help="recurrence steps T")
+    ap.add_argument("--steps", type=int, default=default.steps, help="recurrence steps T")
     ap.add_argument("--n", type=int, default=200, help="test examples (first n of the split)")
     ap.add_argument("--seed", type=int, default=123, help="test-world seed (also orders distractors)")
     ap.add_argument("--split", default="test")
@@ -112,11 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--condition", default="full", choices=ALL_CONDITIONS,
                     help="inference condition of the late steps (default: full)")
-    ap.add_argument("--discovery-step", type=int, default=12, help="t_d (conditions other than full)")
-    ap.add_argument("--window", type=int, default=4, help="w")
-    ap.add_argument("--block-size", type=int, default=32, help="B")
-    ap.add_argument("--eta", type=float, default=0.95, help="η")
-    rule = AdaptiveDiscovery()
+    ap.add_argument("--discovery-step", type=int, default=default.discovery_step, help="t_d (conditions other than full)")
+    ap.add_argument("--window", type=int, default=default.window, help="w")
+    ap.add_argument("--block-size", type=int, default=default.block_size, help="B")
+    ap.add_argument("--eta", type=float, default=default.eta, help="η")
+    rule = default.adaptive
     ap.add_argument("--adaptive-threshold", type=float, default=rule.threshold,
                     help="wise_adaptive: Jaccard threshold θ of consecutive supports")
     ap.add_argument("--adaptive-window", type=int, default=rule.window, help="wise_adaptive: window w")

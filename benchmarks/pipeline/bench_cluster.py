@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.discovery import run_supports
-from pipelines.evaluate import run_condition_stage
+from pipelines.supports import run_supports
+from pipelines.conditions import run_condition_stage
 from pipelines.compute.local_cluster import LocalCluster
 from pipelines.config.params import load_params
 from pipelines.compute.pool import WorkerPool

@@ -110,7 +110,7 @@ CONTEXT_SCALING = _schema([("context_length", INT), ("n", INT)],
                                   "retained_future_mass", "call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash"),
                           [("timing_support", STR)])
 
-# -- RecurTrace adaptive depth (pipelines.adaptive: stages train_halting, adaptive_eval) -----------
+# -- RecurTrace adaptive depth (pipelines.adaptive_eval: stages train_halting, adaptive_eval) -----------
 # which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_commit", STR), ("pool", STR)] + \

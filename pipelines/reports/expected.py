@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pipelines.config.params import adaptive_rule
-from wise.analysis.calibration import ADAPTIVE, Settings, adaptive_step, expected_outcome, expected_taus, parse_layout
+from pipelines.config.run_spec import wise_settings
+from wise.analysis.calibration import ADAPTIVE, adaptive_step, expected_outcome, expected_taus, parse_layout
 from wise.models.checkpoint import load_config, resolve_model_source
 from wise.models.construct import NAME as CALIBRATION_MODEL
+from wise.engine.runner import WiseSettings
 
 
 def is_calibration_model(source: str) -> bool:
@@ -36,11 +37,11 @@ class Oracle:
     def layout(self, row: dict):
         return self._layout(tuple(row["token_ids"])) if row["benchmark"] == "synthchain" else None
 
-    def em(self, row: dict, condition: str, s: Settings) -> float | None:
+    def em(self, row: dict, condition: str, s: WiseSettings) -> float | None:
         lay = self.layout(row)
         return None if lay is None else float(expected_outcome(lay, condition, s).correct)
 
-    def discovery_step(self, row: dict, condition: str, s: Settings) -> int | None:
+    def discovery_step(self, row: dict, condition: str, s: WiseSettings) -> int | None:
         """The depth the construction says the condition's late steps start after (wise_adaptive:
         the step its criterion fires on this prompt)."""
         lay = self.layout(row)
@@ -57,9 +58,9 @@ def oracle_for(source: str, tokenizer) -> Oracle | None:
     return Oracle(tokenizer) if is_calibration_model(source) else None
 
 
-def settings_of(p) -> Settings:
-    return Settings(steps=p.recurrence.steps, discovery_step=p.wise.discovery_step, window=p.wise.window,
-                    block_size=p.wise.block_size, eta=p.wise.eta, adaptive=adaptive_rule(p))
+def settings_of(p) -> WiseSettings:
+    """The run's settings, from the one builder the conditions stage uses (the rules stay this module's)."""
+    return wise_settings(p)
 
 
 def expected_table(p, cohort: list[dict], tokenizer) -> list[tuple[str, int, float]]:

@@ -35,10 +35,12 @@ mismatch, not cancel out.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from wise.data import synthchain as sc
+from wise.engine.runner import WiseSettings
 from wise.models.chain_parts import DECOY, NEED_SPLIT, RENORM_SPLIT
 
 CONDITIONS = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate")
@@ -153,17 +155,7 @@ def mass_support_row(masses: dict[int, float], query_block: int, eta: float) -> 
     return _prefix(masses, query_block, eta * sum(masses.values()))
 
 
-@dataclass(frozen=True)
-class Settings:
-    steps: int = 32
-    discovery_step: int = 12
-    window: int = 4
-    block_size: int = 32
-    eta: float = 0.95
-    adaptive: object | None = None  # wise_adaptive's rule (threshold, min_step, max_step, window)
-
-
-def support_row(condition: str, masses_at, q: int, s: Settings) -> set[int] | None:
+def support_row(condition: str, masses_at, q: int, s: WiseSettings) -> set[int] | None:
     """One query block's late support under `condition` (None: unrestricted), from its Full block
     masses at each step (``masses_at(step)``: key block -> mass)."""
     if condition in ("full", "truncate"):
@@ -183,7 +175,7 @@ def support_row(condition: str, masses_at, q: int, s: Settings) -> set[int] | No
     return rules[condition]()
 
 
-def visible_blocks(layout: ChainLayout, condition: str, s: Settings) -> set[int] | None:
+def visible_blocks(layout: ChainLayout, condition: str, s: WiseSettings) -> set[int] | None:
     """Key blocks the answer row may attend in late steps (None: unrestricted)."""
     q = layout.answer_row // s.block_size
     return support_row(condition, lambda t: block_masses(layout, t, s.block_size, q), q, s)
@@ -216,7 +208,7 @@ def renorm_shares(layout: ChainLayout) -> tuple[tuple[int, float], ...]:
     return (0, RENORM_SPLIT / (RENORM_SPLIT + 1.0)), (layout.question_rows[0], 1.0 / (RENORM_SPLIT + 1.0))
 
 
-def refine_visible(layout: ChainLayout, condition: str, s: Settings) -> bool:
+def refine_visible(layout: ChainLayout, condition: str, s: WiseSettings) -> bool:
     """Whether the answer row still reads the +m row (layer 1 head 0) in late steps, which the
     refinement needs: its block stays in the answer row's support in that head. (Layer 0 head 1
     only checks that the weights inside a support sum to 1, which every correct rule keeps.)"""
@@ -226,7 +218,7 @@ def refine_visible(layout: ChainLayout, condition: str, s: Settings) -> bool:
     return visible is None or m_block in visible
 
 
-def follow_visible_blocks(layout: ChainLayout, condition: str, s: Settings) -> set[int] | None:
+def follow_visible_blocks(layout: ChainLayout, condition: str, s: WiseSettings) -> set[int] | None:
     """Key blocks the first answer row (appended at row answer_row + 1) may attend in late steps
     through layer 1 head 1: its own support (one row, one-hot masses) unioned with its block's row
     of the prompt's support in that head, where every prompt row attends BOS (block 0)."""
@@ -248,7 +240,7 @@ class Outcome:
     first_correct: bool | None = None
 
 
-def chase_progress(chase: Chase, condition: str, s: Settings, visible: set[int] | None,
+def chase_progress(chase: Chase, condition: str, s: WiseSettings, visible: set[int] | None,
                    td: int, last: int, refines: bool = True) -> tuple[int, int]:
     """(hops, refinements) a chasing row has made after its last step: Full progress through
     step td, then, per late step, one move while the row it needs is visible (a refinement also
@@ -274,7 +266,7 @@ def chase_progress(chase: Chase, condition: str, s: Settings, visible: set[int] 
     return k, j
 
 
-def expected_outcome(layout: ChainLayout, condition: str, s: Settings) -> Outcome:
+def expected_outcome(layout: ChainLayout, condition: str, s: WiseSettings) -> Outcome:
     """Progress of the chasing rows after the run and whether the answer is right."""
     if condition == ADAPTIVE:
         return expected_adaptive(layout, s)[1]
@@ -333,7 +325,7 @@ def _jaccard(a: set[int], b: set[int]) -> float:
     return len(a & b) / len(a | b)
 
 
-def adaptive_step(layout: ChainLayout, s: Settings) -> int:
+def adaptive_step(layout: ChainLayout, s: WiseSettings) -> int:
     """The step wise_adaptive's criterion fires on this prompt (``jaccard_min``): the first t in
     min_step..max_step at which every pair of consecutive steps in t-w+1..t has mass supports
     with Jaccard >= threshold in every query block; max_step if none. Supports are this module's
@@ -358,11 +350,8 @@ def adaptive_step(layout: ChainLayout, s: Settings) -> int:
     return rule.max_step
 
 
-def expected_adaptive(layout: ChainLayout, s: Settings) -> tuple[int, Outcome]:
+def expected_adaptive(layout: ChainLayout, s: WiseSettings) -> tuple[int, Outcome]:
     """(t_a, outcome) of wise_adaptive: WISE with t_d = t_a and the rule's window."""
-    if s.adaptive is None:
-        raise ValueError(f"{ADAPTIVE} needs Settings.adaptive (its rule)")
     t_a = adaptive_step(layout, s)
-    wise = Settings(steps=s.steps, discovery_step=t_a, window=s.adaptive.window, block_size=s.block_size,
-                    eta=s.eta)
+    wise = dataclasses.replace(s, discovery_step=t_a, window=s.adaptive.window)
     return t_a, expected_outcome(layout, "wise", wise)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from wise.analysis.calibration import Settings, expected_outcome, parse_layout
+from wise.analysis.calibration import expected_outcome, parse_layout
 from wise.data.probes import Prompt
 from wise.engine.decoding import evaluate_examples
 from wise.analysis.metrics import ANSWER_SOURCES, answer_source, exact_match, f1
@@ -105,9 +105,7 @@ def expected_line(tok, prompts: Sequence[Prompt], condition: str, steps: int,
     measured answer disagrees with the prediction, and the ids of the first `show` of them."""
     if not prompts or any(p.benchmark != "synthchain" for p in prompts):
         return None
-    s = Settings(steps=steps) if settings is None else Settings(
-        steps=settings.steps, discovery_step=settings.discovery_step, window=settings.window,
-        block_size=settings.block_size, eta=settings.eta, adaptive=settings.adaptive)
+    s = full_settings(steps) if settings is None else settings  # None: a Full run
     hits = [expected_outcome(parse_layout([tok.id_to_token(i) for i in p.ids]), condition, s).correct
             for p in prompts]
     line = f"expected EM={sum(hits) / len(hits):.4f}"

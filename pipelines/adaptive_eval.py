@@ -17,7 +17,7 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import write_json, write_parquet, write_text
-from pipelines.halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
+from pipelines.train_halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
 from wise.looped.recipe import RetrofitParams
 
 

@@ -6,7 +6,7 @@ split with the retrofit frozen, and on the validation split the fixed-depth curv
 depth (the McNemar reference of adaptive_eval) and the thresholds τ (halting head) and λ
 (confidence rule) chosen by ``wise.adaptive.rules.select_threshold``. Writes the heads folder
 (``heads.safetensors`` + ``halting.json``, the card adaptive_eval reads), the per-loop table and
-the selection curves. The helpers here (loading, rows, trajectories) serve pipelines.adaptive too.
+the selection curves. The helpers here (loading, rows, trajectories) serve pipelines.adaptive_eval too.
 """
 from __future__ import annotations
 

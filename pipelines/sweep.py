@@ -85,7 +85,7 @@ def run_sweep_stage(p: Params, axis: str) -> None:
 
 
 def expected_point(p: Params, base, axis: str, value):
-    """(condition, calibration Settings) of one sweep point: wise with the axis' setting changed,
+    """(condition, WiseSettings) of one sweep point: wise with the axis' setting changed,
     or wise_adaptive with its rule's key changed."""
     if axis in ADAPTIVE_AXES:
         return ADAPTIVE, dataclasses.replace(base, adaptive=adaptive_rule(p, **{ADAPTIVE_AXES[axis]: value}))
