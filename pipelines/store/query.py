@@ -1,7 +1,8 @@
 """SQL over all results: ``python -m pipelines.store.query "SELECT ..."`` prints a table.
 
 Views (see docs/sql.md for columns): examples, trace_masses, trace_steps, support_layouts, supports,
-results, paired, timing, condition_summary, ... ``--list`` shows the views and their columns;
+results, paired, timing, condition_summary, ..., and lm-eval runs under data/lm_eval
+(``lm_eval_samples``, ``lm_eval_scores``, ``lm_eval_paired``, ``lm_eval_runs``). ``--list`` shows the views and their columns;
 ``--csv`` / ``--json`` change the output format; ``--limit N`` caps the rows printed (default
 1000; 0 prints every row, streamed in batches, so a large result never sits in memory whole).
 
@@ -16,7 +17,9 @@ import json
 import re
 import sys
 
+from pipelines.config import paths
 from pipelines.store.db import connect, project_root
+from pipelines.store.lm_eval_views import create_lm_eval_views
 
 DEFAULT_LIMIT = 1000  # rows printed unless --limit says otherwise
 BATCH_ROWS = 1000  # rows fetched at a time: memory stays bounded whatever the result's size
@@ -143,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give a SQL query or --list")
     if args.limit < 0:
         ap.error("--limit must be >= 0 (0: every row)")
-    con = connect(project_root())
+    root = project_root()
+    con = connect(root)
     try:
+        create_lm_eval_views(con, root / paths.DATA)  # lm-eval runs under data/lm_eval, if any
         if args.list:
             sql = ("SELECT table_name AS view, string_agg(column_name, ', ' ORDER BY ordinal_position) "
                    "AS columns FROM information_schema.columns GROUP BY table_name ORDER BY table_name")
