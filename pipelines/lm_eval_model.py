@@ -4,6 +4,10 @@
         --model_args source=data/models/wise-chain,condition=wise,steps=32,discovery_step=12,window=4 \\
         --tasks <task> --include_path <dir> --output_path out --log_samples
 
+A RecurTrace retrofit of a real decoder takes its base folder too, whose tokenizer it uses
+(``source=data/models/smollm2-135m-lma,base=data/models/smollm2-135m-instruct``; the base's
+fingerprint must be the one the retrofit was trained on).
+
 ``wise-lm-eval`` (or ``python -m pipelines.lm_eval_model``) is lm-eval's own command line with
 this model registered: lm-eval 0.4 finds third-party models only when their module has been
 imported (its registry reads no entry points), so a plain ``lm_eval --model wise`` does not see it.
@@ -15,6 +19,10 @@ to every forward (cached decoding; requests whose prompts have one length decode
   log-probability, summed over its tokens) and whether greedy decoding emits exactly it;
 - ``loglikelihood_rolling``: the same over lm-eval's disjoint windows of the model's positions;
 - ``generate_until``: greedy decoding (sampling is refused), cut at the first ``until`` string.
+Huginn's per-token exit criteria (``wise.engine.exit_criteria``; cached generation) cut the steps of
+every generated token: ``exit=kl,exit_threshold=5e-4,exit_min_step=4`` (threshold: the criterion's
+default when left out; min step 1); the results' ``config.wise_run_spec.exit`` then holds the
+criterion and the mean recurrence steps per generated token.
 A request's initial recurrent state is seeded from its context text (``state_seed``), so two runs
 that differ only in the condition start every request from the same state and pair sample by
 sample (``pipelines.lm_eval_pairs``). The run spec (weights id, condition, settings, backend) goes
@@ -37,11 +45,12 @@ from wise.data.tokenizer import load_tokenizer
 from wise.engine.conditions import ALL_CONDITIONS
 from wise.engine.decoding import GENERATION_MODES, evaluate_examples
 from wise.engine.discovery_depth import AdaptiveDiscovery
+from wise.engine.exit_criteria import parse_exit
 from wise.engine.routing import BACKENDS
 from wise.engine.runner import WiseSettings, state_seed
 from wise.models.checkpoint import load_checkpoint
+from wise.models.dtypes import DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT = WiseSettings()
 _RULE = AdaptiveDiscovery()
 
@@ -82,7 +91,8 @@ class WiseLM(TemplateLM):
         batch = kwargs.pop("batch_size", 8)  # lm-eval's --batch_size; "auto": the engine sizes its batches
         self.batch_examples = 1 << 20 if str(batch).startswith("auto") else _arg({"batch_size": batch}, "batch_size", int, 8)
         revision = kwargs.pop("revision", None)
-        tokenizer = kwargs.pop("tokenizer", None)
+        base = kwargs.pop("base", None)  # a retrofit's base folder, when not where its config points
+        tokenizer = kwargs.pop("tokenizer", None) or base  # a retrofit has its base's tokenizer
         try:
             self.settings = WiseSettings(
                 steps=_arg(kwargs, "steps", int, _DEFAULT.steps),
@@ -93,14 +103,23 @@ class WiseLM(TemplateLM):
                 adaptive=AdaptiveDiscovery(threshold=_arg(kwargs, "adaptive_threshold", float, _RULE.threshold),
                                            min_step=_arg(kwargs, "adaptive_min_step", int, _RULE.min_step),
                                            max_step=_arg(kwargs, "adaptive_max_step", int, _RULE.max_step),
-                                           window=_arg(kwargs, "adaptive_window", int, _RULE.window)))
+                                           window=_arg(kwargs, "adaptive_window", int, _RULE.window)),
+                exit_criterion=parse_exit(kwargs.pop("exit", None), kwargs.pop("exit_threshold", None),
+                                          kwargs.pop("exit_min_step", None)))
         except ValueError as exc:
             raise ValueError(f"--model_args: {exc}") from None
+        if self.settings.exit_criterion is not None and self.generation != "cached":
+            raise ValueError("--model_args exit=...: exit criteria run only with generation=cached")
         unknown = sorted(k for k in kwargs if k not in ("max_batch_size",))  # lm-eval's own extras
         if unknown:
             raise ValueError(f"--model_args: unknown key(s) {', '.join(unknown)}")
-        self.condition, self.source, self.device_name, self.dtype = condition, source, device, dtype
-        self.model = load_checkpoint(source, dtype=DTYPES[dtype], device=device, revision=revision)
+        self.condition, self.source, self.base, self.device_name, self.dtype = condition, source, base, device, dtype
+        if base is None:
+            self.model = load_checkpoint(source, dtype=DTYPES[dtype], device=device, revision=revision)
+        else:
+            from wise.models.looped.checkpoint import load_retrofit
+
+            self.model = load_retrofit(source, dtype=DTYPES[dtype], device=device, base=base)
         if tokenizer is not None:
             path = Path(tokenizer)
             self.tokenizer = load_tokenizer(path / "tokenizer.json" if path.is_dir() else path)
@@ -134,12 +153,22 @@ class WiseLM(TemplateLM):
     def get_model_info(self) -> dict:
         s = self.settings
         return {"wise_run_spec": {
-            "source": self.source, "weights_id": weights_id(self.source), "condition": self.condition,
+            "source": self.source, "base": self.base, "weights_id": weights_id(self.source),
+            "condition": self.condition,
             "steps": s.steps, "discovery_step": s.discovery_step, "window": s.window, "block_size": s.block_size,
             "eta": s.eta, "backend": s.backend, "generation": self.generation, "init_seed": self.init_seed,
-            "dtype": self.dtype, "device": self.device_name,
+            "dtype": self.dtype, "device": self.device_name, "exit": self._exit_info(),
             "adaptive": {"threshold": s.adaptive.threshold, "min_step": s.adaptive.min_step,
                          "max_step": s.adaptive.max_step, "window": s.adaptive.window}}}
+
+    def _exit_info(self) -> dict | None:
+        """The exit criterion and the mean recurrence steps per generated token so far (None without one)."""
+        c = self.settings.exit_criterion
+        if c is None:
+            return None
+        steps, tokens = getattr(self, "_exit_steps", (0, 0))
+        return {"criterion": c.name, "threshold": c.threshold, "min_step": c.min_step, "tokens": tokens,
+                "mean_steps_per_token": steps / tokens if tokens else None}
 
     def _run(self, items: list[tuple[list[int], list[int], str]], max_new: int, stop: set[int]) -> list:
         """The condition's run of each (prompt ids, gold ids, seed text), batched by the engine."""
@@ -149,6 +178,9 @@ class WiseLM(TemplateLM):
             runs = evaluate_examples(self.model, [(p, g, state_seed(key, self.init_seed)) for p, g, key in chunk],
                                      [self.condition], self.settings, max_new, stop, self.generation)
             out.extend(r[self.condition] for r in runs)
+        if self.settings.exit_criterion is not None:  # for get_model_info: every token decoded so far
+            steps, tokens = getattr(self, "_exit_steps", (0, 0))
+            self._exit_steps = (steps + sum(sum(r.token_steps) for r in out), tokens + sum(len(r.token_steps) for r in out))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -203,7 +235,7 @@ class WiseLM(TemplateLM):
         out: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc=f"wise {self.condition} generate", disable=disable_tqdm)
         for (max_new, until), idx in groups.items():
-            items = [(self.tok_encode(requests[i].args[0]), [self.eot_token_id], requests[i].args[0]) for i in idx]
+            items = [(self.tok_encode(requests[i].args[0]), [], requests[i].args[0]) for i in idx]  # no gold
             for i, run in zip(idx, self._run(items, max_new, set(self._stops))):
                 text = self.tok_decode(run.tokens)
                 cuts = [text.index(u) for u in until if u and u in text]

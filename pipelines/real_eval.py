@@ -69,7 +69,7 @@ def check_safe_floor(base, looped: dict, rows: Sequence) -> None:
 
 def base_rows(base, needles, windows) -> list[dict]:
     """The base's own forward (T = 1) on every row: the reference the looped variants start from."""
-    from wise.looped.evaluate import read_answer
+    from wise.looped.fixed_depth import read_answer
 
     out = []
     with torch.no_grad():
@@ -112,7 +112,7 @@ def curves(rows: list[dict], resamples: int, seed: int, level: float) -> list[di
 def needle_signals(model, row, read_at: set[int], pool: str = "mean") -> dict:
     """{T: LoopSignal} of one needle row, read after each loop T in `read_at` only (a readout runs
     the suffix layers: reading every loop would cost more than the loops)."""
-    from wise.adaptive.trajectory import Scorer
+    from wise.halting.trajectory import Scorer
 
     sc = Scorer(model, row, pool)
     rope, e, s = sc.start()
@@ -153,7 +153,7 @@ def run_real_eval(params: Params) -> dict:
 
 def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[dict]):
     """(loop rows, curves, halting summary, halting example rows, halting card)."""
-    from wise.adaptive.trajectory import Trajectory
+    from wise.halting.trajectory import Trajectory
     from wise.looped.text_task import window_nll
 
     windows = split_windows(tokenizer, corpus, "test", p.window_tokens, p.eval_windows)

@@ -1,10 +1,10 @@
-"""Halting on the real model's LMA retrofit (part of stage real_eval; wise.adaptive does the work).
+"""Halting on the real model's LMA retrofit (part of stage real_eval; wise.halting does the work).
 
 Trajectories of needle items (every loop read: NLL and correctness of the city, top-1 confidence,
 the pooled block state z) on the train split fit the three heads (the oracle-distilled halting
 head on eq. 6 labels, ACT, PonderNet); on the held-out split the fixed-depth curve gives the best
 fixed depth and the NLL reference, and the thresholds τ (halting head) and λ (confidence) are the
-smallest mean depth that loses no held-out likelihood (``wise.adaptive.rules.select_threshold``).
+smallest mean depth that loses no held-out likelihood (``wise.halting.rules.select_threshold``).
 On the test items every method is replayed on the same trajectories the loop curves came from.
 Each method's accuracy gets a bootstrap CI, and an exact McNemar test pairs it with the best
 held-out fixed depth and with the fixed depth nearest its own mean loops (matched compute).
@@ -22,10 +22,10 @@ def nearest_fixed(mean_loops: float, t_max: int) -> int:
 def run_halting(p: RealModelParams, st: StatisticsParams, model, tokenizer, corpus, test_trajs):
     """(summary rows, example rows, card) of every method on the test trajectories (loops 1..halting_t_max)."""
     from pipelines.real_model import needle_rows
-    from wise.adaptive import heads as H
-    from wise.adaptive import rules as R
-    from wise.adaptive.tables import paired
-    from wise.adaptive.trajectory import stacked, trajectories
+    from wise.halting import heads as H
+    from wise.halting import rules as R
+    from wise.halting.tables import paired
+    from wise.halting.trajectory import stacked, trajectories
     from wise.analysis.stats import discordant_counts, mcnemar, paired_bootstrap
 
     T = p.halting_t_max

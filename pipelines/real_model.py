@@ -111,9 +111,10 @@ def run_train_real(params: Params, variant: str, device: str) -> dict:
     from wise.models.looped.checkpoint import save_retrofit
     from wise.looped.depth import loops_for_step
     from wise.models.looped.model import build_looped, check_safe_floor
-    from wise.looped.recipe import Training
+    from wise.looped.training_config import Training
     from wise.looped.text_task import TextBatchSpec, TextBatches
-    from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, autocast_for, lma_heads_for, run_loop
+    from pipelines.recurtrace.train_retrofit import lma_heads_for
+    from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, autocast_for, run_loop
     from wise.looped.tables import write_csv
     from wise.objective import batch_loss
 

@@ -253,7 +253,7 @@ def condition_rows(p: Params, pool: WorkerPool, items: list[dict], derived: dict
 
 
 def _greedy_correct(prediction: list[int], answer: list[int]) -> bool:
-    """Greedy decoding emits exactly the answer's tokens first (``wise.looped.evaluate.read_answer``)."""
+    """Greedy decoding emits exactly the answer's tokens first (``wise.looped.fixed_depth.read_answer``)."""
     return list(prediction[:len(answer)]) == list(answer)
 
 

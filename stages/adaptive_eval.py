@@ -4,7 +4,7 @@
 
 Accuracy, mean loops and wall time per example of every fixed depth, the halting head, the
 confidence rule, ACT, PonderNet and the two oracles; exact McNemar against the best fixed depth;
-depth vs difficulty; WISE under adaptive depth (pipelines/adaptive_eval.py). Needs the heads of the
+depth vs difficulty; WISE under adaptive depth (pipelines/recurtrace/adaptive_eval.py). Needs the heads of the
 train_halting stage. One intra-op thread on a CPU (--threads), as train_halting: the wall times
 are then those of one core, steadier on a shared machine.
 """
@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.adaptive_eval import run_adaptive_eval
-from stages.retrofit_cli import run_stage
+from pipelines.config.cli import stage_main
+from pipelines.recurtrace.adaptive_eval import run_adaptive_eval
+from pipelines.recurtrace.devices import cpu_threads, device_arguments, resolve_device
+from pipelines.recurtrace.params import load_retrofit_params
+
+
+def work(params, args) -> None:
+    device = resolve_device(args.device)
+    with cpu_threads(device, args.threads):
+        print(run_adaptive_eval(params, device)["markdown"])
 
 
 def main(argv=None) -> int:
-    code, _, result = run_stage("adaptive_eval", __doc__, run_adaptive_eval, argv)
-    if code == 0:
-        print(result["markdown"])
-    return code
+    return stage_main("adaptive_eval", work, argv, load=load_retrofit_params, arguments=device_arguments)
 
 
 if __name__ == "__main__":

@@ -3,49 +3,41 @@
     python -m stages.retrofit_eval       # -> data/retrofit/<retrofit.name>/fixed_depth{_examples.parquet,.parquet,.json,_recipe.json,.md}
 
 Accuracy and teacher-forced NLL of the gold answer at each T of `retrofit.eval.depths`, on the
-test split of `retrofit.eval.benchmarks`, next to the base (wise/looped/evaluate.py). The table
+test split of `retrofit.eval.benchmarks`, next to the base (wise/looped/fixed_depth.py). The table
 is kept when data/retrofit/<retrofit.name>/fixed_depth_recipe.json already holds the table of exactly these eval
 params and checkpoints (unless --recompute); otherwise it is computed here (CPU or GPU).
 fixed_depth.json, the DVC metrics file, holds per retrofit the best fixed depth and its accuracy.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
-
+from pipelines.config.cli import stage_main
 from pipelines.config.paths import retrofit_tables
-from wise.looped.recipe import VARIANTS, load_retrofit_params
-from wise.looped.runs import ensure_table
+from pipelines.recurtrace.devices import device_arguments, resolve_device
+from pipelines.recurtrace.params import VARIANTS, load_retrofit_params
+from pipelines.recurtrace.runs import ensure_table
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--out", default=None, help="default: data/retrofit/<retrofit.name>")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--recompute", action="store_true")
-    args = ap.parse_args(argv)
-    try:
-        params = load_retrofit_params(args.params)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"retrofit_eval: {err}", file=sys.stderr)
-        return 2
-    args.out = args.out or str(retrofit_tables(params.name))
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+def arguments(parser) -> None:
+    parser.add_argument("--out", default=None, help="default: data/retrofit/<retrofit.name>")
+    parser.add_argument("--recompute", action="store_true")
+    device_arguments(parser, threads=None)
+
+
+def work(params, args) -> None:
+    out = args.out or str(retrofit_tables(params.name))
     folders = {v: params.out(v) for v in VARIANTS}
-    try:
-        result = ensure_table(params, folders, args.out, device=device, recompute=args.recompute)
-    except FileNotFoundError as err:
-        print(f"retrofit_eval: {err}", file=sys.stderr)
-        return 1
+    result = ensure_table(params, folders, out, device=resolve_device(args.device), recompute=args.recompute)
     if result is None:
-        print(f"retrofit_eval: {args.out} holds the table of these params and checkpoints; keeping it.")
+        print(f"retrofit_eval: {out} holds the table of these params and checkpoints; keeping it.")
     else:
         print(result["table"])
         print(f"safe floor (T=1 vs base): {result['floor']}")
-    return 0
+
+
+def main(argv=None) -> int:
+    return stage_main("retrofit_eval", work, argv, load=load_retrofit_params, arguments=arguments)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 Trajectories of retrofit.eval's benchmarks (train and validation splits, retrofit.halting's sizes),
 the oracle-distilled halting head, ACT and PonderNet fitted with the retrofit frozen, τ and the
-confidence threshold chosen on the validation split (pipelines/train_halting.py). CPU is enough: the
+confidence threshold chosen on the validation split (pipelines/recurtrace/train_halting.py). CPU is enough: the
 heads are linear and the embedded retrofit small (about a minute). On a CPU the stage runs one
 intra-op thread (--threads): rows go one at a time through a small model, and on a shared machine
 an OpenMP thread waiting for a busy core makes every op several times slower (one loop of the
@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import sys
 
-from pipelines.train_halting import run_train_halting
-from stages.retrofit_cli import run_stage
+from pipelines.config.cli import stage_main
+from pipelines.recurtrace.devices import cpu_threads, device_arguments, resolve_device
+from pipelines.recurtrace.params import load_retrofit_params
+from pipelines.recurtrace.train_halting import run_train_halting
+
+
+def work(params, args) -> None:
+    device = resolve_device(args.device)
+    with cpu_threads(device, args.threads):
+        card = run_train_halting(params, device)
+    print(f"train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
+          f"best fixed depth (held-out accuracy) = {card['best_fixed_depth']} -> {params.halting_out()}")
 
 
 def main(argv=None) -> int:
-    code, params, card = run_stage("train_halting", __doc__, run_train_halting, argv)
-    if code == 0:
-        print(f"train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
-              f"best fixed depth (held-out accuracy) = {card['best_fixed_depth']} -> {params.halting_out()}")
-    return code
+    return stage_main("train_halting", work, argv, load=load_retrofit_params, arguments=device_arguments)
 
 
 if __name__ == "__main__":

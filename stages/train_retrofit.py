@@ -11,48 +11,43 @@ committed embedded checkpoints match the committed params.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from wise.looped.recipe import EMBEDDED_BASE, VARIANTS, load_retrofit_params
-from wise.looped.runs import ensure_base, ensure_retrofit, is_current
+from pipelines.config.cli import stage_main
+from pipelines.recurtrace.devices import device_arguments
+from pipelines.recurtrace.params import EMBEDDED_BASE, VARIANTS, load_retrofit_params
+from pipelines.recurtrace.runs import ensure_base, ensure_retrofit, is_current
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["base", *VARIANTS])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--out", default=None, help="output folder (default: from params)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--retrain", action="store_true", help="train even if --out holds this recipe")
-    args = ap.parse_args(argv)
-    try:
-        params = load_retrofit_params(args.params)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"train_retrofit: {err}", file=sys.stderr)
-        return 2
+def arguments(parser) -> None:
+    parser.add_argument("what", choices=["base", *VARIANTS])
+    parser.add_argument("--out", default=None, help="output folder (default: from params)")
+    parser.add_argument("--retrain", action="store_true", help="train even if --out holds this recipe")
+    device_arguments(parser, threads=None)
+
+
+def work(params, args) -> None:
     out = args.out or (EMBEDDED_BASE if args.what == "base" else params.out(args.what))
     if not args.retrain and is_current(params, args.what, out):
         print(f"train_retrofit {args.what}: {out} was trained with exactly these `retrofit:` params "
               "(train_recipe.json); keeping it. Pass --retrain to train again.", flush=True)
-        return 0
+        return
     if args.device == "auto" and not torch.cuda.is_available():
         raise SystemExit(f"error: train_retrofit {args.what} needs a CUDA GPU (minutes there, far longer on "
                          f"a CPU) and {out} does not hold this recipe. Revert your `retrofit:` edits, run "
                          "this stage on a GPU machine, or pass --device cpu to force it.")
     device = "cuda" if args.device == "auto" else args.device
-    try:
-        if args.what == "base":
-            summary = ensure_base(params, out, device=device, retrain=True)
-        else:  # the retrofit's size is checked against retrofit.max_added_fraction before training
-            summary = ensure_retrofit(params, args.what, out, device=device, retrain=True)
-    except ValueError as err:  # a params value the base reveals to be wrong (it names the key)
-        print(f"train_retrofit {args.what}: {err}", file=sys.stderr)
-        return 2
+    if args.what == "base":
+        summary = ensure_base(params, out, device=device, retrain=True)
+    else:  # the retrofit's size is checked against retrofit.max_added_fraction before training
+        summary = ensure_retrofit(params, args.what, out, device=device, retrain=True)
     print(f"train_retrofit {args.what}: {out}: {summary}", flush=True)
-    return 0
+
+
+def main(argv=None) -> int:
+    return stage_main("train_retrofit", work, argv, load=load_retrofit_params, arguments=arguments)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ edited keys. Checked: every section and key of pipelines.config.params (present,
 relations between keys), the model's positions and the kernel backend where the model can be read
 now (the calibration model is checked from `calibration:`, which builds it later), `train:`
 (every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
-(every key of wise.looped.recipe.RetrofitParams, as the RecurTrace stages read it), and before
+(every key of pipelines.recurtrace.params.RetrofitParams, as the RecurTrace stages read it), and before
 any work (pipelines.config.preflight): the compute request against this machine, the model's weight files
 (not truncated), and every context length against the generated benchmarks' prompts.
 """
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from pipelines.store.artifacts import write_text
 from pipelines.config.params import ParamsError, load_params
 from pipelines.config.preflight import (check_compute_here, check_context_lengths, check_weights,
                                  prompt_tokenizer)
+from pipelines.recurtrace.params import parse_retrofit
 from wise.training import TrainConfig
 
 STAMP_TEXT = ("params checked by stages/validate.py before any other stage ran; the content never "
@@ -32,52 +32,16 @@ STAMP_TEXT = ("params checked by stages/validate.py before any other stage ran; 
 
 
 def check_train(raw: dict, where: str) -> None:
-    """`train:` must give every TrainConfig key (no silent default would retrain another recipe)."""
-    section = raw.get("train")
-    if not isinstance(section, dict):
-        raise ParamsError(f"{where}: train must be a mapping (the recipe of the train_backbone stage)")
-    missing = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in section]
-    if missing:
-        raise ParamsError(f"{where}: missing key(s) {', '.join('train.' + k for k in missing)}: a params "
-                          "file must give every key (params.yaml lists them all)")
+    """`train:` (the train_backbone stage): every key given, typed and in range."""
     try:
-        TrainConfig.from_dict(section)
+        TrainConfig.from_dict(raw.get("train"), complete=True)
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"{where}: {exc}") from None
-
-
-def _missing(cls, section: dict, prefix: str) -> list[str]:
-    """Keys of dataclass `cls` (and of its nested dataclass sections) absent from `section`."""
-    try:
-        defaults = cls()
-    except TypeError:
-        defaults = None
-    out = []
-    for f in dataclasses.fields(cls):
-        if f.name not in section:
-            out.append(f"{prefix}.{f.name}")
-            continue
-        sub = getattr(defaults, f.name, None)
-        if dataclasses.is_dataclass(sub) and isinstance(section[f.name], dict):
-            out += _missing(type(sub), section[f.name], f"{prefix}.{f.name}")
-    return out
 
 
 def check_retrofit(raw: dict, where: str) -> None:
-    """`retrofit:` (the RecurTrace stages): every key given, and valid as wise.looped.recipe reads it."""
-    from wise.looped.recipe import RetrofitParams
-
-    section = raw.get("retrofit")
-    if not isinstance(section, dict):
-        raise ParamsError(f"{where}: retrofit must be a mapping (the RecurTrace stages' section)")
-    missing = _missing(RetrofitParams, section, "retrofit")
-    if missing:
-        raise ParamsError(f"{where}: missing key(s) {', '.join(missing)}: a params file must give every "
-                          "key (params.yaml lists them all)")
-    try:
-        RetrofitParams.from_dict(section)
-    except (TypeError, ValueError) as exc:
-        raise ParamsError(f"{where}: {exc}") from None
+    """`retrofit:` (the RecurTrace stages): every key given, typed and in range."""
+    parse_retrofit(raw, where)
 
 
 def main(argv=None) -> int:

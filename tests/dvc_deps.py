@@ -13,6 +13,7 @@ tests/test_dvc_deps.py checks that dvc.yaml equals what this writes.
 """
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -37,9 +38,12 @@ def stage_module(cmd: str) -> str:
     return m.group(1)
 
 
-def _files_under(folder: Path) -> set[str]:
-    return {p.relative_to(ROOT).as_posix() for p in folder.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts}
+@functools.lru_cache(maxsize=None)
+def _files_under(folder: str) -> tuple[str, ...]:
+    """The files under `folder` (relative to ROOT), walked once per run: every file of every stage's
+    closure asks about each folder above it."""
+    return tuple(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts))
 
 
 def code_deps(module: str, graph=None) -> list[str]:
@@ -53,7 +57,7 @@ def code_deps(module: str, graph=None) -> list[str]:
         chosen = f
         for depth in range(1, len(parts)):  # coarsest folder first
             folder = "/".join(parts[:depth])
-            if _files_under(ROOT / folder) <= files:
+            if files.issuperset(_files_under(folder)):
                 chosen = folder
                 break
         out.add(chosen)

@@ -1,15 +1,15 @@
-"""Adaptive depth (wise.adaptive): the loss-improvement oracle's labels on hand-made loss curves,
+"""Adaptive depth (wise.halting): the loss-improvement oracle's labels on hand-made loss curves,
 the threshold selection on constructed cases, the ACT / PonderNet weights, the halting floor and
 budget (replayed and online, on a tiny random looped model), every rule deciding online exactly as
 replayed, WISE under adaptive depth, and McNemar on adaptive pairs equal to wise.analysis.stats.mcnemar."""
 import pytest
 import torch
 
-from wise.adaptive import heads as H
-from wise.adaptive import rules as R
-from wise.adaptive.online import causal_tiles, run_online, wise_adaptive
-from wise.adaptive.tables import paired, summarize
-from wise.adaptive.trajectory import LoopSignal, Trajectory, trajectory
+from wise.halting import heads as H
+from wise.halting import rules as R
+from wise.halting.online import causal_tiles, run_online, wise_adaptive
+from wise.halting.tables import paired, summarize
+from wise.halting.trajectory import LoopSignal, Trajectory, trajectory
 from wise.models.looped.base import build_base
 from wise.looped.data import PromptRow
 from wise.models.looped.model import build_looped
@@ -254,7 +254,7 @@ def test_mcnemar_on_adaptive_pairs_equals_wise_stats():
 
 # -- params --------------------------------------------------------------------------------------------
 def test_halting_and_adaptive_params_name_the_bad_key():
-    from wise.looped.recipe import RetrofitParams
+    from pipelines.recurtrace.params import RetrofitParams
 
     for raw, key in [({"halting": {"t_max": 2}}, "retrofit.halting.t_max"),  # must exceed t_min = 2
                      ({"halting": {"tau_grid": [0.5, 1.5]}}, "retrofit.halting.tau_grid"),
@@ -262,8 +262,8 @@ def test_halting_and_adaptive_params_name_the_bad_key():
                      ({"halting": {"pool": "max"}}, "retrofit.halting.pool"),
                      ({"halting": {"variant": "big"}}, "retrofit.halting.variant"),
                      ({"halting": {"act_epsilon": 1.0}}, "retrofit.halting.act_epsilon"),
-                     ({"adaptive": {"wise_window": 3}}, "retrofit.adaptive.wise_window"),  # > t_d = 2
-                     ({"adaptive": {"wise_discovery_step": 8}}, "retrofit.adaptive.wise_discovery_step"),
+                     ({"adaptive": {"wise": {"window": 3}}}, "retrofit.adaptive.wise.window"),  # > t_d = 2
+                     ({"adaptive": {"wise": {"discovery_step": 8}}}, "retrofit.adaptive.wise.discovery_step"),
                      ({"adaptive": {"timing_repeats": 0}}, "retrofit.adaptive.timing_repeats")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             RetrofitParams.from_dict(raw)
@@ -279,8 +279,12 @@ def test_validate_requires_every_halting_and_adaptive_key():
 
     raw = yaml.safe_load(open("params.yaml").read())
     check_retrofit(raw, "params.yaml")
-    for section, key in (("halting", "delta"), ("adaptive", "wise_eta")):
+    for section, key in (("halting", "delta"), ("adaptive", "wise.eta")):
         broken = yaml.safe_load(open("params.yaml").read())
-        del broken["retrofit"][section][key]
+        *parents, last = key.split(".")
+        node = broken["retrofit"][section]
+        for k in parents:
+            node = node[k]
+        del node[last]
         with pytest.raises(ParamsError, match=rf"retrofit\.{section}\.{key}"):
             check_retrofit(broken, "params.yaml")

@@ -1,6 +1,6 @@
 """The calibration model wise-chain on synthchain: measured answers, attention and convergence steps
 equal what the construction predicts (wise.analysis.calibration), example by example, for every condition,
-on the engine the conditions stage and `python -m wise.evaluate` run (cached, batched
+on the engine the conditions stage and `python -m wise.evaluate cell` run (cached, batched
 ``evaluate_examples``: late steps batched, both answer tokens decoded through the appended rows'
 caches) and on ``run_condition``; and broken methods planted one at a time (``FAULTS``) are caught.
 
@@ -293,7 +293,7 @@ def test_question_row_convergence_steps_match_their_expectation(model):
 # -- planted faults --------------------------------------------------------------------------------
 # Each entry plants one bug in the run path (monkeypatch), runs the conditions it affects on the
 # pipeline's engine, and must see answers that disagree with the construction's prediction. How
-# each was caught when planted by hand (`python -m wise.evaluate --benchmark synthchain --context
+# each was caught when planted by hand (`python -m wise.evaluate cell --benchmark synthchain --context
 # 1024 --steps 32 --n 64 --condition <c>` with the same edit) is in the report of this change and
 # in CHANGELOG.md.
 def _attend_every_key(mp):  # appended rows ignore their late support
@@ -460,7 +460,7 @@ def test_a_planted_fault_is_caught(model, fault_pool, monkeypatch, fault):
     assert mismatches(model, cases, WiseSettings(backend="gather"), [condition]), fault
 
 
-# -- the same faults through `python -m wise.evaluate` ----------------------------------------------
+# -- the same faults through `python -m wise.evaluate cell` -----------------------------------------
 EVAL_CONTEXT, EVAL_SEED, EVAL_AFFECTED = 256, 7, 1
 
 
@@ -470,8 +470,8 @@ def chain_folder(tmp_path_factory):
 
 
 def evaluate_mismatches(capsys, folder, condition: str, n: int) -> int:
-    """`python -m wise.evaluate` in-process on synthchain: the mismatch count of its expected line."""
-    args = ["--model", str(folder), "--benchmark", "synthchain", "--context", str(EVAL_CONTEXT), "--steps", "32",
+    """`python -m wise.evaluate cell` in-process on synthchain: the mismatch count of its expected line."""
+    args = ["cell", "--model", str(folder), "--benchmark", "synthchain", "--context", str(EVAL_CONTEXT), "--steps", "32",
             "--n", str(n), "--seed", str(EVAL_SEED), "--condition", condition, "--device", "cpu"]
     assert wise.evaluate.main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -480,7 +480,7 @@ def evaluate_mismatches(capsys, folder, condition: str, n: int) -> int:
 
 
 def test_evaluate_refuses_the_calibration_model_below_float32(chain_folder):
-    args = ["--model", str(chain_folder), "--benchmark", "synthchain", "--context", "256", "--n", "1",
+    args = ["cell", "--model", str(chain_folder), "--benchmark", "synthchain", "--context", "256", "--n", "1",
             "--condition", "full", "--device", "cpu", "--dtype", "float16"]
     with pytest.raises(SystemExit, match=r"--dtype float16: .* float32 only"):
         wise.evaluate.main(args)
@@ -492,7 +492,7 @@ def test_evaluate_reports_no_mismatch_without_a_fault(chain_folder, capsys):
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_planted_fault_shows_as_mismatches_in_evaluate(chain_folder, capsys, monkeypatch, fault):
-    """Each FAULTS entry planted, `python -m wise.evaluate` on the first n prompts, n taken so that
+    """Each FAULTS entry planted, `python -m wise.evaluate cell` on the first n prompts, n taken so that
     EVAL_AFFECTED of them are prompts the construction says the fault must change."""
     plant, condition, shows = FAULTS[fault]
     pool = build_prompts(TOK, "synthchain", EVAL_CONTEXT, 64, EVAL_SEED, 8192, 8, options=FOLLOW)

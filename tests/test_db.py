@@ -238,7 +238,7 @@ def test_readers_read_parquet_with_many_row_groups_exactly(project):
         con.close()
 
 
-def test_positional_reader_keeps_one_position_per_thread(tmp_path):
+def test_a_threads_seek_then_read_is_not_moved_by_another_threads_seek(tmp_path):
     from pipelines.store.readonly_fs import PositionalReader
 
     path = tmp_path / "f.bin"

@@ -57,7 +57,7 @@ def test_the_closure_follows_lazy_imports_packages_and_dispatched_tasks():
 def test_work_items_are_imported_only_through_the_registry():
     # A module loaded by name anywhere else would be invisible to the closure.
     assert dynamic_imports() == {"pipelines.compute.work": 1}
-    assert set(task_registry()) == {"trace", "conditions", "sweep"}
+    assert set(task_registry()) == {"trace", "conditions", "sweep", "exit_criteria"}
 
 
 def test_every_stage_depends_on_the_code_it_runs():
@@ -77,9 +77,10 @@ WISE_STAGES = {"build_calibration", "cohorts", "traces", "supports", "conditions
 
 
 def test_editing_recurtrace_code_reruns_no_wise_stage():
-    # The RecurTrace experiment (wise/looped) and the halting heads (wise/adaptive) are not code
-    # the WISE stages run; a retrofit is loaded through the models floor (wise/models/looped).
-    recurtrace = sorted(p.relative_to(ROOT).as_posix() for pkg in ("wise/looped", "wise/adaptive")
+    # The RecurTrace stage bodies (pipelines/recurtrace), its library pieces (wise/looped) and the
+    # halting heads (wise/halting) are not code the WISE stages run; a retrofit is loaded through
+    # the models floor (wise/models/looped).
+    recurtrace = sorted(p.relative_to(ROOT).as_posix() for pkg in ("pipelines/recurtrace", "wise/looped", "wise/halting")
                         for p in (ROOT / pkg).rglob("*.py"))
     assert recurtrace
     all_stages = stages()

@@ -1,13 +1,19 @@
-"""The evaluation entry point (wise.evaluate) and the modules it prints from: prompts as the
-cohorts stage builds them (wise.data.probes), scores (wise.analysis.scoring), the lens (wise.analysis.lens), the
-quality table and the card it regenerates (wise.training.quality, wise.training.card)."""
+"""The evaluation entry point (wise.evaluate: its modes cell, table and lens) and the modules it
+prints from: prompts as the cohorts stage builds them (wise.data.probes), scores
+(wise.analysis.scoring), the lens (wise.analysis.lens), the quality table and the card it
+regenerates (wise.training.quality, wise.training.card)."""
+import dataclasses
 import re
 
 import pytest
 
 from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer
-from wise.evaluate import load_model, main
+from wise.engine.runner import WiseSettings
+from wise.evaluate import main, parser
+from wise.evaluate.flags import settings_from
+from wise.evaluate.model_folder import load_model
+from wise.evaluate.modes import MODES
 from wise.analysis.scoring import full_settings, score_cell
 from wise.training.quality import CARD_BEGIN, CARD_END
 
@@ -20,8 +26,8 @@ def test_cli_condition_on_the_calibration_model_prints_its_expectation(capsys, t
 
     model = write_chain_checkpoint(tmp_path / "wise-chain")
     for condition, steps in (("full", 12), ("wise", 32), ("truncate", 32)):
-        assert main(["--model", str(model), "--benchmark", "synthchain", "--context", "256", "--steps", str(steps),
-                     "--n", "12", "--seed", "7", "--condition", condition, "--by-depth"]) == 0
+        assert main(["cell", "--model", str(model), "--benchmark", "synthchain", "--context", "256",
+                     "--steps", str(steps), "--n", "12", "--seed", "7", "--condition", condition, "--by-depth"]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         measured = re.fullmatch(r"EM=(\d+\.\d+) F1=\d+\.\d+ n=12", lines[-1]).group(1)
         assert lines[-2].startswith(f"expected EM={measured} mismatches=0 "), (condition, lines[-2:])
@@ -36,7 +42,7 @@ def test_prompts_match_the_cohort_layout():
 
 
 def test_cli_last_line_format(capsys):
-    assert main(["--model", MODEL, "--benchmark", "syntharith", "--context", "256", "--steps", "2",
+    assert main(["cell", "--model", MODEL, "--benchmark", "syntharith", "--context", "256", "--steps", "2",
                  "--n", "2", "--seed", "123", "--max-new-tokens", "2", "--device", "cpu"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"EM=\d+\.\d+ F1=\d+\.\d+ n=\d+", last), last
@@ -44,11 +50,11 @@ def test_cli_last_line_format(capsys):
 
 def test_cli_without_checkpoint_says_how_to_get_one(tmp_path):
     with pytest.raises(SystemExit, match="no trained checkpoint"):
-        main(["--model", str(tmp_path / "absent"), "--n", "1"])
+        main(["cell", "--model", str(tmp_path / "absent"), "--n", "1"])
 
 
 def test_update_card_writes_quality_json_and_regenerates_the_card(tmp_path, capsys):
-    """--update-card puts the cells into <model>/quality.json (merged with the cells already
+    """table --update-card puts the cells into <model>/quality.json (merged with the cells already
     there) and regenerates README.md from the folder through wise.training.card."""
     import json
     import shutil
@@ -60,14 +66,14 @@ def test_update_card_writes_quality_json_and_regenerates_the_card(tmp_path, caps
     shutil.copytree(MODEL, folder)
     (folder / "train_recipe.json").write_text(json.dumps(TrainConfig().to_dict()))
     (folder / "README.md").write_text("# hand-written, replaced\n")
-    cell = ["--model", str(folder), "--table", "--benchmarks", "syntharith", "--contexts", "256",
-            "--n", "2", "--max-new-tokens", "1", "--device", "cpu", "--benchmark", "syntharith", "--context", "256"]
-    assert main(cell + ["--table-steps", "1", "--steps", "1", "--update-card"]) == 0
-    assert capsys.readouterr().out.splitlines()[-2] == f"wrote {folder / 'README.md'}"
+    table = ["table", "--model", str(folder), "--benchmarks", "syntharith", "--contexts", "256",
+             "--n", "2", "--max-new-tokens", "1", "--device", "cpu"]
+    assert main(table + ["--steps", "1", "--update-card"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == f"wrote {folder / 'README.md'}" and re.fullmatch(r"EM=\d\.\d{4} F1=\d\.\d{4} n=2", out[-1])
     assert [(r["benchmark"], r["context"], r["steps"]) for r in json.loads((folder / "quality.json").read_text())] \
         == [("syntharith", 256, 1)]
-    assert main(cell + ["--table-steps", "2", "--steps", "2", "--update-card",
-                        "--json", str(folder / "quality.json")]) == 0
+    assert main(table + ["--steps", "2", "--update-card", "--json", str(folder / "quality.json")]) == 0
     rows = json.loads((folder / "quality.json").read_text())
     assert [r["steps"] for r in rows] == [1, 2]  # the earlier cell kept
     card = (folder / "README.md").read_text()
@@ -77,17 +83,58 @@ def test_update_card_writes_quality_json_and_regenerates_the_card(tmp_path, caps
 
 
 @pytest.mark.parametrize("extra, message", [
-    ([], "needs --table"),
-    (["--table", "--json", "elsewhere.json"], "names another file"),
-    (["--table", "--model", MODEL], "train_recipe.json is missing"),
+    (["--json", "elsewhere.json"], "names another file"),
+    (["--model", MODEL], "train_recipe.json is missing"),
 ])
 def test_update_card_refuses_before_any_work(extra, message, tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "train_recipe.json").write_text("{}")
     with pytest.raises(SystemExit, match=message):
-        main(["--model", str(folder), "--update-card", *extra])
+        main(["table", "--model", str(folder), "--update-card", *extra])
     assert not (folder / "quality.json").exists()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_each_mode_has_help(mode, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([mode, "--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m wise.evaluate {mode} ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["foo"], "argument MODE: invalid choice: 'foo'"),
+    (["--table"], "the following arguments are required: MODE"),  # the flag form before the modes
+    (["cell", "--update-card"], "unrecognized arguments: --update-card"),  # a flag of another mode
+])
+def test_a_usage_error_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_settings_flags_default_to_the_settings_and_build_them():
+    """The WISE settings flags are generated from WiseSettings (and its AdaptiveDiscovery rule):
+    each defaults to its field's default (--backend to auto: the device picks), and the flags given
+    build the settings back."""
+    default = WiseSettings()
+    args = parser().parse_args(["cell"])
+    assert args.backend == "auto"
+    for name in ("steps", "discovery_step", "window", "block_size", "eta"):
+        assert getattr(args, name) == getattr(default, name), name
+    for f in dataclasses.fields(default.adaptive):
+        assert getattr(args, f"adaptive_{f.name}") == getattr(default.adaptive, f.name), f.name
+    args.backend = default.backend
+    assert settings_from(args) == default
+    given = parser().parse_args(["cell", "--steps", "16", "--discovery-step", "8", "--eta", "0.9",
+                                 "--adaptive-threshold", "0.5", "--adaptive-max-step", "12"])
+    given.backend = "gather"
+    assert settings_from(given) == dataclasses.replace(
+        default, steps=16, discovery_step=8, eta=0.9, backend="gather",
+        adaptive=dataclasses.replace(default.adaptive, threshold=0.5, max_step=12))
+    assert parser().parse_args(["lens"]).steps == default.steps
 
 
 def test_probe_questions_and_per_type_scores(capsys):
@@ -99,7 +146,7 @@ def test_probe_questions_and_per_type_scores(capsys):
     for p in facts:
         text = tok.decode(p.ids)
         assert p.answers[0] in text.rsplit("Question:", 1)[0]  # answered by the context itself
-    assert main(["--model", MODEL, "--benchmark", "synthhop", "--context", "256", "--steps", "2",
+    assert main(["cell", "--model", MODEL, "--benchmark", "synthhop", "--context", "256", "--steps", "2",
                  "--n", "6", "--seed", "3", "--by-type", "--ask", "fact", "--by-source"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"by type: fact \d\.\d{3} \(n=\d+\)", lines[-3])
@@ -146,7 +193,7 @@ def test_answer_lens_agrees_with_the_first_greedy_token(capsys):
     assert all(t[0] != space or t[1] == f[0] for t, f in zip(two, nxt))  # same as greedy's 2nd token
     with pytest.raises(ValueError, match="lens steps"):
         answer_lens(model, tok, prompts, [0])
-    assert main(["--model", MODEL, "--context", "256", "--steps", "2", "--n", "2", "--lens", "1", "2",
+    assert main(["lens", "--model", MODEL, "--context", "256", "--steps", "2", "--n", "2", "--at", "1", "2",
                  "--max-new-tokens", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith("EM=") and "T | first-token top-1 | mean log p(first token)" in out
@@ -156,7 +203,7 @@ def test_checkpoint_is_asked_in_its_training_prompt_style(tmp_path, monkeypatch,
     import json
     import shutil
 
-    import wise.evaluate as ev
+    import wise.evaluate.model_folder as ev
 
     folder = tmp_path / "m"
     shutil.copytree(MODEL, folder)
@@ -167,7 +214,7 @@ def test_checkpoint_is_asked_in_its_training_prompt_style(tmp_path, monkeypatch,
     seen = []
     real = ev.build_prompts
     monkeypatch.setattr(ev, "build_prompts", lambda *a, **k: seen.append(k["style"]) or real(*a, **k))
-    args = ["--model", str(folder), "--benchmark", "synthhop", "--context", "256", "--steps", "1",
+    args = ["cell", "--model", str(folder), "--benchmark", "synthhop", "--context", "256", "--steps", "1",
             "--n", "1", "--max-new-tokens", "1", "--device", "cpu"]
     assert main(args) == 0
     assert main(args + ["--prompt-style", "plain"]) == 0  # an explicit style wins

@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("wise.models",),  # both model families: recurrent-depth and looped (wise.models.looped)
     ("wise.engine",),
     ("wise.analysis",),
-    ("wise.looped", "wise.adaptive", "wise.training"),
+    ("wise.looped", "wise.halting", "wise.training"),
     ("wise.evaluate", "wise.training.run"),  # the library's command lines
     ("benchmarks",),  # the kernel's (and the whole model's) timing tools
     ("pipelines.config",),

@@ -1,5 +1,5 @@
 """The RecurTrace calibrated case: the constructed Llama base, its known-depth items, and every
-measured number against the value derived from the items alone (wise.looped.calibration).
+measured number against the value derived from the items alone (wise.looped.calibrated_expectations).
 
 The planted faults (oracle labels shifted one loop, the head reading the wrong pooled row, the
 LMA gate forced shut) must each make a check fail: ``checks`` returns the failed checks, and the
@@ -13,9 +13,10 @@ import math
 import pytest
 import torch
 
-from wise.looped import calibration as C
+from wise.looped import calibrated_expectations as C
 from wise.looped import known_runs
-from wise.looped.calibrate import CellParams, items_and_rows, run_cell
+from pipelines.recurtrace.calibrated_cell import CellParams, items_and_rows, run_cell
+from pipelines.recurtrace.wise_reuse import WiseReuse
 from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base, save_chain_base
 from wise.looped.known_depth import make_items
 
@@ -72,7 +73,7 @@ def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
 
 
 def test_probe_picks_the_hop_layer():
-    from pipelines.recurtrace_calibrated import _probe_batch
+    from pipelines.recurtrace.calibrated import _probe_batch
     from wise.looped.probe import block_distances
 
     base, _ = build_chain_base()
@@ -94,7 +95,7 @@ def test_items_have_the_stated_depths():
 
 @pytest.mark.parametrize("overshoot", [True, False])
 def test_fixed_depth_matches_the_construction(overshoot):
-    from wise.looped.calibrate import models
+    from pipelines.recurtrace.calibrated_cell import models
 
     model = models()[0 if overshoot else 1]
     items, rows = items_and_rows(CellParams(n=40), "test", "mixed", 40)
@@ -111,7 +112,7 @@ def test_the_cell_meets_its_expected_values():
 
 @pytest.mark.parametrize("fault", ["oracle_labels_shifted", "head_reads_wrong_row"])
 def test_planted_faults_fail_the_checks(fault, monkeypatch):
-    import wise.adaptive.heads as H
+    import wise.halting.heads as H
 
     if fault == "oracle_labels_shifted":
         original = H.oracle_labels
@@ -127,7 +128,7 @@ def test_planted_faults_fail_the_checks(fault, monkeypatch):
 
 
 def _wise_mismatches(items, rows, p) -> tuple[int, list[dict]]:
-    from wise.looped.calibrate import models, wise_rows
+    from pipelines.recurtrace.calibrated_cell import models, wise_rows
 
     out = wise_rows(p, models()[1], items, rows)
     return sum((r["wise_correct"] != r["expected_wise"]) + (r["full_correct"] != r["expected_full"]) for r in out), out
@@ -138,33 +139,33 @@ def test_wise_under_adaptive_depth_matches_the_construction():
     mismatches, rows = _wise_mismatches(*items_and_rows(p, "test", "mixed", p.wise_n), p)
     assert mismatches == 0, [r for r in rows if r["wise_correct"] != r["expected_wise"]]
     # the case must separate: some answers kept by WISE, some lost to a fact outside the working set
-    assert any(r["expected_wise"] and r["depth"] > p.wise_discovery_step for r in rows)
+    assert any(r["expected_wise"] and r["depth"] > p.wise.discovery_step for r in rows)
     assert any(r["expected_full"] and not r["expected_wise"] for r in rows)
 
 
 def _needs_loop(it, tokens, p, window_loops) -> bool:
     """Whether a late loop of `it` needs a fact outside the blocks read at `window_loops` (question row only)."""
     rows = C.fact_target_rows(tokens)
-    block = lambda t: rows[it.chain[min(t, it.hops)]] // p.wise_block_size
+    block = lambda t: rows[it.chain[min(t, it.hops)]] // p.wise.block_size
     return it.reachable and not all(block(t) in {block(u) for u in window_loops} | {0}
-                                    for t in range(p.wise_discovery_step + 1, it.depth + 1))
+                                    for t in range(p.wise.discovery_step + 1, it.depth + 1))
 
 
 @pytest.mark.parametrize("fault", ["window_shifted", "working_set_ignored"])
 def test_wise_faults_show_as_mismatches(fault, monkeypatch):
-    import wise.adaptive.online
+    import wise.halting.online
     import wise.engine.runner
     from wise.data.synthchain import build_tokenizer
 
     p = CellParams(seed=1, wise_n=3)
-    td, w, tok = p.wise_discovery_step, p.wise_window, build_tokenizer()
+    td, w, tok = p.wise.discovery_step, p.wise.window, build_tokenizer()
     if fault == "window_shifted":  # discovery loops t_d-w..t_d-1
         monkeypatch.setattr(wise.engine.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
         shows = lambda it, toks: (_needs_loop(it, toks, p, range(td - w, td)) !=
                                   _needs_loop(it, toks, p, range(td - w + 1, td + 1)))
     else:  # late loops attend every key
-        original = wise.adaptive.online.late_policy
-        monkeypatch.setattr(wise.adaptive.online, "late_policy",
+        original = wise.halting.online.late_policy
+        monkeypatch.setattr(wise.halting.online, "late_policy",
                             lambda prefix, cond, st: (None,) + tuple(original(prefix, cond, st)[1:]))
         shows = lambda it, toks: _needs_loop(it, toks, p, range(td - w + 1, td + 1))
     items, rows = items_and_rows(p, "test", "mixed", 200)
@@ -180,8 +181,8 @@ def test_wise_expectation_follows_eta_and_the_block_size():
     assert C.question_block_support(5, 8, 0.85) == {0}  # 7/8 of the mass already past eta
     assert C.question_block_support(0, 8, 0.95) == {0}
     assert C.question_block_support(3, 1, 0.95) == {3}
-    with pytest.raises(ValueError, match="wise_block_size"):
-        CellParams(wise_block_size=16)
+    with pytest.raises(ValueError, match=r"retrofit\.calibration\.wise\.block_size"):
+        CellParams(wise=WiseReuse(discovery_step=3, window=2, block_size=16, eta=0.95))
 
 
 LMA_CHECKPOINT = "data/models/recurtrace-chain-lma"  # stage recurtrace_calibrated (committed)
@@ -197,7 +198,7 @@ def latch_accuracy(model, n: int = 60) -> float:
 
 @pytest.mark.parametrize("gate", ["open", "forced_shut"])
 def test_lma_retrofit_latches_unless_its_gate_is_shut(gate, monkeypatch):
-    from wise.looped.calibrate import models
+    from pipelines.recurtrace.calibrated_cell import models
     from wise.models.looped.checkpoint import load_retrofit
     from wise.models.looped.lma import LoopMemoryAttention
 
@@ -213,7 +214,7 @@ def test_calibrated_metrics_are_seed_means_and_missing_points_are_a_sentence(tmp
     """calibrated.json holds one number per summary quantity (the mean over seeds; the spread is in
     summary.parquet), leaving out one that is nan in every cell; a figure with no rows is a sentence
     in calibrated.md, not an empty chart, and its stale PNG is removed."""
-    from pipelines.recurtrace_calibrated import figures, headline_metrics
+    from pipelines.recurtrace.calibrated import figures, headline_metrics
 
     nan = float("nan")
     summary = [{"seed": s, "fixed_mismatch": 0, "lma_latch": latch, "plain_after_d": 0.0, "head_auc": nan,

@@ -1,6 +1,7 @@
 """Variable-depth training pieces: the loop-count sampler's moments, the training rows, the typed
 `retrofit:` params, and the whole embedded path (base -> LMA and plain retrofits -> fixed-depth
-table) in smoke mode on the CPU, including that the DVC stages then keep what it wrote."""
+table) through its stages on tiny settings on the CPU, including that the stages then keep what
+they wrote."""
 import dataclasses
 import pathlib
 import json
@@ -12,7 +13,7 @@ import yaml
 
 from wise.looped.data import IGNORE, BatchSpec, SpecialIds, make_batch
 from wise.looped.depth import loops_for_step, sample_loops
-from wise.looped.recipe import RetrofitParams
+from pipelines.recurtrace.params import RetrofitParams
 
 
 def test_loop_count_sampler_moments():
@@ -52,12 +53,12 @@ def test_training_rows_mark_answers_and_their_eos():
 
 
 def test_worker_processes_make_the_same_batches():
-    from wise.looped.data import BatchStream
+    from wise.looped.data import retrofit_stream
 
     spec = BatchSpec({"syntharith": 1.0}, {}, context=192, rows=3, extra_questions=1, extra_reserve=32, seed=1)
     tok = "data/models/wise-small/tokenizer.json"
-    with BatchStream(tok, SpecialIds(0, 1, 2), spec, workers=0) as local, \
-            BatchStream(tok, SpecialIds(0, 1, 2), spec, workers=2, prefetch=2) as pool:
+    with retrofit_stream(tok, SpecialIds(0, 1, 2), spec, workers=0) as local, \
+            retrofit_stream(tok, SpecialIds(0, 1, 2), spec, workers=2, prefetch=2) as pool:
         for _ in range(3):
             a, b = next(local), next(pool)
             assert a.index == b.index and np.array_equal(a.ids, b.ids) and np.array_equal(a.is_answer, b.is_answer)
@@ -75,7 +76,7 @@ def test_retrofit_params_name_the_bad_key():
 
 def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     from pipelines.config.params import load_params
-    from wise.looped.recipe import load_retrofit_params
+    from pipelines.recurtrace.params import load_retrofit_params
 
     load_params("params.yaml", check_model=False)  # `retrofit:` is an allowed section
     p = load_retrofit_params("params.yaml")
@@ -96,25 +97,52 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     assert raw["params/recurtrace-embedded.yaml"]["retrofit"] == raw["params.yaml"]["retrofit"]
 
 
+# Tiny settings (merged over the defaults): the whole path in seconds on a CPU.
+SMOKE = {
+    "probe": {"n": 2, "context": 192},
+    "lma_head_dim": 8, "gate_hidden": 2,
+    "train": {"rows": 4, "max_steps": 3, "data_workers": 0, "context": 192, "extra_reserve": 32, "log_every": 1,
+              "warmup_steps": 1},
+    "eval": {"n": 3, "context": 192, "depths": [1, 2, 3], "batch_rows": 4},
+    "base_train": {"rows": 4, "max_steps": 3, "data_workers": 0, "context": 192, "extra_reserve": 32,
+                   "log_every": 1, "warmup_steps": 1,
+                   "model": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+                             "max_position_embeddings": 512, "tie_word_embeddings": True}},
+}
+
+
+def merge(raw: dict, over: dict) -> dict:
+    out = dict(raw)
+    for k, v in over.items():
+        out[k] = merge(raw.get(k) or {}, v) if isinstance(v, dict) and k != "model" else v
+    return out
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """gpu_run in smoke mode: base, both retrofits, the table, in the repository layout."""
+    """The embedded case's four stages, forced to train (what benchmarks/pipeline/recurtrace_gpu.sh
+    runs on a GPU), on tiny settings on the CPU: base, both retrofits, the table, in the repository
+    layout."""
+    import os
     from pathlib import Path
 
-    from wise.looped import gpu_run
+    from stages import retrofit_eval, train_retrofit
 
     root = tmp_path_factory.mktemp("recurtrace")
     tokenizer = str(Path("data/models/wise-small/tokenizer.json").resolve())
-    params = gpu_run.smoke_params(RetrofitParams.from_dict({"base_train": {"tokenizer": tokenizer}}))
+    section = merge(json.loads(json.dumps(dataclasses.asdict(RetrofitParams()))), SMOKE)
+    section["base_train"]["tokenizer"] = tokenizer
+    params = RetrofitParams.from_dict(section)
     assert set(params.eval.benchmarks) == {"synthchain", "syntharith"}
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump({"retrofit": json.loads(json.dumps(dataclasses.asdict(params)))}))
     cwd = Path.cwd()
-    import os
-
     os.chdir(root)
     try:
-        assert gpu_run.main(["--out", ".", "--params", str(path), "--device", "cpu", "--no-progress"]) == 0
+        for what in ("base", "lma", "plain"):
+            assert train_retrofit.main([what, "--params", str(path), "--device", "cpu", "--retrain"]) == 0
+        assert retrofit_eval.main(["--params", str(path), "--device", "cpu", "--recompute"]) == 0
     finally:
         os.chdir(cwd)
     return root, path, params

@@ -69,9 +69,25 @@ def test_default_params_are_valid():
     (lambda r: r["wise"].update(adaptive=3), "wise.adaptive"),
     (lambda r: r["sweeps"].update(adaptive_threshold=[0.5, 0]), "sweeps.adaptive_threshold"),
     (lambda r: r["conditions"].update(generation="rerun"), "conditions.names"),
+    # exit_criteria: each criterion checked by wise.engine.exit_criteria.ExitCriterion
+    (lambda r: r["exit_criteria"]["criteria"][0].update(name="klx"), "exit_criteria.criteria"),
+    (lambda r: r["exit_criteria"]["criteria"][1].update(threshold=-1), "exit_criteria.criteria"),
+    (lambda r: r["exit_criteria"]["criteria"][5].update(threshold=2.5), "exit_criteria.criteria"),
+    (lambda r: r["exit_criteria"]["criteria"][0].pop("min_step"), "exit_criteria.criteria"),
+    (lambda r: r["exit_criteria"].update(depths=[0]), "exit_criteria.depths"),
+    (lambda r: r["exit_criteria"].update(conditions=["wise_adaptive"]), "exit_criteria.conditions"),
+    (lambda r: r["exit_criteria"].update(context_length=999), "exit_criteria.context_length"),
 ])
 def test_bad_values_name_the_key(tmp_path, edit, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
+        load_params(write(tmp_path, edit))
+
+
+def test_a_bad_exit_criterion_names_its_place_in_the_list(tmp_path):
+    def edit(r):
+        r["exit_criteria"]["criteria"][3].update(name="klx")
+
+    with pytest.raises(ParamsError, match=r"exit_criteria\.criteria\[3\] = .*exit criterion name 'klx'"):
         load_params(write(tmp_path, edit))
 
 
@@ -104,7 +120,7 @@ def test_train_is_a_known_section_checked_key_by_key_by_the_validate_stage(tmp_p
     load_params(write(tmp_path, lambda r: None))  # the pipeline's loader accepts `train:` as is
     check_train(raw, "params.yaml")
     for edit, message in ((lambda t: t.pop("lr"), r"missing key\(s\) train\.lr\b"),
-                          (lambda t: t.update(lrr=0.1), r"unknown train key\(s\): train\.lrr")):
+                          (lambda t: t.update(lrr=0.1), r"unknown key\(s\) train\.lrr")):
         bad = yaml.safe_load((ROOT / "params.yaml").read_text())
         edit(bad["train"])
         with pytest.raises(ParamsError, match=message):
@@ -144,7 +160,8 @@ def test_the_calibration_model_runs_in_float32_only():
 def test_calibration_model_positions_come_from_the_calibration_section():
     # The calibration model is built by a later stage, so its positions are read from `calibration:`.
     raw = {"model": {"source": "data/models/wise-chain"}, "calibration": {"max_positions": 1024},
-           "cohorts": {"context_lengths": [512, 2048]}, "sweeps": {"context_length": 512}}
+           "cohorts": {"context_lengths": [512, 2048]}, "sweeps": {"context_length": 512},
+           "exit_criteria": {"context_length": 512}}
     with pytest.raises(ParamsError, match=r"cohorts\.context_lengths .*calibration\.max_positions \(1024\)"):
         validate(parse(raw, complete=False))
     raw["calibration"]["max_positions"] = 2048

@@ -47,11 +47,15 @@ def project():
     params = yaml.safe_load((tmp / "params.yaml").read_text())
     # Short chains, so that T=6 answers most questions and t_d=3 cuts some of them.
     params["cohorts"].update(examples_per_benchmark=2, context_lengths=[160, 224],
-                             sources={"synthchain": {"max_hops": 4, "max_refine": 2}})
+                             sources={"synthchain": {"max_hops": 4, "max_refine": 2, "follow_hops": 3}})
     params["recurrence"].update(steps=6)
     params["wise"].update(discovery_step=3, window=2, block_size=16)
     params["wise"]["adaptive"].update(min_step=2, max_step=5, window=2)
     params["conditions"].update(max_new_tokens=2)
+    # Two exit criteria beside two fixed depths, on two prompts (two-token answers: the second exits)
+    params["exit_criteria"].update(criteria=[{"name": "kl", "threshold": 0.001, "min_step": 1},
+                                             {"name": "argmax-stability", "threshold": 2, "min_step": 1}],
+                                   depths=[3, 6], conditions=["full", "wise"], context_length=160, examples=4)
     params["timing"].update(context_lengths=[256])
     params["statistics"].update(bootstrap_resamples=200)
     params["sweeps"].update(eta=[0.8, 0.95], discovery_step=[2, 3], window=[1, 2], block_size=[16, 32],
@@ -138,6 +142,14 @@ def test_all_stages_write_outputs(project):
     sweeps = [r for axis in ("eta", "discovery_step", "window", "block_size", "adaptive_threshold")
               for r in pq.read_table(tmp / f"data/sweeps/{axis}.parquet").to_pylist()]
     assert [(r["axis"], r["value"], r["example_id"]) for r in sweeps if r["em"] != r["expected_em"]] == []
+    # Exit criteria beside fixed depths: every EM, and every mean step count the construction fixes,
+    # as expected (the first answer token always runs T; the second stops where the criterion fires)
+    exits = pq.read_table(tmp / "data/exit_criteria/exit_criteria.parquet").to_pylist()
+    assert {(r["criterion"], r["T"], r["condition"]) for r in exits} == \
+        {(c, t, k) for c, t in (("fixed", 3), ("fixed", 6), ("kl", 6), ("argmax-stability", 6)) for k in ("full", "wise")}
+    assert all(r["expected_em"] is not None and r["em"] == r["expected_em"] for r in exits), exits
+    assert all(r["mean_steps"] == r["expected_steps"] for r in exits if r["expected_steps"] is not None), exits
+    assert any(r["criterion"] == "kl" and r["expected_steps"] is not None and r["mean_steps"] < 6 for r in exits)
     shown = run(["dvc", "metrics", "show"], tmp, env).stdout
     assert "wise" in shown
 

@@ -5,8 +5,8 @@ import torch
 
 from wise.data.tokenizer import EOS_ID, PAD_ID, load_tokenizer
 from wise.models import RecurrentConfig, load_checkpoint
-from wise.training import (BatchStream, TrainConfig, batch_budget, batch_loss, build_model,
-                           make_batch, recurrent_forward, sample_recurrence, train)
+from wise.training import (TrainConfig, batch_budget, batch_loss, build_model,
+                           make_batch, recurrent_forward, sample_recurrence, train, training_stream)
 from wise.training.batches import IGNORE
 from wise.training.loop import make_optimizer
 
@@ -65,7 +65,7 @@ def test_extra_questions_are_scored_like_the_main_answer(tok):
 
 
 def test_batch_stream_workers_match_in_process(tok):
-    with BatchStream(CFG, TOKENIZER, workers=0) as s0, BatchStream(CFG, TOKENIZER, workers=2) as s2:
+    with training_stream(CFG, TOKENIZER, workers=0) as s0, training_stream(CFG, TOKENIZER, workers=2) as s2:
         for _ in range(3):
             x, y = next(s0), next(s2)
             assert x.index == y.index and np.array_equal(x.ids, y.ids)

@@ -127,7 +127,7 @@ def test_the_report_section_counts_costs_and_mismatches():
 
 
 def test_the_library_and_cli_defaults_are_the_params_files():
-    """`python -m wise.evaluate --condition wise_adaptive` (AdaptiveDiscovery's defaults) runs the
+    """`python -m wise.evaluate cell --condition wise_adaptive` (AdaptiveDiscovery's defaults) runs the
     rule the default pipeline runs (params.yaml wise.adaptive)."""
     import dataclasses
 

@@ -15,6 +15,7 @@ TASKS: dict[str, str] = {
     "trace": "pipelines.compute.tasks.trace:trace_example",
     "conditions": "pipelines.compute.tasks.conditions:run_conditions",
     "sweep": "pipelines.compute.tasks.sweep:run_sweep",
+    "exit_criteria": "pipelines.compute.tasks.exit_criteria:run_exits",
 }
 
 

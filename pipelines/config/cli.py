@@ -1,11 +1,12 @@
-"""Shared entry for stage scripts: load and validate params first, then run; errors name the key."""
+"""The one entry of every stage script, WISE's and RecurTrace's: load and validate params first, then run;
+errors name the key."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from pipelines.config.failures import log_failure, one_line
 from pipelines.config.params import Params, ParamsError, load_params
@@ -17,28 +18,45 @@ for _k, _v in {"DVC_NO_ANALYTICS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUT
     os.environ.setdefault(_k, _v)
 
 
-def stage_main(name: str, run: Callable[[Params], None], argv: list[str] | None = None,
-               check_model: bool = True) -> int:
-    """check_model=False for a stage that builds the model `model.source` names. The params, the
-    compute request and the model's weight files are checked before any work: a stage's outputs
-    are persistent (dvc.yaml), so a bad value found here leaves them as they were."""
+def load_wise_params(path: str, check_model: bool = True) -> Params:
+    """The WISE stages' params, then what they need of this machine: the compute request and the
+    model's weight files."""
+    params = load_params(path, check_model=check_model)
+    check_compute_here(params)
+    if check_model:
+        check_weights(params.model.source)
+    return params
+
+
+def stage_main(name: str, run: Callable, argv: list[str] | None = None, check_model: bool = True, *,
+               load: Callable[[str], Any] | None = None,
+               arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+    """The entry of every stage script: parse --params (and the stage's own `arguments`), load and
+    check the params before any work, then ``run(params)`` (``run(params, args)`` for a stage with
+    arguments). `load` reads another section family (the RecurTrace stages' ``retrofit:``); the
+    default is the WISE stages' (check_model=False for a stage that builds the model `model.source`
+    names). A stage's outputs are persistent (dvc.yaml), so a bad value found here leaves them as
+    they were: exit 2 and one line naming the key; a failure of the work: exit 1, one line, the
+    traceback in the log."""
     parser = argparse.ArgumentParser(prog=f"python -m stages.{name.split('@')[0]}", description=f"DVC stage: {name}")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    if arguments is not None:
+        arguments(parser)
     args = parser.parse_args(argv)
     try:
-        params = load_params(args.params, check_model=check_model)
-        check_compute_here(params)
-        if check_model:
-            check_weights(params.model.source)
+        params = load(args.params) if load is not None else load_wise_params(args.params, check_model)
     except (ParamsError, FileNotFoundError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     try:
-        run(params)
+        run(params) if arguments is None else run(params, args)
     except Exception as exc:  # one line here, the whole traceback (Ray's remote one too) in the log
         log = log_failure(name, exc)
         print(f"{one_line(name, exc)} (traceback: {log})", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"{name}: KeyboardInterrupt", file=sys.stderr)
+        return 130
     print(f"{name}: done in {time.perf_counter() - start:.1f} s")
     return 0

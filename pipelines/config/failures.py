@@ -25,8 +25,9 @@ def _chain(exc: BaseException):
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
+        # `raise ... from None` says the context is not the cause (json's decoder hides a StopIteration so)
         exc = getattr(exc, "cause", None) if isinstance(getattr(exc, "cause", None), BaseException) else \
-            (exc.__cause__ or exc.__context__)
+            (exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__))
 
 
 def example_of(exc: BaseException) -> str | None:

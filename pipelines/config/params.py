@@ -21,6 +21,7 @@ from wise.engine.conditions import ALL_CONDITIONS
 from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.engine.diagnostics import THRESHOLD_SETTINGS
 from wise.models.checkpoint import is_hub_id
+from wise.typed_params import from_mapping
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,22 @@ class ConditionParams:
     # A run whose support differs from the one the supports stage derived from the trace fails the
     # stage; true keeps such rows, flagged (support_matches_trace = false), out of the statistics.
     allow_support_mismatch: bool = False
+
+
+@dataclass(frozen=True)
+class ExitCriteriaParams:
+    """Huginn's per-token exit criteria beside fixed depths (stage exit_criteria,
+    wise.engine.exit_criteria): each criterion under each condition on the cohort's first examples."""
+
+    # each: name (entropy-diff | latent-diff | cosine | kl | minp-kl | argmax-stability), threshold
+    # (the authors' defaults below), min_step (the first step it is tested after)
+    criteria: tuple = tuple({"name": n, "threshold": t, "min_step": 1} for n, t in (
+        ("entropy-diff", 1e-3), ("latent-diff", 0.03), ("cosine", 1e-3), ("kl", 1e-3), ("minp-kl", 1e-5),
+        ("argmax-stability", 5)))
+    depths: tuple[int, ...] = (8, 16, 32)  # fixed depths beside them: every token runs that many steps
+    conditions: tuple[str, ...] = ("full", "wise")
+    context_length: int = 256  # the cohort's prompts of this length (one of cohorts.context_lengths) ...
+    examples: int = 16  # ... the first this many
 
 
 @dataclass(frozen=True)
@@ -233,6 +250,7 @@ class Params:
     recurrence: RecurrenceParams = field(default_factory=RecurrenceParams)
     wise: WiseParams = field(default_factory=WiseParams)
     conditions: ConditionParams = field(default_factory=ConditionParams)
+    exit_criteria: ExitCriteriaParams = field(default_factory=ExitCriteriaParams)
     timing: TimingParams = field(default_factory=TimingParams)
     diagnostics: DiagnosticsParams = field(default_factory=DiagnosticsParams)
     sweeps: SweepParams = field(default_factory=SweepParams)
@@ -242,56 +260,18 @@ class Params:
     real_wise: RealWiseParams = field(default_factory=RealWiseParams)
 
 
-# Sections of a params file owned by a stage that validates them itself (stages/validate.py checks
-# them before any stage runs); every other section is a dataclass of Params.
-# Sections owned and validated by their stages: `train:` (stages/train_backbone.py, with
-# wise.training.TrainConfig) and `retrofit:` (the RecurTrace stages, with wise.looped.recipe).
+# Sections read by their own stages through the same parser (wise.typed_params), so the WISE
+# stages' import closures hold none of their code: `train:` (stages/train_backbone.py,
+# wise.training.TrainConfig) and `retrofit:` (the RecurTrace stages, pipelines.recurtrace.params);
+# stages/validate.py checks them before any stage runs. Every other section is a dataclass of Params.
 STAGE_SECTIONS = ("train", "retrofit")
 
 
 def _coerce(section: str, cls: type, raw: Any, complete: bool) -> Any:
-    if raw is None and not complete:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"params.yaml: {section} must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ParamsError(f"params.yaml: unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}")
-    missing = [k for k in fields if k not in raw]
-    if complete and missing:
-        # A silent default would run something other than what the file says (a preset that
-        # forgot recurrence.steps would run T=32 without a word).
-        raise ParamsError(f"params.yaml: missing key(s) {', '.join(f'{section}.{k}' for k in missing)}: "
-                          "a params file must give every key (params.yaml lists them all)")
-    values = {}
-    for name, value in raw.items():
-        default = getattr(cls(), name)
-        key = f"{section}.{name}"
-        if isinstance(default, tuple):
-            if not isinstance(value, (list, tuple)):
-                raise ParamsError(f"params.yaml: {key} must be a list, got {value!r}")
-            value = tuple(value)
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ParamsError(f"params.yaml: {key} = {value!r}: must be true or false")
-        elif default is None:
-            if value is not None and not isinstance(value, str):
-                raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string or null "
-                                  "(quote a commit hash or a number)")
-        elif isinstance(default, int):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ParamsError(f"params.yaml: {key} = {value!r}: must be an integer")
-        elif isinstance(default, float):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ParamsError(f"params.yaml: {key} = {value!r}: must be a number")
-            value = float(value)
-        elif isinstance(default, str) and not isinstance(value, str):
-            raise ParamsError(f"params.yaml: {key} = {value!r}: must be a string")
-        elif isinstance(default, dict) and not isinstance(value, dict):
-            raise ParamsError(f"params.yaml: {key} = {value!r}: must be a mapping")
-        values[name] = value
-    return cls(**values)
+    try:
+        return from_mapping(cls, raw, section, complete)
+    except ValueError as exc:
+        raise ParamsError(f"params.yaml: {exc}") from None
 
 
 def adaptive_rule(p: Params, **changes) -> AdaptiveDiscovery:
@@ -326,14 +306,20 @@ def parse(raw: dict[str, Any], complete: bool = True) -> Params:
     return Params(**parts)
 
 
-def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> Params:
+def read_params_file(path: str | Path) -> Any:
+    """The parsed YAML of a params file (every section family's loader starts here)."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file {path} not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> Params:
+    path = Path(path)
+    raw = read_params_file(path)
     try:
         params = parse(raw, complete=True)
         facts = model_facts(params.model.source) if check_model else None

@@ -17,7 +17,7 @@ STATS_DIR = DATA / "stats"
 METRICS_JSON = DATA / "metrics.json"
 SUMMARY_MD = DATA / "report" / "summary.md"
 DUCKDB = DATA / "wise.duckdb"
-RETROFIT_DIR = DATA / "retrofit"  # RecurTrace tables (wise.looped, wise.adaptive), one folder per retrofit name
+RETROFIT_DIR = DATA / "retrofit"  # RecurTrace tables (wise.looped, wise.halting), one folder per retrofit name
 # Files of a retrofit's folder, data/retrofit/<retrofit.name>/ (retrofit_tables), so presets never
 # overwrite each other's tables.
 HALTING_LOOPS = "halting_loops.parquet"
@@ -63,6 +63,11 @@ REAL_WISE_MD = REAL_WISE_DIR / "real_wise.md"
 REAL_WISE_JSON = REAL_WISE_DIR / "real_wise.json"  # dvc metrics
 REAL_WISE_FIGURE = REAL_WISE_DIR / "convergence.png"
 
+# Huginn's per-token exit criteria beside fixed depths (stage exit_criteria)
+EXIT_CRITERIA_DIR = DATA / "exit_criteria"
+EXIT_CRITERIA = EXIT_CRITERIA_DIR / "exit_criteria.parquet"
+EXIT_CRITERIA_MD = EXIT_CRITERIA_DIR / "exit_criteria.md"
+
 # the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
 RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
 
@@ -84,6 +89,7 @@ VIEWS = {
     "stability": STATS_DIR / "stability.parquet",
     "sweep_summary": STATS_DIR / "sweep_summary.parquet",
     "context_scaling": STATS_DIR / "context_scaling.parquet",
+    "exit_criteria": EXIT_CRITERIA,
     "halting_loops": RETROFIT_DIR / "*" / HALTING_LOOPS,
     "halting_selection": RETROFIT_DIR / "*" / HALTING_SELECTION,
     "adaptive_loops": RETROFIT_DIR / "*" / ADAPTIVE_LOOPS,

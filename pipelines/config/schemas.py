@@ -110,7 +110,35 @@ CONTEXT_SCALING = _schema([("context_length", INT), ("n", INT)],
                                   "retained_future_mass", "call_vs_flash", "reuse20_vs_flash", "traj32_vs_flash"),
                           [("timing_support", STR)])
 
-# -- RecurTrace adaptive depth (pipelines.adaptive_eval: stages train_halting, adaptive_eval) -----------
+# -- exit criteria beside fixed depths (pipelines.exit_criteria: stage exit_criteria) -------------------
+EXIT_CRITERIA = _schema([("criterion", STR), ("threshold", FLOAT)], _ints("min_step", "T"), [("condition", STR)],
+                        _ints("n"), _floats("em", "mean_steps", "expected_em", "expected_steps"), MODEL_SPEC,
+                        _ints("t_d", "B", "w", "seed"), [("eta", FLOAT), ("context_length", INT)])
+# -- RecurTrace checkpoints and fixed-depth table (pipelines.recurtrace.runs: stage retrofit_eval) ------
+FIXED_DEPTH_EXAMPLES = _schema([("variant", STR)], _ints("T"), [("example_id", STR), ("benchmark", STR)],
+                               _ints("hops"), [("nll", FLOAT), ("correct", BOOL)], _ints("answer_tokens"),
+                               [("base", STR), ("base_sha256", STR), ("dtype", STR), ("device", STR)],
+                               _ints("context", "seed"))
+FIXED_DEPTH = _schema([("variant", STR), ("benchmark", STR)], _ints("T", "n"), _floats("accuracy", "nll"))
+# -- the RecurTrace calibrated case (pipelines.recurtrace.calibrated: stage recurtrace_calibrated) ------
+CALIBRATED_FIXED = _schema(_ints("seed"), [("model", STR)], _ints("T", "n"), _floats("accuracy", "expected"),
+                           _ints("mismatches"))
+_CALIBRATED_POINT = _ints("seed") + [("variant", STR), ("method", STR), ("knob", STR)] + \
+    _floats("value", "accuracy", "mean_loops")
+CALIBRATED_POINTS = _schema(_CALIBRATED_POINT)
+CALIBRATED_CHOSEN = _schema(_CALIBRATED_POINT, _floats("expected_accuracy", "expected_mean_loops"),
+                            _ints("matched_T"), _floats("mcnemar_p", "auc"))
+CALIBRATED_SUMMARY = _schema(_ints("seed", "fixed_mismatch"),
+                             _floats("lma_latch", "plain_after_d", "head_auc", "oracle_gap", "head_accuracy_gap"),
+                             [("halting_on", STR)], _ints("wise_n", "wise_mismatch"),
+                             _floats("wise_accuracy", "wise_expected_accuracy", "wise_full_accuracy",
+                                     "wise_tiles_saved"))
+CALIBRATED_WISE = _schema(_ints("seed"), [("example_id", STR)], _ints("hops", "refine", "depth"),
+                          [("reachable", BOOL)], _ints("loops"),
+                          [("full_correct", BOOL), ("wise_correct", BOOL), ("expected_full", BOOL),
+                           ("expected_wise", BOOL), ("late_density", FLOAT)], _ints("full_tiles", "wise_tiles"))
+
+# -- RecurTrace adaptive depth (pipelines.recurtrace.adaptive_eval: stages train_halting, adaptive_eval) -----------
 # which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_commit", STR), ("pool", STR)] + \
@@ -195,6 +223,7 @@ BY_VIEW = {
     "stability": STABILITY,
     "sweep_summary": SWEEP_SUMMARY,
     "context_scaling": CONTEXT_SCALING,
+    "exit_criteria": EXIT_CRITERIA,
     "halting_loops": HALTING_LOOPS,
     "halting_selection": HALTING_SELECTION,
     "adaptive_loops": HALTING_LOOPS,

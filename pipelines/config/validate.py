@@ -193,6 +193,7 @@ def validate(p, max_positions: int | None = None):
     _require(cp.cpus_per_worker >= 1, "compute.cpus_per_worker", cp.cpus_per_worker, "must be >= 1")
     _require(cp.gpus_per_worker > 0, "compute.gpus_per_worker", cp.gpus_per_worker, "must be > 0")
     _require(cp.max_retries >= 0, "compute.max_retries", cp.max_retries, "must be >= 0")
+    validate_exit_criteria(p)
     return p
 
 
@@ -368,3 +369,30 @@ def check_backend(p, facts: dict | None) -> None:
         raise ParamsError(f"params.yaml: conditions.backend = 'kernel': the kernel supports head_dim "
                           f"64, 96 or 128, model {p.model.source} has {facts.get('head_dim')}; "
                           "use 'reference' or 'flex'")
+
+
+def validate_exit_criteria(p) -> None:
+    """exit_criteria: every criterion a valid ExitCriterion, fixed depths >= 1, conditions known
+    (wise_adaptive picks its own depth per example, so exits are not applied to it), the context
+    length one of the cohort's, at least one example."""
+    from wise.engine.conditions import ALL_CONDITIONS
+    from wise.engine.exit_criteria import ExitCriterion
+
+    x = p.exit_criteria
+    _require(len(x.criteria) > 0, "exit_criteria.criteria", list(x.criteria), "must not be empty")
+    for i, c in enumerate(x.criteria):
+        key = f"exit_criteria.criteria[{i}]"
+        _require(isinstance(c, dict) and set(c) == {"name", "threshold", "min_step"}, key, c,
+                 "must be a mapping of name, threshold, min_step")
+        try:
+            ExitCriterion(**c)
+        except (TypeError, ValueError) as exc:
+            raise ParamsError(f"params.yaml: {key} = {c!r}: {exc}") from None
+    _require(len(x.depths) > 0 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in x.depths),
+             "exit_criteria.depths", list(x.depths), "must be a non-empty list of integers >= 1")
+    usable = [c for c in ALL_CONDITIONS if c != "wise_adaptive"]
+    _require(len(x.conditions) > 0 and all(c in usable for c in x.conditions), "exit_criteria.conditions",
+             list(x.conditions), f"must be a non-empty list of {usable}")
+    _require(x.context_length in p.cohorts.context_lengths, "exit_criteria.context_length", x.context_length,
+             f"must be one of cohorts.context_lengths {list(p.cohorts.context_lengths)}")
+    _require(x.examples >= 1, "exit_criteria.examples", x.examples, "must be >= 1")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from pipelines.config.run_spec import wise_settings
+from wise.analysis.calibration_exits import expected_exits
 from wise.analysis.calibration import ADAPTIVE, adaptive_step, expected_outcome, expected_taus, parse_layout
 from wise.models.checkpoint import load_config, resolve_model_source
 from wise.models.construct import NAME as CALIBRATION_MODEL
@@ -48,6 +49,18 @@ class Oracle:
         if lay is None:
             return None
         return adaptive_step(lay, s) if condition == ADAPTIVE else s.discovery_step
+
+    def exits(self, row: dict, condition: str, s: WiseSettings) -> tuple[tuple[int, ...] | None, bool] | None:
+        """(steps behind each answer token, or None where the construction does not fix them; the
+        answer right?) under `s` (its exit criterion, or a fixed depth), for two-token synthchain rows."""
+        lay = self.layout(row)
+        if lay is None or lay.follow is None:
+            return None
+        try:
+            want = expected_exits(lay, condition, s, s.exit_criterion)
+        except ValueError:  # a threshold outside the ranges where the construction fixes the exit step
+            return None
+        return want.token_steps, want.correct
 
     def taus(self, row: dict, steps: int, run: int, first: int) -> dict | None:
         lay = self.layout(row)

@@ -1,105 +1,110 @@
 """Views over lm-evaluation-harness runs kept under ``data/lm_eval/<run>/`` (``--output_path
 data/lm_eval/<run> --log_samples``), for ``python -m pipelines.store.query``:
 
-- ``lm_eval_samples``: one row per (run, task, doc): ``run`` (the folder under data/lm_eval),
-  ``task``, ``doc_id``, ``doc_hash``, ``target``, ``response`` (the filtered response), ``filter``
-  and the task's metric columns (e.g. ``exact_match``, ``acc``), as lm-eval logged them;
+- ``lm_eval_samples``: one row per (run, task, doc, filter): ``run`` (the folder under
+  data/lm_eval), ``task``, ``doc_id``, ``doc_hash``, ``filter``, ``target`` and ``response`` (the
+  first filtered response), as lm-eval logged them (a JSON list or number as its JSON text);
 - ``lm_eval_runs``: one row per run: ``run``, ``model``, ``model_args`` and, for the ``wise``
   model, the run spec (``condition``, ``steps``, ``discovery_step``, ``window``, ``eta``, ``backend``,
   ``weights_id``);
-- ``lm_eval_scores``: the samples' metrics, one row per (run, task, doc, filter, metric): ``value``;
+- ``lm_eval_scores``: the samples' metrics (e.g. ``exact_match``, ``acc``), one row per (run, task,
+  doc, filter, metric): ``value`` (a DOUBLE; true/false are 1/0);
 - ``lm_eval_paired``: each score beside the same sample's score (task, doc_id, doc_hash, filter,
   metric) in every other run: ``run_a``, ``run_b``, ``value_a``, ``value_b``, ``delta`` (b - a), for
   paired comparisons (``python -m pipelines.lm_eval_pairs`` adds the bootstrap and McNemar).
 
-A run folder that holds no samples file yet adds nothing; the views exist once one does. The
-files are read here, in Python (lm-eval's JSON lines, and its results file), and the views are
-over those rows: the connection itself reads only Parquet through the read-only file system.
+The views are DuckDB's ``read_json`` over lm-eval's files (its JSON lines, one sample a line, and
+its results file), read through the readers' read-only file system (``wisedata://``), so a query
+sees the files as they are when it runs. Each line is read whole as one JSON value: a task's
+metrics are whatever numeric fields lm-eval logged beside a sample (every field not in ``LOGGED``),
+so they differ between tasks and are found per line (``json_each``), not by schema inference.
+A run folder that holds no samples file yet adds nothing; the views exist once one does.
 """
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
-import pyarrow as pa
+from pipelines.store.readonly_fs import PREFIX
 
 LM_EVAL_DIR = "lm_eval"  # under data/
 SAMPLES_GLOB = "*/**/samples_*.jsonl"
 RESULTS_GLOB = "*/**/results_*.json"
-# What lm-eval logs beside a sample's metrics (every other field of a samples line is a metric).
-LOGGED = {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics",
-          "doc_hash", "prompt_hash", "target_hash"}
-_TASK = re.compile(r"^samples_(.+)_\d{4}-\d{2}-\d{2}T[^/]*\.jsonl$")
+# What lm-eval logs beside a sample's metrics (every other numeric field of a samples line is a metric).
+LOGGED = ("doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics",
+          "doc_hash", "prompt_hash", "target_hash")
+# JSON value types (DuckDB's json_type) that make a field a metric; Python's int, float and bool.
+METRIC_TYPES = ("BIGINT", "UBIGINT", "HUGEINT", "DOUBLE", "BOOLEAN")
+TASK_RE = r"samples_(.+)_\d{4}-\d{2}-\d{2}T[^/]*\.jsonl$"
 SPEC = ("condition", "steps", "discovery_step", "window", "block_size", "eta", "backend", "generation",
         "weights_id")
 
 
-def _first(value):
-    while isinstance(value, list) and value:
-        value = value[0]
-    return None if isinstance(value, list) else value
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
-def sample_rows(root: Path) -> tuple[list[dict], list[dict]]:
-    """(samples, scores) of every run under `root` (data/lm_eval)."""
-    samples, scores = [], []
-    for path in sorted(root.glob(SAMPLES_GLOB)):
-        run, task = path.relative_to(root).parts[0], _TASK.match(path.name)
-        if task is None:
-            raise ValueError(f"{path}: not an lm-eval samples file name (samples_<task>_<date>.jsonl)")
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: malformed JSON ({exc.msg})") from None
-            key = {"run": run, "task": task.group(1), "doc_id": int(rec["doc_id"]),
-                   "doc_hash": str(rec.get("doc_hash", "")), "filter": str(rec.get("filter", "none"))}
-            samples.append({**key, "target": str(rec.get("target")), "response": str(_first(rec.get("filtered_resps")))})
-            for metric, value in rec.items():
-                if metric not in LOGGED and isinstance(value, (int, float, bool)):
-                    scores.append({**key, "metric": metric, "value": float(value)})
-    return samples, scores
+def _lines(pattern: str) -> str:
+    """Each JSON value of the files matching `pattern` (under data/lm_eval) as one row: json, filename."""
+    return (f"read_json({_text(PREFIX + LM_EVAL_DIR + '/' + pattern)}, records = false, "
+            "columns = {json: 'JSON'}, filename = true)")
 
 
-def run_rows(root: Path) -> list[dict]:
-    out = []
-    for path in sorted(root.glob(RESULTS_GLOB)):
-        config = json.loads(path.read_text()).get("config", {})
-        spec = config.get("wise_run_spec") or {}
-        args = config.get("model_args")
-        out.append({"run": path.relative_to(root).parts[0], "model": str(config.get("model")),
-                    "model_args": args if isinstance(args, str) else json.dumps(args, sort_keys=True),
-                    **{k: (None if spec.get(k) is None else str(spec[k])) for k in SPEC}})
-    return out
+RUN = f"regexp_extract(filename, {_text('^' + PREFIX + LM_EVAL_DIR + '/([^/]+)/')}, 1)"
+
+SAMPLES = f"""
+    SELECT {RUN} AS run,
+           CASE WHEN regexp_matches(filename, {_text(TASK_RE)})
+                THEN regexp_extract(filename, {_text(TASK_RE)}, 1)
+                ELSE error(filename || ': not an lm-eval samples file name (samples_<task>_<date>.jsonl)') END AS task,
+           CAST(json->>'doc_id' AS BIGINT) AS doc_id,
+           coalesce(json->>'doc_hash', '') AS doc_hash,
+           coalesce(json->>'filter', 'none') AS "filter",
+           json->>'target' AS target,
+           -- the first response, however deep lm-eval nests it (a loglikelihood's is [[logprob, greedy]])
+           coalesce(json_extract_string(json, '$.filtered_resps[0][0][0]'),
+                    json_extract_string(json, '$.filtered_resps[0][0]'),
+                    json_extract_string(json, '$.filtered_resps[0]')) AS response,
+           json
+    FROM {_lines(SAMPLES_GLOB)}
+"""
+
+VIEWS = {
+    "lm_eval_samples": f"""
+        SELECT run, task, doc_id, doc_hash, "filter", target, response FROM ({SAMPLES})
+    """,
+    "lm_eval_scores": f"""
+        SELECT s.run, s.task, s.doc_id, s.doc_hash, s."filter", m.key AS metric, CAST(m.value AS DOUBLE) AS value
+        FROM ({SAMPLES}) s, json_each(s.json) m
+        WHERE m.type IN ({', '.join(map(_text, METRIC_TYPES))}) AND m.key NOT IN ({', '.join(map(_text, LOGGED))})
+    """,
+    "lm_eval_paired": """
+        SELECT a.task, a.doc_id, a.doc_hash, a."filter", a.metric,
+               a.run AS run_a, b.run AS run_b, a.value AS value_a, b.value AS value_b,
+               b.value - a.value AS delta
+        FROM lm_eval_scores a
+        JOIN lm_eval_scores b USING (task, doc_id, doc_hash, "filter", metric)
+        WHERE a.run <> b.run
+    """,
+    "lm_eval_runs": f"""
+        SELECT {RUN} AS run,
+               json->>'$.config.model' AS model,
+               CASE WHEN json_type(json, '$.config.model_args') = 'VARCHAR' THEN json->>'$.config.model_args'
+                    ELSE CAST(json->'$.config.model_args' AS VARCHAR) END AS model_args,
+               {', '.join(f"json->>'$.config.wise_run_spec.{k}' AS {k}" for k in SPEC)}
+        FROM {_lines(RESULTS_GLOB)}
+    """,
+}
 
 
 def create_lm_eval_views(con, data_dir: Path) -> set[str]:
-    """Register the views when data/lm_eval holds samples; returns their names."""
+    """Create the views on a reader (``pipelines.store.db.connect``) when data/lm_eval holds samples;
+    returns their names."""
     root = data_dir / LM_EVAL_DIR
-    if not root.is_dir():
+    if not root.is_dir() or not any(root.glob(SAMPLES_GLOB)):
         return set()
-    samples, scores = sample_rows(root)
-    if not samples:
-        return set()
-    names = {"lm_eval_samples"}
-    con.register("lm_eval_samples", pa.Table.from_pylist(samples))
-    if scores:
-        con.register("lm_eval_scores", pa.Table.from_pylist(scores))
-        con.execute("""
-            CREATE OR REPLACE TEMP VIEW lm_eval_paired AS
-            SELECT a.task, a.doc_id, a.doc_hash, a."filter", a.metric,
-                   a.run AS run_a, b.run AS run_b, a.value AS value_a, b.value AS value_b,
-                   b.value - a.value AS delta
-            FROM lm_eval_scores a
-            JOIN lm_eval_scores b USING (task, doc_id, doc_hash, "filter", metric)
-            WHERE a.run <> b.run
-        """)
-        names |= {"lm_eval_scores", "lm_eval_paired"}
-    runs = run_rows(root)
-    if runs:
-        con.register("lm_eval_runs", pa.Table.from_pylist(runs))
-        names.add("lm_eval_runs")
-    return names
+    names = ["lm_eval_samples", "lm_eval_scores", "lm_eval_paired"]
+    if any(root.glob(RESULTS_GLOB)):
+        names.append("lm_eval_runs")
+    for name in names:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {VIEWS[name]}")
+    return set(names)

@@ -11,11 +11,22 @@ protocol prefix. It passes through only the calls that read (open in ``rb`` mode
 delete anything, whatever the statement. Paths cannot climb above ``data/`` (fsspec's DirFileSystem
 refuses ``..`` past its root).
 
-DuckDB reads a file it opened here as ``seek(offset)`` then ``read(n)`` on one shared file object,
-from several of its threads at once (one per row group, even with ``threads = 1``), so a plain
-file's single position would let one thread's seek move another's read: Parquet with many row
-groups then fails with "TProtocolException: Invalid data". Files opened here keep one position per
-thread and read with ``os.pread``, so every seek-then-read pair reads what it sought.
+How DuckDB's Python file system bridge calls an open file (traced with DuckDB 2.0.1, 2026-12):
+- a read at an offset (Parquet row groups, the JSON reader's parallel scan) is ``seek(offset)`` then
+  ``read(n)``, in one call from DuckDB but not atomically: another thread's seek and read on the
+  same file object often run in between (the GIL changes hands between the two);
+- a sequential read (the JSON reader's sample and its read of a small file) is ``read(n)`` with no
+  seek, repeated until it returns ``b""``, continuing where the file's last read ended, and the
+  next ``read(n)`` may come from another DuckDB thread;
+- DuckDB's worker threads are not Python threads: each call from one runs under a new Python thread
+  state, so ``threading.local`` there lasts one call, not the thread's life.
+A file opened here therefore keeps one position for the file (where its last read ended, or its
+last seek), under a lock, like an OS file; a seek also leaves a note for the thread that made it,
+and that thread's next read reads at the note (with ``os.pread``) whatever other threads sought
+since. A note is dropped once a sequential read (a read with no note of its own) moves the file's
+position, so a seek that was not followed by its thread's read cannot redirect a later one.
+(With one position per thread, as before, a worker's sequential reads all started at 0: the JSON
+reader read a small file over and over and failed, "Malformed JSON" or "only 0 bytes returned".)
 """
 from __future__ import annotations
 
@@ -45,14 +56,18 @@ _ASYNC_MUTATORS = ("_rm", "_rm_file", "_cp_file", "_copy", "_pipe", "_pipe_file"
 
 
 class PositionalReader(io.RawIOBase):
-    """A read-only binary file whose position is per thread; reads are ``os.pread`` at it."""
+    """A read-only binary file for DuckDB's threads (module docstring): one position per open file,
+    and each thread's read after its own seek reads where that seek went. Reads are ``os.pread``."""
 
     def __init__(self, path: str):
         super().__init__()
         self.name = path
         self._fd = os.open(path, os.O_RDONLY)
         self._size = os.fstat(self._fd).st_size
-        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pos = 0  # the file's position: where the last read ended, or the last seek
+        self._moves = 0  # sequential reads that moved the position; a note older than one is stale
+        self._sought = threading.local()  # .note: (offset, self._moves) of this thread's last seek
 
     def readable(self) -> bool:
         return True
@@ -60,18 +75,43 @@ class PositionalReader(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
+    def _note(self) -> int | None:
+        """This thread's seek offset, if its next read should read there (caller holds the lock)."""
+        note = getattr(self._sought, "note", None)
+        return note[0] if note is not None and note[1] == self._moves else None
+
     def tell(self) -> int:
-        return getattr(self._local, "pos", 0)
+        with self._lock:
+            note = self._note()
+            return self._pos if note is None else note
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.tell(), io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"{self.name}: negative seek position {base + offset}")
-        self._local.pos = base + offset
-        return self._local.pos
+        with self._lock:
+            note = self._note()
+            here = self._pos if note is None else note
+            base = {io.SEEK_SET: 0, io.SEEK_CUR: here, io.SEEK_END: self._size}[whence]
+            if base + offset < 0:
+                raise ValueError(f"{self.name}: negative seek position {base + offset}")
+            self._pos = base + offset
+            self._sought.note = (self._pos, self._moves)
+            return self._pos
 
     def read(self, size: int = -1) -> bytes:
-        pos = self.tell()
+        with self._lock:
+            at = self._note()
+            self._sought.note = None
+            if at is None:  # sequential: continue the file's position, and hold it while reading
+                data = self._pread(self._pos, size)
+                if data:
+                    self._pos += len(data)
+                    self._moves += 1
+                return data
+        data = self._pread(at, size)  # after this thread's seek: other threads may read meanwhile
+        with self._lock:
+            self._pos = at + len(data)
+        return data
+
+    def _pread(self, pos: int, size: int | None) -> bytes:
         if size is None or size < 0:
             size = max(self._size - pos, 0)
         parts = []
@@ -82,7 +122,6 @@ class PositionalReader(io.RawIOBase):
             parts.append(chunk)
             pos += len(chunk)
             size -= len(chunk)
-        self._local.pos = pos
         return b"".join(parts)
 
     def readall(self) -> bytes:

@@ -16,6 +16,11 @@ steps from there. Two ways to continue a sequence (``conditions.generation``):
   prompt's support unioned with what its own query row discovers. Truncate runs the new row's
   first t_d steps.
 
+With an exit criterion (``WiseSettings.exit_criterion``, ``wise.engine.exit_criteria``; cached only) each
+generated token stops its recurrence where the criterion fires (``wise.engine.extension.extend_exiting``)
+and ``ConditionRun.token_steps`` records the steps behind each token. An empty gold answer (generation
+only) gives a NaN ``gold_logprob``.
+
 Because a row's initial state depends only on (example, position), the prompt's states are the same
 in every pass, so cached Full equals rerun Full up to floating-point summation order.
 
@@ -28,6 +33,7 @@ has ended ride along, their outputs unused, until the last row of the batch stop
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -36,7 +42,7 @@ import torch
 from wise.engine.adaptive_decoding import adaptive_settings, run_adaptive_prefix
 from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row, own_architecture
 from wise.engine.conditions import ADAPTIVE
-from wise.engine.extension import extend
+from wise.engine.extension import extend, extend_exiting
 from wise.engine.graph_decode import StaticDecoder
 from wise.engine.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
 
@@ -55,6 +61,10 @@ class ConditionRun:
     token_logprobs: list[float] = field(default_factory=list)
     token_margins: list[float] = field(default_factory=list)
     discovery_step: int | None = None  # the depth its late steps start after (None: settings.discovery_step)
+    # with an exit criterion (settings.exit_criterion), per generated token: the recurrence steps of
+    # the pass that produced it (the prompt's pass, T or t_d under Truncate, for the first; its exit
+    # step for the others); empty without one
+    token_steps: list[int] = field(default_factory=list)
 
 
 def _choose(logits: torch.Tensor) -> list[tuple[int, float, float]]:
@@ -69,6 +79,10 @@ def _choose(logits: torch.Tensor) -> list[tuple[int, float, float]]:
 
 
 def _mean_logprob(logits: torch.Tensor, targets: list[int]) -> float:
+    """Mean log-probability of `targets` under logits [len(targets), vocab]; NaN without targets
+    (generation only: no gold answer given)."""
+    if not targets:
+        return math.nan
     logp = torch.log_softmax(logits.float(), dim=-1)
     return float(logp.gather(-1, torch.tensor(targets, device=logp.device)[:, None]).mean())
 
@@ -96,6 +110,7 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
     if generation == "cached" and not share_prefix:
         raise ValueError("cached decoding always shares the prompt's prefix")
     if generation == "rerun" and not share_prefix:
+        _cached_only(settings, conditions)
         ex = _example(prompt_ids, answer_ids, seed, max_new_tokens)
         args = (model, ex.prompt, ex.answer)
         return {c: _rerun(*args, [c], settings, seed, max_new_tokens, set(stop_ids))[c] for c in conditions}
@@ -104,8 +119,9 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
 
 
 def _example(prompt_ids, answer_ids, seed, max_new_tokens) -> Example:
-    if max_new_tokens < 1 or not answer_ids:
-        raise ValueError("need max_new_tokens >= 1 and a non-empty answer")
+    """An empty answer (generation only) gives a NaN ``gold_logprob``."""
+    if max_new_tokens < 1:
+        raise ValueError("need max_new_tokens >= 1")
     prompt = [int(i) for i in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
     return Example(prompt, [int(i) for i in answer_ids], int(seed))
 
@@ -127,8 +143,7 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
     exs = [_example(p, a, seed, max_new_tokens) for p, a, seed in examples]
     conds, stop = list(conditions), set(stop_ids)
     if generation == "rerun":
-        if ADAPTIVE in conds:
-            raise ValueError(f"{ADAPTIVE} runs only with cached generation")
+        _cached_only(settings, conds)
         return [_rerun(model, ex.prompt, ex.answer, conds, settings, ex.seed, max_new_tokens, stop) for ex in exs]
     out: list[dict | None] = [None] * len(exs)
     by_length: dict[int, list[int]] = {}
@@ -143,6 +158,13 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
             for j, r in zip(chunk, runs):
                 out[idx[j]] = r
     return out
+
+
+def _cached_only(settings: WiseSettings, conds) -> None:
+    if ADAPTIVE in conds:
+        raise ValueError(f"{ADAPTIVE} runs only with cached generation")
+    if settings.exit_criterion is not None:
+        raise ValueError("exit criteria (settings.exit_criterion) run only with cached generation")
 
 
 def _prefix(model, seq, conds, settings, seed, cache=False) -> Prefix:
@@ -173,6 +195,9 @@ def _rerun(model, prompt, answer, conds, settings, seed, max_new, stop) -> dict[
                     stats[c].append((lp, margin))
                     seqs[c].append(token)
                     active.append(c)
+    if not answer:  # generation only
+        return {c: ConditionRun(c, tokens[c], math.nan, *first[c], [lp for lp, _ in stats[c]],
+                                [m for _, m in stats[c]]) for c in conds}
     full = prompt + answer
     prefix = _prefix(model, full, conds, settings, seed)
     rows = (torch.zeros(len(answer), dtype=torch.long), torch.arange(len(prompt) - 1, len(full) - 1))
@@ -216,10 +241,11 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
                      for late in run_late_rows(model, [(prefixes[j], c) for c in group], settings, cache=True)]
         late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
         rg = RowGroup(model, settings, prefixes, lates, [j for j, _ in rows])
-        tokens, stats, gold = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs)
+        tokens, stats, gold, steps = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs)
         for i, ((j, c), late) in enumerate(zip(rows, lates)):
             out[j][c] = ConditionRun(c, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[j].state_hash,
-                                     late.layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]])
+                                     late.layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]],
+                                     token_steps=steps[i])
         if profile is not None:
             secs = (_clock(model.device) - start) / len(group)
             for c in group:
@@ -249,11 +275,11 @@ def _adaptive_runs(model, exs, settings: WiseSettings, max_new: int, stop, profi
             lates = [run_late_rows(model, [(p, "wise")], s_t, cache=True)[0] for p in prefixes]
         late_secs += (_clock(model.device) - t0) if profile is not None else 0.0
         rg = RowGroup(model, s_t, prefixes, lates, list(range(len(idx))))
-        tokens, stats, gold = _decode(rg, [exs[j].answer for j in idx], max_new, stop, graphs)
+        tokens, stats, gold, steps = _decode(rg, [exs[j].answer for j in idx], max_new, stop, graphs)
         for i, j in enumerate(idx):
             out[j] = ConditionRun(ADAPTIVE, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[i].state_hash,
                                   lates[i].layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]],
-                                  discovery_step=t_a)
+                                  discovery_step=t_a, token_steps=steps[i])
     if profile is not None:
         profile[ADAPTIVE] = profile.get(ADAPTIVE, 0.0) + _clock(model.device) - start
         profile[f"{ADAPTIVE}:late"] = profile.get(f"{ADAPTIVE}:late", 0.0) + late_secs
@@ -261,9 +287,13 @@ def _adaptive_runs(model, exs, settings: WiseSettings, max_new: int, stop, profi
 
 
 def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
-            graphs: bool | None = None) -> tuple[list, list, list]:
-    """Greedy tokens, their (log-probability, margin) and gold-answer logits of every row of a group."""
+            graphs: bool | None = None) -> tuple[list, list, list, list]:
+    """Greedy tokens, their (log-probability, margin), gold-answer logits and (with an exit
+    criterion, else empty) the steps of the pass behind each token, of every row of a group. The
+    gold answer's rows run every step; an exit criterion cuts only generated tokens' passes, which
+    then run eagerly (``extend_exiting``, not the static graphs)."""
     R = len(answers)
+    criterion = group.s.exit_criterion
     last = group.last_logits()
     # gold: a_1 from the prompt's last row, a_2.. from the answer's own rows (fresh tails), one
     # batch per run of rows with answers of one length (contiguous: examples are sorted by it)
@@ -280,12 +310,14 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
         i = j
     tokens: list[list[int]] = [[] for _ in range(R)]
     stats: list[list[tuple]] = [[] for _ in range(R)]
+    steps: list[list[int]] = [[] for _ in range(R)]
+    passed = [group.s.discovery_step if group.truncate else group.s.steps] * R  # the prompt's pass
     chosen = _choose(last)
     done = [False] * R
     if graphs is None:
         graphs = group.lates[0].state.device.type == "cuda"
     static = StaticDecoder(group, max_new - 1) \
-        if graphs and group.fast and own_architecture(group.model) and max_new > 1 else None
+        if graphs and group.fast and own_architecture(group.model) and max_new > 1 and criterion is None else None
     tails = Tails(R)
     while True:
         for k, (token, lp, margin) in enumerate(chosen):
@@ -295,14 +327,19 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
                 else:
                     tokens[k].append(token)
                     stats[k].append((lp, margin))
+                    if criterion is not None:
+                        steps[k].append(passed[k])
                     done[k] = len(tokens[k]) >= max_new
         if all(done):
             break
         if static is not None:  # rows already done ride along
             chosen = static.step([t for t, _, _ in chosen] if static.passes == 0 else None)
+        elif criterion is not None:
+            logits, passed = extend_exiting(group, tails, [[t] for t, _, _ in chosen], criterion)
+            chosen = _choose(logits[:, -1])
         else:
             chosen = _choose(extend(group, tails, [[t] for t, _, _ in chosen])[:, -1])
-    return tokens, stats, [torch.cat(g) for g in gold]
+    return tokens, stats, [torch.cat(g) for g in gold], steps
 
 
 def _cache_bytes(model, settings: WiseSettings, n: int, conds) -> tuple[int, int, int]:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from wise.engine.appended_rows import (SUPPORT_FREE, Cache, RowGroup, Tails, attend_rows, own_architecture, own_blocks,
                                        row_masses, weighted_sum)
 from wise.engine.conditions import discovery_steps
+from wise.engine.exit_criteria import ExitCriterion, ExitTest
 from wise.engine.runner import initial_state
 
 
@@ -119,6 +120,22 @@ class CoreRows:
 def extend(group: RowGroup, tails: Tails, new_ids: list[list[int]]) -> torch.Tensor:
     """Run each row's `new_ids` (one length for all rows) after its prompt and tail; returns logits
     [R, r, vocab] and appends the rows to `tails`."""
+    return _extend(group, tails, new_ids, None)[0]
+
+
+def extend_exiting(group: RowGroup, tails: Tails, new_ids: list[list[int]],
+                   criterion: ExitCriterion) -> tuple[torch.Tensor, list[int]]:
+    """``extend`` with a per-row exit criterion (``wise.engine.exit_criteria``): each row stops its
+    recurrence at the first step the criterion fires (T, t_d under Truncate, if it never does);
+    returns the logits of each row's exit step and the steps each row used. For the steps a row
+    skipped, the rows after it read its keys and values of its exit step (Huginn's latest-step
+    fallback); its own block masses at discovery steps after its exit are those of its latest
+    recorded step. Rows are independent: a row's numbers do not depend on the rows batched with it."""
+    return _extend(group, tails, new_ids, criterion)
+
+
+def _extend(group: RowGroup, tails: Tails, new_ids: list[list[int]],
+            criterion: ExitCriterion | None) -> tuple[torch.Tensor, list[int] | None]:
     model, s_ = group.model, group.s
     R, r = len(group.lates), len(new_ids[0])
     if len(new_ids) != R or any(len(x) != r for x in new_ids) or len(tails.ids) != R:
@@ -147,29 +164,98 @@ def extend(group: RowGroup, tails: Tails, new_ids: list[list[int]]) -> torch.Ten
                    for (a, b), seed in zip(group.segments(), group.seeds())])
     seam = CoreRows(group, tails, start, r)
     last = s_.discovery_step if group.truncate else s_.steps
-    for t in range(1, last + 1):
-        x = model.core_step(x, e, t, rope_new, seam)
+    if criterion is None:
+        for t in range(1, last + 1):
+            x = model.core_step(x, e, t, rope_new, seam)
+        steps = None
+    else:
+        x, steps = _exiting_steps(group, tails, seam, criterion, x, e, rope, rope_new, start, last)
     states = x if tails.states is None else torch.cat([tails.states, x], dim=1)
-    if group.fast and not own:
+    logits, coda_kv = _readout(group, tails, x, states, rope, rope_new, start)
+    new_kv.update(coda_kv)
+    for key, (k, v) in {**seam.new_kv, **new_kv}.items():
+        old = tails.kv.get(key)
+        tails.kv[key] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
+    tails.ids = [t + list(x) for t, x in zip(tails.ids, new_ids)]
+    tails.states = states
+    return logits, steps
+
+
+def _readout(group: RowGroup, tails: Tails, x, states, rope, rope_new, start: int) -> tuple[torch.Tensor, dict]:
+    """Logits [R, r, vocab] of the new rows' states `x` (`states`: the tail's with x appended), and the
+    keys and values of the coda layers (fast path only); leaves `tails` as it is."""
+    model = group.model
+    R, r = x.shape[0], x.shape[1]
+    coda_kv = {}
+    if group.fast and not own_architecture(model):
         attends = [_Plain(group.coda[i], tails.kv.get(("coda", i))) for i in range(len(group.coda))]
         logits = model.readout_rows(x, rope_new, attends)
-        new_kv.update({("coda", i): a.kv for i, a in enumerate(attends)})
+        coda_kv.update({("coda", i): a.kv for i, a in enumerate(attends)})
     elif group.fast:
         tr = model.transformer
         y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
         for i, block in enumerate(tr.coda):
             attend = _Plain(group.coda[i], tails.kv.get(("coda", i)))
             y = block(y, rope_new, attend)
-            new_kv[("coda", i)] = attend.kv
+            coda_kv[("coda", i)] = attend.kv
         logits = model.lm_head(tr.ln_f(y)).float()
     else:
         every = torch.cat([group.states(), states], dim=1)
-        rows = torch.arange(start, start + r, device=device).repeat(R)
-        batch = torch.arange(R, device=device).repeat_interleave(r)
+        rows = torch.arange(start, start + r, device=x.device).repeat(R)
+        batch = torch.arange(R, device=x.device).repeat_interleave(r)
         logits = model.readout(every, rope, at=(batch, rows)).view(R, r, -1)
-    for key, (k, v) in {**seam.new_kv, **new_kv}.items():
-        old = tails.kv.get(key)
-        tails.kv[key] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
-    tails.ids = [t + list(x) for t, x in zip(tails.ids, new_ids)]
-    tails.states = states
-    return logits
+    return logits, coda_kv
+
+
+def _exiting_steps(group: RowGroup, tails: Tails, seam: CoreRows, criterion: ExitCriterion, x, e, rope, rope_new,
+                   start: int, last: int) -> tuple[torch.Tensor, list[int]]:
+    """The step loop under an exit criterion: rows that fired keep their exit state (they ride along
+    in the batch, their results replaced: keys and values by their exit step's, recorded block
+    masses by their latest recorded step's); the loop ends when every row has fired."""
+    model = group.model
+    test = ExitTest(criterion, x)
+    ran = 0
+    for t in range(1, last + 1):
+        held = x
+        x = model.core_step(x, e, t, rope_new, seam)
+        ran = t
+        done = ~test.running
+        if done.any():
+            x = torch.where(done[:, None, None], held, x)
+            _hold_rows(seam, test.exit_step, t, t)
+        logits = None
+        if criterion.reads_logits:
+            states = x if tails.states is None else torch.cat([tails.states, x], dim=1)
+            logits = _readout(group, tails, x, states, rope, rope_new, start)[0][:, -1]
+        test.after(t, x, logits)
+        if not test.running.any():
+            break
+    if ran < last:  # every row fired: the skipped steps of every row
+        _hold_rows(seam, test.exit_step, ran + 1, last)
+        if seam.supported and not group.truncate and seam.allowed is None:
+            seam.allowed_keys()  # the rows' own supports join their blocks' (tails.blocks), as after t_d
+    return x, torch.where(test.running, last, test.exit_step).tolist()
+
+
+def _hold_rows(seam: CoreRows, exit_step: torch.Tensor, first: int, last: int) -> None:
+    """Steps first..last of the rows that exited before them (0 < exit step < t): the keys and
+    values of their exit step and, at recorded steps, the block masses of their latest recorded step
+    (steps the loop never reached get these for every row)."""
+    layers = sorted({layer for (step, layer) in seam.new_kv if step == 1})
+    exits = exit_step.tolist()
+    for t in range(first, last + 1):
+        held = [i for i, x in enumerate(exits) if 0 < x < t]
+        if not held:
+            continue
+        src = [x if 0 < x < t else t for x in exits]  # the step each row's entry comes from
+        for layer in layers:
+            seam.new_kv[(t, layer)] = tuple(torch.stack([seam.new_kv[(u, layer)][j][i] for i, u in enumerate(src)])
+                                            for j in (0, 1))
+        if t in seam.record:
+            recorded = sorted(u for u in seam.masses if u < t)
+            computed = seam.masses.get(t, {})
+            for layer, m in seam.masses[recorded[-1]].items():
+                m = computed.get(layer, m).clone()
+                for i in held:
+                    m[i] = seam.masses[max(u for u in recorded if u <= exits[i])][layer][i]
+                seam.masses.setdefault(t, {})[layer] = m

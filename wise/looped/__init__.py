@@ -1,11 +1,11 @@
-"""RecurTrace: retrofit a pretrained decoder into a looped reasoner with Loop Memory Attention.
+"""RecurTrace's library pieces: what retrofitting a pretrained decoder into a looped reasoner
+trains and reads with. The looped model itself (decoder loading, config, model, loop memory,
+attention seam, checkpoint I/O) is ``wise.models.looped``; the experiment's stage bodies (params,
+runs, the calibrated case) are ``pipelines.recurtrace``.
 
-The looped model itself (decoder loading, config, model, loop memory, attention seam, checkpoint
-I/O) is ``wise.models.looped``; this package is the experiment around it: ``probe`` the block
-choice, ``depth`` the loop-count sampler, ``train`` the training loops (the embedded base's and the
-retrofits'), ``evaluate`` and ``runs`` the fixed-depth table, ``recipe`` the typed params. The
-calibrated case: ``chain_base`` (the constructed Llama base), ``known_depth`` (its items),
-``calibration`` (their expected values), ``known_runs`` (batched trajectories), ``latch`` (the LMA
-retrofit trained on the CPU), ``calibrate`` (one cell: ``python -m wise.looped.calibrate``),
-``calibration_params``.
+``probe`` the block choice, ``depth`` the loop-count sampler, ``data`` / ``text_task`` the batch
+streams, ``training_config`` the training recipes, ``train`` the looped family's training loop and
+the embedded base, ``fixed_depth`` the fixed-depth table. The calibrated case: ``chain_base`` (the
+constructed Llama base), ``known_depth`` (its items), ``calibrated_expectations`` (their expected
+values), ``known_runs`` (batched trajectories), ``latch`` (the LMA retrofit trained on the CPU).
 """

@@ -10,19 +10,19 @@ continuation is `` answer`` + EOS. A training row is
 
 the extra questions being other questions its passages answer (``context_questions``), with two
 target sets: answer tokens + their EOS, and the prompt text. Batch i is a pure function of
-(seed, i), made by worker processes ahead of the training loop (``BatchStream``), so the
+(seed, i), made by worker processes ahead of the training loop (``retrofit_stream``, the project's one ``BatchStream``), so the
 batches do not depend on the number of workers.
 """
 from __future__ import annotations
 
 import collections
-import multiprocessing as mp
-import os
+import functools
 import random
 from dataclasses import dataclass
 
 import numpy as np
 
+from wise.batch_stream import BatchStream
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
 from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
@@ -163,66 +163,14 @@ def make_batch(tok, special: SpecialIds, spec: BatchSpec, index: int) -> Batch:
     return Batch(index, ids, targets, is_answer)
 
 
-# -- worker processes ------------------------------------------------------------------------------
-_WORKER: dict = {}
-
-
-def _init_worker(tokenizer_path: str, special: SpecialIds, spec: BatchSpec) -> None:
+def _retrofit_batches(tokenizer_path: str, special: SpecialIds, spec: BatchSpec):
     from wise.data.tokenizer import load_tokenizer
 
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER.update(tok=load_tokenizer(tokenizer_path), special=special, spec=spec)
+    return functools.partial(make_batch, load_tokenizer(tokenizer_path), special, spec)
 
 
-def _worker_batch(index: int) -> Batch:
-    return make_batch(_WORKER["tok"], _WORKER["special"], _WORKER["spec"], index)
-
-
-class BatchStream:
-    """Batches 0, 1, 2 ... in order, made `prefetch` ahead by `workers` forked processes
-    (0: in this process). A context manager, so the pool is closed."""
-
-    def __init__(self, tokenizer_path: str, special: SpecialIds, spec: BatchSpec, workers: int,
-                 prefetch: int = 16):
-        self.next_index, self.prefetch = 0, max(1, prefetch)
-        self.pending: collections.deque = collections.deque()
-        self.pool = None
-        if workers > 0:
-            # forkserver, not fork: the caller may already hold a CUDA context (the GPU run trains
-            # three models in one process), and forking a process with one is unsafe. The server
-            # starts clean and preloads the data modules, so each worker starts in a fraction of a second.
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["wise.looped.data"])
-            self.pool = ctx.Pool(workers, _init_worker, (tokenizer_path, special, spec))
-        else:
-            _init_worker(tokenizer_path, special, spec)
-
-    def __next__(self) -> Batch:
-        if self.pool is None:
-            batch = _worker_batch(self.next_index)
-        else:
-            while len(self.pending) < self.prefetch:
-                self.pending.append(self.pool.apply_async(_worker_batch, (self.next_index + len(self.pending),)))
-            batch = self.pending.popleft().get()
-        self.next_index += 1
-        return batch
-
-    def __iter__(self):
-        return self
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
-
-    def __enter__(self) -> "BatchStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def default_workers(requested: int) -> int:
-    """-1: every core but two (the training process and the GPU feeder), at least one."""
-    return requested if requested >= 0 else max(1, (os.cpu_count() or 2) - 2)
+def retrofit_stream(tokenizer_path: str, special: SpecialIds, spec: BatchSpec, workers: int,
+                    prefetch: int = 16) -> BatchStream:
+    """Batches 0, 1, 2 ... of `spec` (``wise.batch_stream``)."""
+    return BatchStream(functools.partial(_retrofit_batches, tokenizer_path, special, spec), 0, workers,
+                       prefetch=prefetch, preload=[__name__])

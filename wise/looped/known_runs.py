@@ -1,8 +1,8 @@
-"""Batched loop trajectories of known-depth rows (``wise.adaptive.trajectory`` reads one row at a
+"""Batched loop trajectories of known-depth rows (``wise.halting.trajectory`` reads one row at a
 time; the calibrated case reads thousands, so rows run right-padded in batches: causal attention
 keeps every real position independent of the padding after it).
 
-The readings per loop are those of ``wise.adaptive.trajectory.Scorer.read`` (teacher-forced: nll,
+The readings per loop are those of ``wise.halting.trajectory.Scorer.read`` (teacher-forced: nll,
 correct, top1, pred, gold_logprob) and z, the hidden state at the last prompt position (pool
 "last"): on the constructed base that row is the question row, the one whose pointer, answer
 register and ``done`` / ``stuck`` flags move; a mean over the prompt would dilute them by the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from wise.adaptive.trajectory import LoopSignal, Trajectory
+from wise.halting.trajectory import LoopSignal, Trajectory
 
 POOLED_ROW = -1  # z: the hidden state at the prompt's last position (the question row), from its end
 

@@ -8,7 +8,7 @@ batches it trains on (``wise.data.real_text`` gives the text and the needle-fact
 A needle item is asked through the model's own chat template (``apply_chat_template`` with the
 generation prompt), and the assistant's answer is prefilled up to the city ("Tamsin lives in"),
 so the gold continuation is the city's tokens: correct means greedy decoding emits exactly the
-city there, as ``wise.looped.evaluate.read_answer`` reads it. A text window is scored as a row
+city there, as ``wise.looped.fixed_depth.read_answer`` reads it. A text window is scored as a row
 whose prompt is its first token and whose continuation is the rest.
 """
 from __future__ import annotations

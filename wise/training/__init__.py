@@ -13,10 +13,10 @@
 Only torch, tokenizers, safetensors, numpy and tqdm are needed (no ray, dvc or duckdb), so the
 same code runs on a bare GPU machine.
 """
-from wise.training.batches import Batch, BatchStream, batch_budget, make_batch
+from wise.training.batches import Batch, batch_budget, make_batch, training_stream
 from wise.training.config import TrainConfig
 from wise.training.loop import batch_loss, build_model, recurrent_forward, sample_recurrence, train
 
 # run.py, card.py and quality.py are imported by their users (and card.py runs as `python -m`), not here
-__all__ = ["Batch", "BatchStream", "TrainConfig", "batch_budget", "batch_loss", "build_model",
-           "make_batch", "recurrent_forward", "sample_recurrence", "train"]
+__all__ = ["Batch", "TrainConfig", "batch_budget", "batch_loss", "build_model",
+           "make_batch", "recurrent_forward", "sample_recurrence", "train", "training_stream"]

@@ -10,20 +10,19 @@ with two target masks: the answer tokens plus EOS (the main loss) and the prompt
 optional language-model loss). Rows are right-padded; causal attention never lets a real token
 see a pad, so padding changes nothing for the real positions.
 
-Generation runs in worker processes (``BatchStream``) so the GPU never waits for Python text
+Generation runs in worker processes (``training_stream``, the project's one ``BatchStream``) so the GPU never waits for Python text
 work; the batch for an index is the same whichever process makes it.
 """
 from __future__ import annotations
 
 import collections
-import multiprocessing as mp
-import os
+import functools
 import random
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
+from wise.batch_stream import BatchStream, default_workers
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
 from wise.objective import IGNORE  # target value that no loss counts
 from wise.data.registry import context_questions
@@ -154,62 +153,14 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
     return Batch(index, budget, ids, targets, is_answer)
 
 
-# -- worker processes ----------------------------------------------------------------------------
-_WORKER: dict = {}
+def _training_batches(config: TrainConfig, tokenizer_path: str):
+    tok = load_tokenizer(tokenizer_path)
+    return functools.partial(make_batch, config, tok)
 
 
-def _init_worker(config: TrainConfig, tokenizer_path: str) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER["config"] = config
-    _WORKER["tok"] = load_tokenizer(tokenizer_path)
-
-
-def _worker_batch(index: int) -> Batch:
-    return make_batch(_WORKER["config"], _WORKER["tok"], index)
-
-
-class BatchStream:
-    """Batches `start`, `start+1`, … in order, made `prefetch` ahead by `workers` processes
-    (0: in this process). Use as a context manager so the pool is closed."""
-
-    def __init__(self, config: TrainConfig, tokenizer_path: str, start: int = 0, workers: int | None = None):
-        self.config, self.next_index = config, start
-        if workers is None:
-            workers = config.data_workers if config.data_workers >= 0 else max(1, (os.cpu_count() or 2) - 2)
-        self.workers = workers
-        self.pending: collections.deque = collections.deque()
-        self.pool = None
-        if workers > 0:
-            # fork: cheap start; the children only run tokenizers and Python, never CUDA.
-            self.pool = mp.get_context("fork").Pool(workers, _init_worker, (config, tokenizer_path))
-        else:
-            _init_worker(config, tokenizer_path)
-
-    def _fill(self) -> None:
-        while len(self.pending) < max(1, self.config.prefetch):
-            i = self.next_index + len(self.pending)
-            self.pending.append(self.pool.apply_async(_worker_batch, (i,)))
-
-    def __iter__(self) -> Iterator[Batch]:
-        return self
-
-    def __next__(self) -> Batch:
-        if self.pool is None:
-            batch = _worker_batch(self.next_index)
-        else:
-            self._fill()
-            batch = self.pending.popleft().get()
-        self.next_index += 1
-        return batch
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
-
-    def __enter__(self) -> "BatchStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+def training_stream(config: TrainConfig, tokenizer_path: str, start: int = 0, workers: int | None = None) -> BatchStream:
+    """Batches `start`, `start+1`, ... of `config` (``wise.batch_stream``; workers: config.data_workers
+    unless given)."""
+    return BatchStream(functools.partial(_training_batches, config, tokenizer_path), start,
+                       default_workers(config.data_workers if workers is None else workers),
+                       prefetch=config.prefetch, preload=[__name__])

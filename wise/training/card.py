@@ -6,8 +6,8 @@ Every number in the card is read from a file of the folder: config.json and mode
 (architecture, parameter count), train_recipe.json (the recipe), train_summary.json (the run,
 precision and compile mode), eval_curve.csv (held-out EM during training) and quality.json (the
 quality table, by question type and the quality bars, rendered by wise/training/quality.py; written
-by `python -m wise.evaluate --table --json quality.json`, the command the card shows, or by
-`--update-card`, which then rewrites this card). Nothing in the card is written by hand:
+by `python -m wise.evaluate table --json quality.json`, the command the card shows, or by
+`table --update-card`, which then rewrites this card). Nothing in the card is written by hand:
 history goes to CHANGELOG.md, so regenerating the card loses nothing.
 """
 from __future__ import annotations
@@ -139,20 +139,20 @@ def _evaluate_command(folder: Path, cells: list) -> str:
     steps = sorted({s.steps for s in cells})
     n_by_context = {ctx: {s.n for s in cells if s.context == ctx} for ctx in contexts}
     ns = sorted({n for v in n_by_context.values() for n in v})
-    cmd = (f"python -m wise.evaluate --model {folder} --table --benchmarks {' '.join(benches)} "
-           f"--contexts {' '.join(map(str, contexts))} --table-steps {' '.join(map(str, steps))} "
+    cmd = (f"python -m wise.evaluate table --model {folder} --benchmarks {' '.join(benches)} "
+           f"--contexts {' '.join(map(str, contexts))} --steps {' '.join(map(str, steps))} "
            f"--n {ns[-1]}")
     overrides = [f"{ctx}={min(v)}" for ctx, v in n_by_context.items() if min(v) != ns[-1]]
     if overrides:
-        cmd += " --table-n " + " ".join(overrides)
+        cmd += " --n-per-context " + " ".join(overrides)
     return cmd + f" --json {folder / QUALITY}"
 
 
 def _quality_section(folder: Path, shown: Path) -> str:
     rows = _read_json(folder, QUALITY)
     if not rows:
-        return (f"{CARD_BEGIN}\nnot measured yet: run `python -m wise.evaluate --model {shown} "
-                f"--table --json {shown / QUALITY}`, then `python -m wise.training.card {shown}`\n"
+        return (f"{CARD_BEGIN}\nnot measured yet: run `python -m wise.evaluate table --model {shown} "
+                f"--json {shown / QUALITY}`, then `python -m wise.training.card {shown}`\n"
                 f"{CARD_END}")
     cells = merge_scores(None, [Score(**r) for r in rows])
     steps = {c.steps for c in cells}

@@ -11,6 +11,7 @@ from typing import Any
 
 from wise.data.prompts import PROMPT_STYLES
 from wise.models.config import PRESETS, RecurrentConfig
+from wise.typed_params import from_mapping, need as need_in_section
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, why: str) -> None:
-            if not ok:
-                raise ValueError(f"train.{key} = {getattr(self, key)!r}: {why}")
+            need_in_section(ok, "train", self, key, why)
 
         need(self.preset in PRESETS, "preset", f"unknown preset; known: {sorted(PRESETS)}")
         fields = {f.name for f in dataclasses.fields(RecurrentConfig)} - {"name"}
@@ -143,16 +143,9 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "TrainConfig":
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown train key(s): {', '.join('train.' + k for k in unknown)}")
-        for key in ("context_lengths", "context_weights"):
-            if key in d:
-                d[key] = tuple(d[key])
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any] | None, complete: bool = False) -> "TrainConfig":
+        """The ``train:`` section (or a stored recipe) through the project's one parser."""
+        return from_mapping(cls, d, "train", complete)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -38,9 +38,10 @@ from wise.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.analysis.scoring import score_cell
-from wise.training.batches import IGNORE, Batch, BatchStream
+from wise.training.batches import Batch, training_stream
 from wise.training.config import TrainConfig
-from wise.objective import batch_loss, lr_at
+from wise.objective import batch_loss
+from wise.train_steps import StepProgress, run_steps
 
 LOSS_CURVE = "loss_curve.csv"
 EVAL_CURVE = "eval_curve.csv"
@@ -144,8 +145,7 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(device)
     _, tokenizer_path = train_tokenizer_for(config, out)
-    # The worker pool is forked before CUDA is touched.
-    stream = BatchStream(config, str(tokenizer_path), workers=workers)
+    stream = training_stream(config, str(tokenizer_path), workers=workers)
     try:
         torch.manual_seed(config.seed)  # nothing should draw from it; a belt for library internals
         model = build_model(config).to(device).train()
@@ -176,65 +176,33 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
 
 def _run_steps(config: TrainConfig, model: RecurrentDepthModel, opt, stream, autocast, device,
                check, progress: bool) -> dict:
-    """The optimisation loop. Raises FloatingPointError when a loss or gradient norm was not
-    finite: checked on the host at every log step and at the end (a flag kept on the device, so
-    the steps in between queue without a host sync)."""
+    """The project's one optimisation loop (``wise.train_steps``) on a recurrent-depth step: a
+    sampled recurrence, its seeded initial state, truncated backprop; the held-out check every
+    eval_every steps. Raises FloatingPointError when a loss or gradient norm was not finite."""
     state_gen = torch.Generator(device=device)
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    log: list[dict] = []
     eval_log: list[dict] = []
-    start = time.monotonic()
-    tokens_seen, stopped_by, steps_done = 0, "max_steps", config.max_steps
-    bar = tqdm(total=config.max_steps, disable=not progress, mininterval=5.0, desc="train")
-    try:
-        for step in range(config.max_steps):
-            elapsed = time.monotonic() - start
-            if config.time_limit_s and elapsed >= config.time_limit_s:
-                stopped_by, steps_done = "time_limit", step
-                break
-            frac = step / config.max_steps
-            if config.time_limit_s:
-                frac = max(frac, elapsed / config.time_limit_s)
-            lr = lr_at(config, frac, step)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            batch: Batch = next(stream)
-            ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
-            steps = sample_recurrence(config, step)
-            state_gen.manual_seed(derive_seed(config.seed, "state", step))
-            with autocast:
-                logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen)
-            loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            nonfinite |= ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
-            opt.step()
-            tokens_seen += batch.tokens
-            bar.update(1)
-            if step % config.log_every == 0 or step == config.max_steps - 1:
-                if nonfinite.item():
-                    raise FloatingPointError(f"non-finite loss or gradient norm by step {step} "
-                                             f"(loss {loss.item()}, grad norm {grad_norm.item()})")
-                row = {"step": step, "tokens": tokens_seen, "loss": loss.item(),
-                       "answer_loss": answer_loss.item(), "lm_loss": lm_loss.item(),
-                       "grad_norm": grad_norm.item(), "lr": lr, "recurrence": steps,
-                       "budget": batch.budget, "rows": int(batch.ids.shape[0]),
-                       "elapsed_s": round(time.monotonic() - start, 2)}
-                log.append(row)
-                bar.set_postfix(ans=f"{row['answer_loss']:.3f}", lm=f"{row['lm_loss']:.3f}",
-                                r=steps, ctx=batch.budget)
-            if check is not None and step > 0 and step % config.eval_every == 0:
-                scores = check(model, autocast)
-                eval_log.append({"step": step, "elapsed_s": round(time.monotonic() - start, 2),
-                                 "answer_loss": log[-1]["answer_loss"] if log else float("nan"), **scores})
-                bar.write(f"step {step}: held-out EM {scores}")
-    finally:
-        bar.close()
-    if nonfinite.item():
-        raise FloatingPointError("non-finite loss or gradient norm after the last log step")
-    return {"steps": steps_done, "stopped_by": stopped_by, "seconds": round(time.monotonic() - start, 1),
-            "tokens": tokens_seen, "log": log, "eval_log": eval_log}
+    done = StepProgress()
+
+    def step_loss(batch: Batch, step: int):
+        ids, targets, is_answer = (_to_device(x, device) for x in (batch.ids, batch.targets, batch.is_answer))
+        steps = sample_recurrence(config, step)
+        state_gen.manual_seed(derive_seed(config.seed, "state", step))
+        with autocast:
+            logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen)
+        loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
+        return loss, answer_loss, lm_loss, {"recurrence": steps, "budget": batch.budget, "rows": int(batch.ids.shape[0])}
+
+    def held_out(step: int, log: list[dict]) -> None:
+        if check is not None and step > 0 and step % config.eval_every == 0:
+            scores = check(model, autocast)
+            eval_log.append({"step": step, "elapsed_s": round(time.monotonic() - done.started, 2),
+                             "answer_loss": log[-1]["answer_loss"] if log else float("nan"), **scores})
+            tqdm.write(f"step {step}: held-out EM {scores}")
+
+    log = run_steps(config, list(model.parameters()), opt, stream, device, step_loss, lambda b: b.tokens, done,
+                    desc="train", show=progress, after=held_out)
+    return {"steps": done.steps, "stopped_by": done.stopped_by, "seconds": done.seconds(),
+            "tokens": done.tokens, "log": log, "eval_log": eval_log}
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """The quality table of a checkpoint: benchmark x context x T cells (``wise.analysis.scoring.Score``) kept in
 the folder's quality.json, rendered as a markdown table and checked against the quality bars.
 
-    python -m wise.evaluate --model data/models/wise-small --table --json data/models/wise-small/quality.json
+    python -m wise.evaluate table --model data/models/wise-small --json data/models/wise-small/quality.json
     python -m wise.training.card data/models/wise-small     # the card's quality section from quality.json
 
 The card writer (wise/training/card.py) renders the section between CARD_BEGIN and CARD_END from
-these functions; the evaluation CLI (wise/evaluate.py) prints the same table and bars.
+these functions; the evaluation CLI (`python -m wise.evaluate table`) prints the same table and bars.
 """
 from __future__ import annotations
 

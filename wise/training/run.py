@@ -4,7 +4,7 @@
     summary = train_checkpoint(config, out, "cuda")  # else train, measure, card, then publish
 
 train_checkpoint trains into a staging folder beside `out` (``.<name>.staging-<pid>``), writes
-train_recipe.json there, measures the quality table there when asked (wise.evaluate), writes the
+train_recipe.json there, measures the quality table there when asked (wise.evaluate table), writes the
 card (wise.training.card), and only then puts the staging folder in place of `out`. Any failure
 (an exception, a non-finite loss, KeyboardInterrupt) deletes the staging folder and re-raises, so
 `out` stays byte-identical and its recipe never describes weights it does not hold.
@@ -46,8 +46,8 @@ def choose_device(requested: str) -> str:
 def train_checkpoint(config: TrainConfig, out: str | Path, device: str, *, workers: int | None = None,
                      eval_table: bool = False, eval_args: tuple[str, ...] = (), progress: bool = True) -> dict:
     """Train `config` and publish the complete folder at `out` (see the module doc); returns the
-    training summary. eval_table: also measure the quality table (wise.evaluate --table, extra
-    arguments eval_args) into quality.json before the card is written."""
+    training summary. eval_table: also measure the quality table (`python -m wise.evaluate table`,
+    extra arguments eval_args: that mode's flags) into quality.json before the card is written."""
     out = Path(out)
     staging = staging_folder(out)
     try:
@@ -56,10 +56,10 @@ def train_checkpoint(config: TrainConfig, out: str | Path, device: str, *, worke
         if eval_table:
             from wise import evaluate
 
-            code = evaluate.main(["--model", str(staging), "--table", "--device", device,
+            code = evaluate.main(["table", "--model", str(staging), "--device", device,
                                   "--json", str(staging / "quality.json"), *eval_args])
             if code:
-                raise RuntimeError(f"wise.evaluate --table exited with {code}")
+                raise RuntimeError(f"wise.evaluate table exited with {code}")
         write_card(staging, shown=out)
         publish_folder(staging, out)
     except BaseException:

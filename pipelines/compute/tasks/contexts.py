@@ -117,6 +117,25 @@ class SweepContext:
             _refuse(self, name, f"a field of {owner.__name__}", ValueError)
 
 
+@dataclass(frozen=True)
+class ExitCriteriaContext:
+    """The ``exit_criteria`` task: one condition on each example of an item under one run's settings
+    (a fixed depth, or an exit criterion in ``settings.exit_criterion``), cached decoding."""
+
+    settings: WiseSettings
+    init_seed: int
+    condition: str
+    max_new_tokens: int
+    stop_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_shared(self)
+        if not isinstance(self.condition, str):
+            _refuse(self, "condition", "a condition name (str)")
+        _int_at_least(self, "max_new_tokens", 1)
+        _tuple_of(self, "stop_ids", int, "token ids (ints)", nonempty=False)
+
+
 def require(task: str, context: Any, expected: type) -> None:
     """The tasks' guard: a stale caller passing a plain dict (or another task's context) fails loudly."""
     if not isinstance(context, expected):

@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from wise.adaptive.rules import Decision
-from wise.adaptive.trajectory import LoopSignal, Scorer
+from wise.halting.rules import Decision
+from wise.halting.trajectory import LoopSignal, Scorer
 from wise.looped.data import PromptRow
 from wise.engine.runner import WiseSettings, late_policy, run_prefix
 

@@ -1,6 +1,6 @@
 """What every depth rule reads, loop by loop, for one row on a looped model.
 
-A row is scored teacher-forced, as the fixed-depth table scores it (``wise.looped.evaluate``):
+A row is scored teacher-forced, as the fixed-depth table scores it (``wise.looped.fixed_depth``):
 the sequence is ``prompt + gold continuation`` and, after loop t,
 
 - nll: the mean negative log-likelihood of the continuation's tokens (L_t of the oracle labels);
@@ -19,7 +19,7 @@ the sequence is ``prompt + gold continuation`` and, after loop t,
   so z carries nothing of the gold answer.
 
 Rows run one at a time (batch of one, no padding): the same arithmetic as the online runs in
-``wise.adaptive.online`` and the WISE runner, so a rule replayed on a trajectory and the same rule
+``wise.halting.online`` and the WISE runner, so a rule replayed on a trajectory and the same rule
 driven loop by loop take the same decisions bit for bit.
 """
 from __future__ import annotations
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from wise.looped.data import PromptRow
-from wise.looped.evaluate import read_answer
-from wise.looped.recipe import POOLS
+from wise.looped.fixed_depth import read_answer
+
+POOLS = ("mean", "last")  # the pooled state z_t of a loop: the mean over the prompt's rows, or its last row
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Typed params of the RecurTrace calibrated case (``retrofit.calibration`` in params.yaml; read by
-``wise.looped.recipe.RetrofitParams`` like every other ``retrofit:`` key, so the validate stage
+``pipelines.recurtrace.params.RetrofitParams`` like every other ``retrofit:`` key, so the validate stage
 checks them): the constructed base, the known-depth items, the halting heads and their knobs, the
 LMA latch training, and the seeds of the cells. A bad value raises ``ValueError`` naming the key.
 """
@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.recurtrace.wise_reuse import WiseReuse
+from wise.typed_params import need
+
 SECTION = "retrofit.calibration"
 
 
 def _need(ok: bool, obj: Any, key: str, why: str) -> None:
-    if not ok:
-        raise ValueError(f"{SECTION}.{key} = {getattr(obj, key)!r}: {why}")
+    need(ok, SECTION, obj, key, why)
 
 
 def _grid(obj, key: str, low: float, high: float | None) -> None:
@@ -53,10 +55,8 @@ class CellParams:
     lma_steps: int = 300  # LMA latch training steps on the CPU (0: none)
     lma: dict = field(default_factory=lambda: {"rows_per_step": 16, "lr": 0.01})  # wise.looped.latch.train_latch options
     wise_n: int = 64  # test items run under WISE at the oracle's depth (0: none)
-    wise_discovery_step: int = 3  # t_d (in loops of the hop layer)
-    wise_window: int = 2  # w
-    wise_block_size: int = 8  # B: a 96-token prompt is 12 blocks
-    wise_eta: float = 0.95
+    # WISE's t_d (in loops of the hop layer), w, B (a 96-token prompt is 12 blocks of 8), eta
+    wise: WiseReuse = field(default_factory=lambda: WiseReuse(discovery_step=3, window=2, block_size=8, eta=0.95))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(self.seeds))
@@ -91,14 +91,12 @@ class CellParams:
         _need(self.head_l2 >= 0, self, "head_l2", "must be >= 0")
         _need(self.lma_steps >= 0, self, "lma_steps", "must be >= 0")
         _need(self.wise_n >= 0, self, "wise_n", "must be >= 0")
-        _need(1 <= self.wise_discovery_step < self.t_max, self, "wise_discovery_step", "must be in 1..t_max-1")
-        _need(1 <= self.wise_window <= self.wise_discovery_step, self, "wise_window", "must be in 1..wise_discovery_step")
-        # wise.looped.calibration.wise_correct models the question row's query block as the question
+        self.wise.check(f"{SECTION}.wise", t_max=self.t_max)
+        # wise.looped.calibrated_expectations.wise_correct models the question row's query block as the question
         # and BOS-reading rows; a larger block also holds fact rows, whose reads it does not model
         # (B = 32, eta = 0.9: 5 of 100 items of seed 3 differ from it).
-        _need(1 <= self.wise_block_size <= 8, self, "wise_block_size",
-              "must be in 1..8 (the expected outcome models a question-row block of at most 8 rows)")
-        _need(0 < self.wise_eta <= 1, self, "wise_eta", "must be in (0, 1]")
+        need(self.wise.block_size <= 8, f"{SECTION}.wise", self.wise, "block_size",
+             "must be in 1..8 (the expected outcome models a question-row block of at most 8 rows)")
         unknown = sorted(set(self.lma) - {"rows_per_step", "lr", "time_limit_s"})
         _need(not unknown, self, "lma", f"unknown option(s) {unknown}; known: rows_per_step, lr, time_limit_s")
         _need(all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in self.lma.values()),

@@ -3,7 +3,7 @@
 Writes the constructed base ``data/models/<name>`` (``wise.looped.chain_base``: save_pretrained,
 tokenizer, card), loads it back through the retrofit loader (``wise.models.looped.base.load_base``, as a
 Qwen3 / Llama base is loaded), checks that the angular-distance probe picks the hop layer (the
-pinned block), and runs one cell (``wise.looped.calibrate.run_cell``) per seed. Outputs, all under
+pinned block), and runs one cell (``pipelines.recurtrace.calibrated_cell.run_cell``) per seed. Outputs, all under
 ``data/retrofit/<name>/`` (so no other retrofit's tables are touched):
 
     fixed.parquet     per (seed, model, T): accuracy measured and expected, mismatching items
@@ -27,7 +27,9 @@ import statistics as st
 from dataclasses import replace
 from pathlib import Path
 
-from wise.looped.recipe import RetrofitParams
+from pipelines.config import schemas
+from pipelines.recurtrace.params import RetrofitParams
+from pipelines.store.artifacts import write_json, write_parquet, write_text
 
 MODELS = ("plain", "lma", "ideal")
 
@@ -48,12 +50,12 @@ def _spread(values) -> str:
 
 
 def markdown(fixed, chosen, summary, seeds, c) -> str:
-    from wise.looped.calibrate import summary_line
+    from pipelines.recurtrace.calibrated_cell import summary_line
 
     L = [f"Constructed base `data/models/{c.name}` (weights computed, not trained; its card says how), "
          f"{c.n} test items per seed (mixed depths: L 1..{c.max_hops}, m 0..{c.max_refine}, "
          f"{c.unreachable:.0%} with a hop fact removed), seeds {list(seeds)}; every number is the mean over "
-         "seeds with its range. Expected values come from the items alone (`wise/looped/calibration.py`).", "",
+         "seeds with its range. Expected values come from the items alone (`wise/looped/calibrated_expectations.py`).", "",
          "Fixed depth: accuracy measured / expected (plain = the base's own looping, no memory; ideal = the "
          "latched base; lma = the LMA retrofit trained on the CPU, expected = ideal)", "",
          "| model | " + " | ".join(f"T={T}" for T in range(1, c.t_max + 1)) + " | mismatching items |",
@@ -82,15 +84,15 @@ def markdown(fixed, chosen, summary, seeds, c) -> str:
     L += ["", "τ and λ are chosen on the validation items: the smallest mean loops whose accuracy is within "
           f"{c.margin} of the best accuracy on that knob's curve. ACT and PonderNet are tabled at the middle "
           "of their knob grids; the figure draws every knob value.", "",
-          "Per seed (`python -m wise.looped.calibrate --seed S --n N` prints the same line):", ""]
+          "Per seed (`python -m pipelines.recurtrace.calibrated_cell --seed S --n N` prints the same line):", ""]
     L += [f"    seed {s['seed']}: {summary_line(s)}" for s in summary]
     if summary and summary[0].get("wise_n"):
-        from wise.looped.calibrate import wise_line
+        from pipelines.recurtrace.calibrated_cell import wise_line
 
-        L += ["", f"WISE under adaptive depth on the latched base (t_d = {c.wise_discovery_step} loops, w = "
-              f"{c.wise_window}, B = {c.wise_block_size}, η = {c.wise_eta}), each item stopped at the oracle's depth: "
+        L += ["", f"WISE under adaptive depth on the latched base (t_d = {c.wise.discovery_step} loops, w = "
+              f"{c.wise.window}, B = {c.wise.block_size}, η = {c.wise.eta}), each item stopped at the oracle's depth: "
               "an answer survives iff every fact a loop after t_d reads lies in a block the discovery loops read "
-              "(`wise.looped.calibration.wise_correct`); tiles saved = late attention tiles WISE skips over the "
+              "(`wise.looped.calibrated_expectations.wise_correct`); tiles saved = late attention tiles WISE skips over the "
               "whole run.", ""]
         L += [f"    seed {s['seed']}: {wise_line(s)}" for s in summary]
     return "\n".join(L) + "\n"
@@ -162,12 +164,11 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
 
     from wise.models.looped.base import load_base
     from wise.fingerprint import base_fingerprint
-    from wise.looped.calibrate import items_and_rows
+    from pipelines.recurtrace.calibrated_cell import items_and_rows
     from wise.looped.chain_base import HOP_LAYER
     from wise.models.looped.checkpoint import base_pointer, load_retrofit, save_retrofit
     from wise.looped.latch import LMA_SHAPE, train_latch
     from wise.models.looped.model import build_looped
-    from wise.looped.tables import write_json
 
     c = params.calibration
     out = Path("data/models") / f"{c.name}-lma"
@@ -191,11 +192,10 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
 
 def run(params: RetrofitParams, log=print) -> dict:
     from wise.models.looped.base import load_base
-    from wise.looped.calibrate import fixed_table, items_and_rows, models, run_cell
+    from pipelines.recurtrace.calibrated_cell import fixed_table, items_and_rows, models, run_cell
     from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, save_chain_base
     from wise.models.looped.model import build_looped
     from wise.looped.probe import block_distances
-    from wise.looped.tables import write_json, write_parquet, write_text
 
     c = params.calibration
     folder = save_chain_base(base_dir(params), ChainBaseSpec(seed=c.base_seed))
@@ -225,12 +225,12 @@ def run(params: RetrofitParams, log=print) -> dict:
         summary.append({"seed": seed, **cell["summary"]})
         wise += [{"seed": seed, **r} for r in cell["wise"]]
     out = out_dir(params)
-    write_parquet(fixed, out / "fixed.parquet")
-    write_parquet(points, out / "points.parquet")
-    write_parquet(chosen, out / "chosen.parquet")
-    write_parquet(summary, out / "summary.parquet")
-    write_parquet(probe, out / "probe.parquet")
-    write_parquet(wise, out / "wise.parquet")
+    write_parquet(fixed, out / "fixed.parquet", schemas.CALIBRATED_FIXED)
+    write_parquet(points, out / "points.parquet", schemas.CALIBRATED_POINTS)
+    write_parquet(chosen, out / "chosen.parquet", schemas.CALIBRATED_CHOSEN)
+    write_parquet(summary, out / "summary.parquet", schemas.CALIBRATED_SUMMARY)
+    write_parquet(probe, out / "probe.parquet", schemas.BLOCK_PROBE)
+    write_parquet(wise, out / "wise.parquet", schemas.CALIBRATED_WISE)
     figs = figures(fixed, points, out / "figures")
     md = markdown(fixed, chosen, summary, c.seeds, c)
     md += "\n" + "\n\n".join(figs.values()) + "\n"

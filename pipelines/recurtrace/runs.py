@@ -5,8 +5,8 @@
     ensure_retrofit(params, "lma" | "plain", out) # a retrofit checkpoint
     ensure_table(params, {variant: folder}, out)  # the fixed-depth table
 
-The DVC stages (``stages/train_retrofit.py``, ``stages/retrofit_eval.py``) and the one-shot GPU
-run (``wise.looped.gpu_run``) call these, so both write the same files with the same recipes.
+The DVC stages (``stages/train_retrofit.py``, ``stages/retrofit_eval.py``) call these; on a GPU
+machine without DVC, ``benchmarks/pipeline/recurtrace_gpu.sh`` runs those stages' commands.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from wise.looped.recipe import RetrofitParams
-from wise.looped.tables import write_json, write_parquet, write_text
+from pipelines.recurtrace.params import RetrofitParams
+from pipelines.config import schemas
+from pipelines.store.artifacts import write_json, write_parquet, write_text
 
 RECIPE = "train_recipe.json"
 # "json" is the stage's DVC metrics file (a few headline numbers, fixed_depth_headline); "recipe"
@@ -69,7 +70,7 @@ def ensure_base(params: RetrofitParams, out: str | Path, device: str = "cpu", re
 def ensure_retrofit(params: RetrofitParams, variant: str, out: str | Path, device: str = "cpu",
                     base_folder: str | Path | None = None, retrain: bool = False,
                     workers: int | None = None, progress: bool = True) -> dict | None:
-    from wise.looped.train import train_retrofit
+    from pipelines.recurtrace.train_retrofit import train_retrofit
 
     out, recipe = Path(out), retrofit_recipe(params, variant, base_folder)
     if not retrain and is_current(params, variant, out, base_folder):
@@ -83,13 +84,13 @@ def ensure_retrofit(params: RetrofitParams, variant: str, out: str | Path, devic
 
 def table_recipe(params: RetrofitParams, folders: dict) -> dict:
     from wise.models.looped.checkpoint import CONFIG_NAME, WEIGHTS_NAME
-    from wise.looped.evaluate import checkpoint_fingerprint
+    from wise.looped.fixed_depth import checkpoint_fingerprint
 
     for variant, folder in sorted(folders.items()):
         absent = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (Path(folder) / n).is_file()]
         if absent:
             raise FileNotFoundError(f"retrofit {variant}: {folder} has no {', '.join(absent)}; train it first "
-                                    f"(stage train_retrofit@{variant}, or python -m wise.looped.gpu_run)")
+                                    f"(stage train_retrofit@{variant}, or benchmarks/pipeline/recurtrace_gpu.sh on a GPU)")
 
     return {"eval": dataclasses.asdict(params.eval), "dtype": params.dtype,
             "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}
@@ -129,7 +130,7 @@ def ensure_table(params: RetrofitParams, folders: dict, out: str | Path, device:
     they were split is brought to the current layout without evaluating again)."""
     import pyarrow.parquet as pq
 
-    from wise.looped.evaluate import evaluate_checkpoints, markdown_table
+    from wise.looped.fixed_depth import evaluate_checkpoints, markdown_table
 
     out, recipe = Path(out), table_recipe(params, folders)
     stored, summary_path = _stored_table(out), out / TABLE_FILES["summary"]
@@ -139,8 +140,8 @@ def ensure_table(params: RetrofitParams, folders: dict, out: str | Path, device:
         write_json(fixed_depth_headline(pq.read_table(summary_path).to_pylist()), out / TABLE_FILES["json"])
         return None
     result = evaluate_checkpoints(params, folders, device=device, base_folder=base_folder)
-    write_parquet(result["examples"], out / TABLE_FILES["examples"])
-    write_parquet(result["summary"], out / TABLE_FILES["summary"])
+    write_parquet(result["examples"], out / TABLE_FILES["examples"], schemas.FIXED_DEPTH_EXAMPLES)
+    write_parquet(result["summary"], out / TABLE_FILES["summary"], schemas.FIXED_DEPTH)
     table = markdown_table(result["summary"])
     write_text(table + "\n", out / TABLE_FILES["markdown"])
     write_json({"recipe": recipe, "floor": result["floor"], "info": result["info"]}, out / TABLE_FILES["recipe"])

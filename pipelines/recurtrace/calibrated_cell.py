@@ -1,6 +1,6 @@
 """One cell of the RecurTrace calibrated case: measured beside expected on the constructed base.
 
-    python -m wise.looped.calibrate --seed S --n N
+    python -m pipelines.recurtrace.calibrated_cell --seed S --n N
 
 builds ``recurtrace-chain`` (``wise.looped.chain_base``; overshooting and latched), draws N
 known-depth test items (``wise.looped.known_depth``; mixed depths), ``--fit-n`` train and validation
@@ -10,7 +10,7 @@ items, and the bimodal d in {1, 6} variant's three splits, and measures on the t
   looping), of the latched base (the ideal) and of the LMA retrofit (``--lma``: the checkpoint the
   stage recurtrace_calibrated trained on the CPU, only the added modules, variable depth,
   ``wise.looped.latch``; or ``--lma-steps N`` trains a fresh one), each against
-  ``wise.looped.calibration`` (fixed_mismatch counts the (item, T) cells that disagree);
+  ``wise.looped.calibrated_expectations`` (fixed_mismatch counts the (item, T) cells that disagree);
 - every halting method on the loops of the latched model (or of the LMA retrofit when it latches):
   the oracle-distilled head (τ), confidence (λ), ACT (ponder cost), PonderNet (β): a curve of
   accuracy vs mean loops over each knob; the stability rule, the loss oracle and the correctness
@@ -20,9 +20,9 @@ items, and the bimodal d in {1, 6} variant's three splits, and measures on the t
   best on that curve (the paper's "smallest mean depth without losing accuracy", with the
   tolerance stated).
 
-- WISE under adaptive depth (``wise.adaptive.online.wise_adaptive``) on the latched base at the
+- WISE under adaptive depth (``wise.halting.online.wise_adaptive``) on the latched base at the
   oracle's depth (d for a reachable item, t_min otherwise) for the first ``wise_n`` test items:
-  Full-adaptive and WISE-adaptive answers beside ``wise.looped.calibration.wise_correct`` (which
+  Full-adaptive and WISE-adaptive answers beside ``wise.looped.calibrated_expectations.wise_correct`` (which
   late loops need a fact outside the discovered working set).
 
 It prints per method measured and expected accuracy and mean loops, and ends with the line
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from wise.looped import calibration as C
-from wise.looped.calibration_params import CellParams
+from wise.looped import calibrated_expectations as C
+from pipelines.recurtrace.calibrated_params import CellParams
 
 
 def models(base_seed: int = 0):
@@ -86,7 +86,7 @@ def auc(scores, labels) -> float:
 def loss_oracle_depth(traj, t_min: int, delta: float) -> int:
     """The loss oracle as a rule: stop at the first t >= t_min whose label is 0 (no later loop
     lowers the loss by more than delta)."""
-    from wise.adaptive.heads import oracle_labels
+    from wise.halting.heads import oracle_labels
 
     labels = oracle_labels([s.nll for s in traj.signals], delta)
     for t in range(t_min, traj.loops):
@@ -96,7 +96,7 @@ def loss_oracle_depth(traj, t_min: int, delta: float) -> int:
 
 
 def run_rule(rule, trajs) -> tuple[list[int], list[bool]]:
-    from wise.adaptive.rules import outcome, replay
+    from wise.halting.rules import outcome, replay
 
     decisions = [replay(rule, tr) for tr in trajs]
     return [d.depth for d in decisions], [outcome(tr, d).correct for tr, d in zip(trajs, decisions)]
@@ -116,9 +116,9 @@ def choose(curve: list[dict], margin: float) -> dict:
 def halting_methods(p: CellParams, train, held, test, variant: str) -> tuple[list[dict], dict, dict]:
     """Curves of every method on `test` (trained on `train`, knobs chosen on `held`): (points,
     chosen per method, per-test-item decisions of the chosen knobs)."""
-    from wise.adaptive import heads as H
-    from wise.adaptive import rules as R
-    from wise.adaptive.trajectory import stacked
+    from wise.halting import heads as H
+    from wise.halting import rules as R
+    from wise.halting.trajectory import stacked
 
     data = stacked(train)
     fit = dict(steps=p.head_steps, lr=p.head_lr, l2=p.head_l2)
@@ -270,22 +270,21 @@ class OracleDepth:
     threshold = None
 
     def decide(self, t, signals, example_id):
-        from wise.adaptive.rules import Decision
+        from wise.halting.rules import Decision
 
         return Decision(t, t) if t >= self.depths[example_id] else None
 
 
 def wise_rows(p: CellParams, latched, items, rows) -> list[dict]:
     """Full- and WISE-adaptive at the oracle's depth on the first p.wise_n items, with expected values."""
-    from wise.adaptive.online import wise_adaptive
+    from wise.halting.online import wise_adaptive
     from wise.data.synthchain import build_tokenizer
-    from wise.engine.runner import WiseSettings, state_seed
+    from wise.engine.runner import state_seed
 
     tok = build_tokenizer()
     items, rows = items[:p.wise_n], rows[:p.wise_n]
     rule = OracleDepth({it.example_id: (it.depth if it.reachable else p.t_min) for it in items})
-    settings = WiseSettings(steps=p.t_max, discovery_step=p.wise_discovery_step, window=p.wise_window,
-                            block_size=p.wise_block_size, eta=p.wise_eta, backend="reference")
+    settings = p.wise.settings(p.t_max)
     out = []
     for it, row in zip(items, rows):
         res = wise_adaptive(latched, row, rule, p.t_max, "last", settings, state_seed(row.example_id, p.seed))
@@ -294,8 +293,8 @@ def wise_rows(p: CellParams, latched, items, rows) -> list[dict]:
                     "reachable": it.reachable, "loops": res["wise"]["decision"].depth,
                     "full_correct": res["full"]["answer"].correct, "wise_correct": res["wise"]["answer"].correct,
                     "expected_full": it.reachable,
-                    "expected_wise": C.wise_correct(it, tokens, p.wise_discovery_step, p.wise_window,
-                                                    p.wise_block_size, p.wise_eta),
+                    "expected_wise": C.wise_correct(it, tokens, p.wise.discovery_step, p.wise.window,
+                                                    p.wise.block_size, p.wise.eta),
                     "late_density": res["density"], "full_tiles": res["full"]["tiles"],
                     "wise_tiles": res["wise"]["tiles"]})
     return out

@@ -1,4 +1,4 @@
-"""Stage adaptive_eval (RecurTrace part 2, wise.adaptive) on a retrofit checkpoint.
+"""Stage adaptive_eval (RecurTrace part 2, wise.halting) on a retrofit checkpoint.
 
 ``run_adaptive_eval``: trajectories of retrofit.eval's test rows (the rows of the fixed-depth
 table), every method replayed on each, the summary with McNemar against the best fixed depth of
@@ -17,8 +17,8 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import write_json, write_parquet, write_text
-from pipelines.train_halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
-from wise.looped.recipe import RetrofitParams
+from pipelines.recurtrace.train_halting import data_keys, load_model, loop_rows, rows_of, run_trajectories
+from pipelines.recurtrace.params import RetrofitParams
 
 
 def _check_card(card: dict, params: RetrofitParams, weights_id: str) -> None:
@@ -45,7 +45,7 @@ def _first(rows, k: int) -> list:
 
 def _replay_all(trajs, rules, spec: dict) -> tuple[list[dict], dict]:
     """Every rule on every trajectory: the example rows and {(example, rule): (decision, answer)}."""
-    from wise.adaptive.rules import outcome, replay
+    from wise.halting.rules import outcome, replay
 
     examples, decided = [], {}
     for tr in trajs:
@@ -65,8 +65,8 @@ def _wall_times(model, rows, rules, decided: dict, h, repeats: int) -> dict[tupl
     times, interleaved with the other rules so a busy spell of a shared machine hits all of them,
     the fastest run counting (after one untimed warm-up). Every run must decide and answer exactly
     as the rule's replay on the row's trajectory."""
-    from wise.adaptive.online import run_online
-    from wise.adaptive.tables import ALL
+    from wise.halting.online import run_online
+    from wise.halting.tables import ALL
 
     run_online(model, rows[0], max(rules, key=lambda r: getattr(r, "T", 0)), h.t_max, h.pool)
     seconds: dict[tuple[str, str], list[float]] = {}
@@ -90,11 +90,10 @@ def _wall_times(model, rows, rules, decided: dict, h, repeats: int) -> dict[tupl
 def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dict]:
     """WISE under adaptive depth for every rule that reads only the state (halting head, ACT,
     PonderNet); each Full continuation must decide as the rule's table row."""
-    from wise.adaptive.online import wise_adaptive
-    from wise.engine.runner import WiseSettings, state_seed
+    from wise.halting.online import wise_adaptive
+    from wise.engine.runner import state_seed
 
-    settings = WiseSettings(steps=h.t_max, discovery_step=ad.wise_discovery_step, window=ad.wise_window,
-                            block_size=ad.wise_block_size, eta=ad.wise_eta, backend="reference")
+    settings = ad.wise.settings(h.t_max)
     out = []
     for rule in (r for r in rules if r.kind == "adaptive" and not r.needs_readout):
         for row in rows:
@@ -112,13 +111,13 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
                 "example_id": row.example_id, "benchmark": row.benchmark, "hops": row.hops, "method": rule.name,
                 "n_tokens": res["n_tokens"], "full_depth": full["decision"].depth,
                 "wise_depth": wise["decision"].depth,
-                "late_loops": max(0, wise["decision"].depth - ad.wise_discovery_step),
+                "late_loops": max(0, wise["decision"].depth - ad.wise.discovery_step),
                 "full_correct": full["answer"].correct, "wise_correct": wise["answer"].correct,
                 "full_nll": full["answer"].nll, "wise_nll": wise["answer"].nll,
                 "same_prediction": full["answer"].pred == wise["answer"].pred,
                 "full_tiles": full["tiles"], "wise_tiles": wise["tiles"], "late_density": res["density"],
-                "state_hash_td": res["state_hash_td"], "t_d": ad.wise_discovery_step, "w": ad.wise_window,
-                "B": ad.wise_block_size, "eta": ad.wise_eta, **spec})
+                "state_hash_td": res["state_hash_td"], "t_d": ad.wise.discovery_step, "w": ad.wise.window,
+                "B": ad.wise.block_size, "eta": ad.wise.eta, **spec})
     return out
 
 
@@ -127,7 +126,7 @@ def headline_metrics(summary: list[dict], best: str) -> dict:
     fixed depth (under the key ``best_fixed``, so the columns stay when another depth wins; its mean
     loops is that depth) and of each adaptive method. The other fixed depths, NLL, wall time,
     McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary views."""
-    from wise.adaptive import tables
+    from wise.halting import tables
 
     pooled = [r for r in summary if r["benchmark"] == tables.ALL and (r["kind"] != "fixed" or r["method"] == best)]
     name = {best: "best_fixed"}
@@ -139,9 +138,9 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.reports.report import f, table
     from pipelines.config.run_spec import code_version
     from wise.fingerprint import file_sha256, weights_id as weights_id_of
-    from wise.adaptive import tables
-    from wise.adaptive.heads import WEIGHTS, load_heads
-    from wise.adaptive.rules import method_rules
+    from wise.halting import tables
+    from wise.halting.heads import WEIGHTS, load_heads
+    from wise.halting.rules import method_rules
 
     heads, card = load_heads(params.halting_out())
     h, ad = params.halting, params.adaptive
@@ -174,8 +173,8 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     write_parquet(wise_rows, out / paths.ADAPTIVE_WISE, schemas.ADAPTIVE_WISE)
     write_parquet(wise_summary, out / paths.ADAPTIVE_WISE_SUMMARY, schemas.ADAPTIVE_WISE_SUMMARY)
     md = adaptive_markdown(summary, depth, wise_summary, notes_from_card(card, params.eval.n),
-                           {"t_d": ad.wise_discovery_step, "w": ad.wise_window, "B": ad.wise_block_size,
-                            "eta": ad.wise_eta}, f, table)
+                           {"t_d": ad.wise.discovery_step, "w": ad.wise.window, "B": ad.wise.block_size,
+                            "eta": ad.wise.eta}, f, table)
     write_text(md + "\n", out / paths.ADAPTIVE_MD)
     metrics = headline_metrics(summary, best)
     write_json(metrics, out / paths.ADAPTIVE_JSON)

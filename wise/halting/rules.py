@@ -3,7 +3,7 @@
 A rule's ``decide(t, signals, example_id)`` sees the signals of loops 1..t (``LoopSignal``) and
 returns a ``Decision`` (the depth whose output is the answer, and how many loops were computed to
 know it) or None; at the budget t_max the run stops anyway. The same call drives the offline
-replay on a trajectory (``replay``) and the loop-by-loop online run (``wise.adaptive.online``), so
+replay on a trajectory (``replay``) and the loop-by-loop online run (``wise.halting.online``), so
 both take the same decisions. Heads are evaluated on one state vector at a time in both paths
 (a batched matmul could round differently).
 
@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from wise.adaptive.heads import LinearHead
-from wise.adaptive.trajectory import LoopSignal, Trajectory
+from wise.halting.heads import LinearHead
+from wise.halting.trajectory import LoopSignal, Trajectory
 from wise.data.splits import unit_hash
 
 

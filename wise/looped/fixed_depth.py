@@ -24,7 +24,7 @@ def read_answer(logp: torch.Tensor, target: torch.Tensor) -> tuple[float, bool, 
     """The teacher-forced reading of a continuation: `logp` [a, vocab] are the log-probabilities at
     the a positions that predict its tokens `target` [a]. Returns (nll, correct, gold log-probs [a],
     argmax tokens [a]); the fixed-depth table (``score_rows``) and the halting signals
-    (``wise.adaptive.trajectory.Scorer``) both read answers here."""
+    (``wise.halting.trajectory.Scorer``) both read answers here."""
     gold = logp.gather(-1, target[:, None])[:, 0]
     pred = logp.argmax(-1)
     return float(-gold.mean()), bool((pred == target).all()), gold, pred
@@ -134,7 +134,7 @@ def evaluate_checkpoints(params, folders: dict, device: str | torch.device = "cp
     from wise.models.looped.base import no_tf32
     from wise.models.looped.checkpoint import load_retrofit, read_config
     from wise.looped.data import SpecialIds, prompt_rows
-    from wise.looped.train import DTYPES
+    from wise.models.dtypes import DTYPES
 
     ev, dtype = params.eval, DTYPES[params.dtype]
     configs = {v: read_config(f) for v, f in folders.items()}

@@ -1,12 +1,12 @@
-"""Stage train_halting (RecurTrace part 2, wise.adaptive) on a retrofit checkpoint.
+"""Stage train_halting (RecurTrace part 2, wise.halting) on a retrofit checkpoint.
 
 ``run_train_halting``: trajectories of the train and validation splits (retrofit.eval's
 benchmarks and context, retrofit.halting's sizes and seed), the three heads trained on the train
 split with the retrofit frozen, and on the validation split the fixed-depth curve, the best fixed
 depth (the McNemar reference of adaptive_eval) and the thresholds τ (halting head) and λ
-(confidence rule) chosen by ``wise.adaptive.rules.select_threshold``. Writes the heads folder
+(confidence rule) chosen by ``wise.halting.rules.select_threshold``. Writes the heads folder
 (``heads.safetensors`` + ``halting.json``, the card adaptive_eval reads), the per-loop table and
-the selection curves. The helpers here (loading, rows, trajectories) serve pipelines.adaptive_eval too.
+the selection curves. The helpers here (loading, rows, trajectories) serve pipelines.recurtrace.adaptive_eval too.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import write_parquet
-from wise.looped.recipe import RetrofitParams
+from pipelines.recurtrace.params import RetrofitParams
 
 SPLITS = {"train": "train", "heldout": "validation"}
 
@@ -27,7 +27,7 @@ def load_model(params: RetrofitParams, variant: str, device: str):
     from wise.data.tokenizer import load_tokenizer
     from wise.models.looped.checkpoint import load_retrofit, read_config
     from wise.looped.data import SpecialIds
-    from wise.looped.train import DTYPES
+    from wise.models.dtypes import DTYPES
 
     folder = params.out(variant)
     config = read_config(folder)
@@ -47,7 +47,7 @@ def rows_of(params: RetrofitParams, tok, special, split: str, n: int, seed: int)
 
 
 def run_trajectories(model, rows, t_max: int, pool: str, what: str) -> list:
-    from wise.adaptive.trajectory import trajectories
+    from wise.halting.trajectory import trajectories
 
     step = max(1, len(rows) // 4)
 
@@ -63,8 +63,8 @@ def data_keys(params: RetrofitParams) -> dict:
 
 
 def loop_rows(split: str, trajs, heads, labels_delta: float) -> list[dict]:
-    from wise.adaptive.heads import oracle_labels
-    from wise.adaptive.rules import head_values
+    from wise.halting.heads import oracle_labels
+    from wise.halting.rules import head_values
 
     out = []
     for tr in trajs:
@@ -76,9 +76,9 @@ def loop_rows(split: str, trajs, heads, labels_delta: float) -> list[dict]:
 
 
 def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
-    from wise.adaptive import heads as H
-    from wise.adaptive import rules as R
-    from wise.adaptive.trajectory import stacked
+    from wise.halting import heads as H
+    from wise.halting import rules as R
+    from wise.halting.trajectory import stacked
     from wise.fingerprint import weights_id
 
     h = params.halting
