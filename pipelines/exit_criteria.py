@@ -1,6 +1,6 @@
 """Stage exit_criteria: Huginn's per-token exit criteria (``wise.engine.exit_criteria``) beside fixed
-recurrence depths, on the cohort's first ``exit_criteria.examples`` prompts of
-``exit_criteria.context_length`` tokens, under each of ``exit_criteria.conditions``; each run's
+recurrence depths, on the cohort's first ``exit_criteria.examples`` prompts of its shortest context
+length, under each of ``exit_criteria.conditions``; each run's
 examples go to a Ray ``ModelWorker`` as one work item (``pipelines.compute.tasks.exit_criteria``).
 Writes ``data/exit_criteria/exit_criteria.{parquet,md}`` (view ``exit_criteria``).
 
@@ -106,9 +106,8 @@ def run_exit_criteria(p) -> None:
     from wise.analysis.metrics import exact_match
 
     x = p.exit_criteria
-    cohort = [r for r in read_parquet(paths.COHORT).to_pylist() if r["context_length"] == x.context_length][:x.examples]
-    if not cohort:
-        raise ValueError(f"exit_criteria.context_length = {x.context_length}: the cohort has no prompt of that length")
+    length = min(p.cohorts.context_lengths)
+    cohort = [r for r in read_parquet(paths.COHORT).to_pylist() if r["context_length"] == length][:x.examples]
     text = model_text(p.model.source, p.model.revision)
     oracle = oracle_for(p.model.source, text.tokenizer)
     criteria = [ExitCriterion(**c) for c in x.criteria]
@@ -137,10 +136,10 @@ def run_exit_criteria(p) -> None:
                                 "mean_steps": row.mean_steps, "expected_em": row.expected_em,
                                 "expected_steps": row.expected_steps, **spec, "t_d": s.discovery_step,
                                 "B": s.block_size, "w": s.window, "seed": p.recurrence.init_seed, "eta": s.eta,
-                                "context_length": x.context_length})
+                                "context_length": length})
     write_parquet(records, paths.EXIT_CRITERIA, schemas.EXIT_CRITERIA)
     table = format_table(rows)
-    write_text(f"# Exit criteria beside fixed depths\n\n{len(cohort)} prompts of {x.context_length} tokens "
+    write_text(f"# Exit criteria beside fixed depths\n\n{len(cohort)} prompts of {length} tokens "
                f"({p.model.source}); EM as the conditions stage scores it; mean steps: recurrence "
                "steps per generated token (the first token comes from the prompt's pass: T steps).\n\n"
                f"{table}\n", paths.EXIT_CRITERIA_MD)

@@ -76,7 +76,6 @@ def test_default_params_are_valid():
     (lambda r: r["exit_criteria"]["criteria"][0].pop("min_step"), "exit_criteria.criteria"),
     (lambda r: r["exit_criteria"].update(depths=[0]), "exit_criteria.depths"),
     (lambda r: r["exit_criteria"].update(conditions=["wise_adaptive"]), "exit_criteria.conditions"),
-    (lambda r: r["exit_criteria"].update(context_length=999), "exit_criteria.context_length"),
 ])
 def test_bad_values_name_the_key(tmp_path, edit, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
@@ -160,8 +159,7 @@ def test_the_calibration_model_runs_in_float32_only():
 def test_calibration_model_positions_come_from_the_calibration_section():
     # The calibration model is built by a later stage, so its positions are read from `calibration:`.
     raw = {"model": {"source": "data/models/wise-chain"}, "calibration": {"max_positions": 1024},
-           "cohorts": {"context_lengths": [512, 2048]}, "sweeps": {"context_length": 512},
-           "exit_criteria": {"context_length": 512}}
+           "cohorts": {"context_lengths": [512, 2048]}, "sweeps": {"context_length": 512}}
     with pytest.raises(ParamsError, match=r"cohorts\.context_lengths .*calibration\.max_positions \(1024\)"):
         validate(parse(raw, complete=False))
     raw["calibration"]["max_positions"] = 2048

@@ -55,7 +55,7 @@ def project():
     # Two exit criteria beside two fixed depths, on two prompts (two-token answers: the second exits)
     params["exit_criteria"].update(criteria=[{"name": "kl", "threshold": 0.001, "min_step": 1},
                                              {"name": "argmax-stability", "threshold": 2, "min_step": 1}],
-                                   depths=[3, 6], conditions=["full", "wise"], context_length=160, examples=4)
+                                   depths=[3, 6], conditions=["full", "wise"], examples=4)
     params["timing"].update(context_lengths=[256])
     params["statistics"].update(bootstrap_resamples=200)
     params["sweeps"].update(eta=[0.8, 0.95], discovery_step=[2, 3], window=[1, 2], block_size=[16, 32],

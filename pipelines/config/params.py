@@ -82,7 +82,8 @@ class ConditionParams:
 @dataclass(frozen=True)
 class ExitCriteriaParams:
     """Huginn's per-token exit criteria beside fixed depths (stage exit_criteria,
-    wise.engine.exit_criteria): each criterion under each condition on the cohort's first examples."""
+    wise.engine.exit_criteria): each criterion under each condition on the cohort's first prompts of
+    its shortest context length (so the section never has to follow cohorts.context_lengths)."""
 
     # each: name (entropy-diff | latent-diff | cosine | kl | minp-kl | argmax-stability), threshold
     # (the authors' defaults below), min_step (the first step it is tested after)
@@ -91,8 +92,7 @@ class ExitCriteriaParams:
         ("argmax-stability", 5)))
     depths: tuple[int, ...] = (8, 16, 32)  # fixed depths beside them: every token runs that many steps
     conditions: tuple[str, ...] = ("full", "wise")
-    context_length: int = 256  # the cohort's prompts of this length (one of cohorts.context_lengths) ...
-    examples: int = 16  # ... the first this many
+    examples: int = 16  # the cohort's first this many prompts of its shortest context length
 
 
 @dataclass(frozen=True)

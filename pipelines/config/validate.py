@@ -373,8 +373,8 @@ def check_backend(p, facts: dict | None) -> None:
 
 def validate_exit_criteria(p) -> None:
     """exit_criteria: every criterion a valid ExitCriterion, fixed depths >= 1, conditions known
-    (wise_adaptive picks its own depth per example, so exits are not applied to it), the context
-    length one of the cohort's, at least one example."""
+    (wise_adaptive picks its own depth per example, so exits are not applied to it), at least one
+    example."""
     from wise.engine.conditions import ALL_CONDITIONS
     from wise.engine.exit_criteria import ExitCriterion
 
@@ -393,6 +393,4 @@ def validate_exit_criteria(p) -> None:
     usable = [c for c in ALL_CONDITIONS if c != "wise_adaptive"]
     _require(len(x.conditions) > 0 and all(c in usable for c in x.conditions), "exit_criteria.conditions",
              list(x.conditions), f"must be a non-empty list of {usable}")
-    _require(x.context_length in p.cohorts.context_lengths, "exit_criteria.context_length", x.context_length,
-             f"must be one of cohorts.context_lengths {list(p.cohorts.context_lengths)}")
     _require(x.examples >= 1, "exit_criteria.examples", x.examples, "must be >= 1")
