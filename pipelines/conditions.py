@@ -74,7 +74,7 @@ def result_rows(p: Params, cohort: list[dict], outputs: list[dict], support: dic
         if len(hashes) != 1:
             raise PairingError(f"{ex['example_id']}: conditions reached t_d in different states "
                                f"({sorted(hashes)}); pairing is broken")
-        spec = run_spec(p, out["worker"])
+        spec = run_spec(p, out["worker"], "conditions")
         by_cond = {r["condition"]: r for r in out["rows"]}
         full_pred = tok.decode(by_cond["full"]["prediction_ids"]).strip()
         full_correct = exact_match(full_pred, ex["answers"], ex["benchmark"]) == 1.0

@@ -112,7 +112,7 @@ def run_exit_criteria(p) -> None:
     oracle = oracle_for(p.model.source, text.tokenizer)
     criteria = [ExitCriterion(**c) for c in x.criteria]
     runs = runs_of(wise_settings(p), criteria, list(x.depths))
-    spec = model_spec(p)
+    spec = model_spec(p, "exit_criteria")
     rows, records = [], []
     with WorkerPool(p.model, p.compute, 1) as pool:
         for run in runs:

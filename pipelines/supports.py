@@ -33,7 +33,7 @@ def iter_trace_masses(path=paths.TRACE_MASSES):
 def run_supports(p: Params) -> None:
     cohort = {r["example_id"]: r for r in read_parquet(paths.COHORT).to_pylist()}
     layout_rows, metric_rows = [], []
-    spec = {**model_spec(p), **settings_spec(p)}  # derived from the traces: no worker, no device
+    spec = {**model_spec(p, "supports"), **settings_spec(p)}  # derived from the traces: no worker, no device
     for ex_id, m in iter_trace_masses():
         if m.shape[0] != p.recurrence.steps:
             raise ValueError(f"trace of {ex_id} has {m.shape[0]} steps, params say recurrence.steps="

@@ -53,7 +53,7 @@ def run_sweep_stage(p: Params, axis: str) -> None:
     oracle, base = oracle_for(p.model.source, tok), settings_of(p)
     rows = []
     for ex, out in zip(cohort, outputs, strict=True):
-        spec = run_spec(p, out["worker"])
+        spec = run_spec(p, out["worker"], "sweep")
         full_pred = tok.decode(out["full_ids"]).strip()
         full_em = exact_match(full_pred, ex["answers"], ex["benchmark"])
         full_f1 = f1(full_pred, ex["answers"], ex["benchmark"])

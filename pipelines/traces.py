@@ -17,7 +17,7 @@ from pipelines.config.run_spec import model_spec, wise_settings, worker_spec
 def trace_spec(p: Params, worker: dict) -> dict:
     """The run spec of a trace row: the Full run depends on T, t_d (the state hash), B (the
     masses), w (the rolling sets) and the seed, not on eta or the conditions' settings."""
-    return {**model_spec(p), **worker_spec(worker), "prompt_style": p.cohorts.prompt_style,
+    return {**model_spec(p, "traces"), **worker_spec(worker), "prompt_style": p.cohorts.prompt_style,
             "T": p.recurrence.steps, "t_d": p.wise.discovery_step, "B": p.wise.block_size,
             "w": p.wise.window, "seed": p.recurrence.init_seed}
 

@@ -85,7 +85,8 @@ def project():
 
 def test_all_stages_write_outputs(project):
     tmp, env, repro = project
-    head = run(["git", "rev-parse", "HEAD"], tmp, env).stdout.strip()
+    from pipelines.config.run_spec import code_id
+
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
                   "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
                   "sweep@adaptive_threshold",
@@ -134,7 +135,7 @@ def test_all_stages_write_outputs(project):
         assert (r["device"], r["device_name"], r["dtype"]) == ("cpu", "cpu", "float32")
         assert (r["backend"], r["generation"], r["prompt_style"], r["max_new_tokens"]) == \
             ("gather", "cached", "plain", 2)
-        assert r["code_commit"] == head and r["model_revision"] is None
+        assert r["code_id"] == code_id("conditions", tmp) and r["model_revision"] is None
     assert all(len(h) == 1 for h in by_example.values())
     # The calibration model: every answer is the one its construction predicts, for every condition.
     assert all(r["expected_em"] is not None for r in results)

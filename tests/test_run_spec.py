@@ -5,7 +5,6 @@ is kept flagged."""
 import dataclasses
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from pipelines.conditions import PairingError, SupportMismatchError, result_rows
 from pipelines.config.params import ModelParams, Params
 from pipelines.compute.pool import ModelWorker
 from pipelines.compute.tasks.contexts import TraceContext
-from pipelines.config.run_spec import code_version, run_spec, weights_id
+from pipelines.config.run_spec import code_id, code_version, run_spec, weights_id
 from wise.engine.runner import WiseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,11 +39,46 @@ def test_weights_id_is_the_sha256_of_the_weights_or_of_the_shard_listing(tmp_pat
     assert weights_id("preset:tiny-random") == "preset:tiny-random@0"
 
 
-def test_code_version_names_the_package_and_the_checked_out_commit():
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    got = code_version()
-    assert got["code_commit"] == (head or None)
+def test_code_version_names_the_package_and_the_hash_of_the_stages_code():
+    got = code_version("supports")
+    assert set(got) == {"code_version", "code_id"}  # no commit, time or host: rows stay byte-identical
+    assert got["code_id"] == code_id("supports") and got["code_id"].startswith("sha256:")
     assert got["code_version"] is None or got["code_version"][0].isdigit()
+
+
+def _mini_project(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "pkg" / "__pycache__").mkdir()
+    (root / "pkg" / "__pycache__" / "a.cpython.pyc").write_bytes(b"compiled")
+    (root / "run.py").write_text("import pkg.a\n")
+    (root / "README.md").write_text("docs\n")
+    (root / "dvc.yaml").write_text("stages:\n  one:\n    cmd: python run.py\n    deps: [data/in.parquet, run.py, pkg]\n"
+                                   "  many:\n    foreach: [x, y]\n    do:\n      cmd: python run.py ${item}\n"
+                                   "      deps: [run.py, \"data/${item}\"]\n")
+    return root
+
+
+def test_code_id_hashes_exactly_the_code_deps_that_dvc_yaml_lists(tmp_path):
+    root = _mini_project(tmp_path / "p")
+    first = code_id("one", root)
+    expected = hashlib.sha256()
+    for rel in ("pkg/a.py", "run.py"):  # path order; data/ deps and caches are not code
+        data = (root / rel).read_bytes()
+        expected.update(f"{rel}\0{len(data)}\0".encode() + data)
+    assert first == f"sha256:{expected.hexdigest()}"
+    code_id.cache_clear()
+    (root / "README.md").write_text("other docs\n")  # outside the stage's code
+    (root / "pkg" / "__pycache__" / "a.cpython.pyc").write_bytes(b"recompiled")
+    assert code_id("one", root) == first
+    code_id.cache_clear()
+    (root / "pkg" / "a.py").write_text("A = 2\n")  # inside a folder dep
+    assert code_id("one", root) != first
+    assert code_id("many@x", root) == code_id("many@y", root) != code_id("one", root)  # foreach: `do`'s deps
+    with pytest.raises(KeyError, match="no stage 'none'"):
+        code_id("none", root)
+    assert code_id("one", tmp_path / "elsewhere") is None  # not run from a project checkout
+    code_id.cache_clear()
 
 
 def test_a_worker_stamps_its_device_and_dtype_on_every_result():
@@ -89,7 +123,7 @@ def test_result_rows_carry_the_run_spec_and_fit_the_results_schema():
     rows = result_rows(p, *_stage_inputs(b"\x01", b"\x01"), Tok())
     assert [(r["condition"], r["em"], r["support_matches_trace"]) for r in rows] == [("full", 1.0, None),
                                                                                     ("wise", 0.0, True)]
-    spec = run_spec(p, CPU)
+    spec = run_spec(p, CPU, "conditions")
     assert all({k: r[k] for k in spec} == spec for r in rows)
     assert spec["weights_id"].startswith("sha256:") and spec["device"] == "cpu" and spec["generation"] == "cached"
     assert to_table(rows, schemas.CONDITION_RESULTS, "results").num_rows == 2

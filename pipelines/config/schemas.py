@@ -29,7 +29,7 @@ def _ints(*names: str) -> list[tuple[str, pa.DataType]]:
 
 # -- run spec (pipelines.config.run_spec) -------------------------------------------------------------
 MODEL_SPEC = [("model", STR), ("model_revision", STR), ("weights_id", STR), ("code_version", STR),
-              ("code_commit", STR)]
+              ("code_id", STR)]
 WORKER_SPEC = [("device", STR), ("device_name", STR), ("dtype", STR)]
 SETTINGS_SPEC = [("T", INT), ("t_d", INT), ("B", INT), ("eta", FLOAT), ("w", INT), ("seed", INT)]
 RUN_SPEC = MODEL_SPEC + WORKER_SPEC + [("backend", STR), ("prompt_style", STR), ("max_new_tokens", INT),
@@ -141,7 +141,7 @@ CALIBRATED_WISE = _schema(_ints("seed"), [("example_id", STR)], _ints("hops", "r
 # -- RecurTrace adaptive depth (pipelines.recurtrace.adaptive_eval: stages train_halting, adaptive_eval) -----------
 # which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
-                 ("device", STR), ("threads", INT), ("code_version", STR), ("code_commit", STR), ("pool", STR)] + \
+                 ("device", STR), ("threads", INT), ("code_version", STR), ("code_id", STR), ("pool", STR)] + \
     _ints("t_min", "t_max") + [("delta", FLOAT)]
 # -- a real pretrained model (pipelines.real_model, pipelines.real_eval) ----------------------------
 REAL_CORPUS = _schema([("topic", STR), ("split", STR), ("text", STR), ("chars", INT), ("sha256", STR),
