@@ -322,3 +322,51 @@ def test_a_missing_output_no_stage_holds_is_missing_at_once(project, monkeypatch
             con.execute("SELECT * FROM results")
         con.close()
     assert slept == []
+
+
+def test_sql_errors_keep_duckdbs_hint_lines(project, capsys):
+    assert query_main(["SELECT * FROM resluts"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("query: Catalog Error: Table with name resluts does not exist!")
+    assert 'Did you mean "results' in err  # DuckDB's own suggestion, on its own line, kept
+
+
+def _lm_eval_run(root: Path, run: str, samples: bool = True, results: bool = True) -> None:
+    folder = root / "data/lm_eval" / run / "model"
+    folder.mkdir(parents=True)
+    if samples:
+        (folder / "samples_demo_2026-01-01T00-00-00.jsonl").write_text(
+            '{"doc_id": 0, "doc_hash": "h", "filter": "none", "target": "a", "filtered_resps": ["a"], '
+            '"exact_match": 1.0}\n')
+    if results:
+        (folder / "results_2026-01-01T00-00-00.json").write_text(
+            '{"config": {"model": "wise", "model_args": "condition=wise", "wise_run_spec": {"condition": "wise", '
+            '"steps": 32, "discovery_step": 12, "window": 4, "block_size": 32, "eta": 0.95, "backend": "gather", '
+            '"generation": "cached", "weights_id": "sha256:ab"}}}')
+
+
+def test_a_missing_lm_eval_view_says_how_to_create_it(project, capsys):
+    assert query_main(["SELECT * FROM lm_eval_scores"]) == 1
+    err = capsys.readouterr().err
+    assert "lm_eval_scores: no lm-eval run under data/lm_eval yet" in err and "--log_samples" in err
+    _lm_eval_run(project, "partial", results=False)  # samples written, the run did not finish
+    assert query_main(["SELECT * FROM lm_eval_runs"]) == 1
+    assert "lm_eval_runs: the runs under data/lm_eval have samples but no results_*.json" in capsys.readouterr().err
+    assert query_main(["SELECT count(*) FROM lm_eval_scores"]) == 0
+
+
+def test_lm_eval_runs_are_typed(project):
+    _lm_eval_run(project, "r1")
+    from pipelines.store.lm_eval_views import create_lm_eval_views
+
+    con = connect()
+    try:
+        assert "lm_eval_runs" in create_lm_eval_views(con, project / "data")
+        types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                 "WHERE table_name = 'lm_eval_runs'").fetchall())
+        row = con.execute('SELECT steps, eta, "window", condition FROM lm_eval_runs').fetchall()
+    finally:
+        con.close()
+    assert (types["steps"], types["discovery_step"], types["window"], types["block_size"]) == ("BIGINT",) * 4
+    assert (types["eta"], types["condition"], types["weights_id"]) == ("DOUBLE", "VARCHAR", "VARCHAR")
+    assert row == [(32, 0.95, 4, "wise")]

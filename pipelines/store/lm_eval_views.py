@@ -35,8 +35,13 @@ LOGGED = ("doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "fi
 # JSON value types (DuckDB's json_type) that make a field a metric; Python's int, float and bool.
 METRIC_TYPES = ("BIGINT", "UBIGINT", "HUGEINT", "DOUBLE", "BOOLEAN")
 TASK_RE = r"samples_(.+)_\d{4}-\d{2}-\d{2}T[^/]*\.jsonl$"
-SPEC = ("condition", "steps", "discovery_step", "window", "block_size", "eta", "backend", "generation",
-        "weights_id")
+# The wise model's run spec in lm_eval_runs, each as its SQL type (lm-eval writes it as JSON).
+SPEC = {"condition": "VARCHAR", "steps": "BIGINT", "discovery_step": "BIGINT", "window": "BIGINT",
+        "block_size": "BIGINT", "eta": "DOUBLE", "backend": "VARCHAR", "generation": "VARCHAR",
+        "weights_id": "VARCHAR"}
+# What the query CLI says when a query names one of these views before any run exists.
+HOW_TO_CREATE = ("no lm-eval run under data/lm_eval yet: `wise-lm-eval run --model wise ... --log_samples "
+                 "--output_path data/lm_eval/<run>` creates one (docs/lm_eval.md)")
 
 
 def _text(value: str) -> str:
@@ -90,10 +95,22 @@ VIEWS = {
                json->>'$.config.model' AS model,
                CASE WHEN json_type(json, '$.config.model_args') = 'VARCHAR' THEN json->>'$.config.model_args'
                     ELSE CAST(json->'$.config.model_args' AS VARCHAR) END AS model_args,
-               {', '.join(f"json->>'$.config.wise_run_spec.{k}' AS {k}" for k in SPEC)}
+               {', '.join(f"CAST(json->>'$.config.wise_run_spec.{k}' AS {t}) AS {k}" for k, t in SPEC.items())}
         FROM {_lines(RESULTS_GLOB)}
     """,
 }
+
+
+def missing_view_hint(message: str, created: set[str]) -> str | None:
+    """How to create the lm-eval view that a failed query's DuckDB `message` names, when it is one
+    of these views and has not been created (no run yet, or, for lm_eval_runs, no results file)."""
+    for name in VIEWS:
+        if name not in created and f"name {name} does not exist" in message:
+            if name == "lm_eval_runs" and created:
+                return f"{name}: the runs under data/lm_eval have samples but no results_*.json (lm-eval writes it " \
+                       "at the end of a run: rerun it to completion)"
+            return f"{name}: {HOW_TO_CREATE}"
+    return None
 
 
 def create_lm_eval_views(con, data_dir: Path) -> set[str]:

@@ -19,7 +19,7 @@ import sys
 
 from pipelines.config import paths
 from pipelines.store.db import connect, project_root
-from pipelines.store.lm_eval_views import create_lm_eval_views
+from pipelines.store.lm_eval_views import create_lm_eval_views, missing_view_hint
 
 DEFAULT_LIMIT = 1000  # rows printed unless --limit says otherwise
 BATCH_ROWS = 1000  # rows fetched at a time: memory stays bounded whatever the result's size
@@ -131,6 +131,14 @@ def _print_rows(columns: list[str], cur, args) -> tuple[int, bool]:
     return n, cut
 
 
+def error_text(exc: Exception, lm_eval_views: set[str]) -> str:
+    """The error as DuckDB gives it, hint lines ("Did you mean ...", the query line and its caret)
+    kept, blank lines dropped; for an lm-eval view that no run has created yet, how to create it."""
+    lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    hint = missing_view_hint(lines[0], lm_eval_views)
+    return "\n".join([f"query: {lines[0]}", *lines[1:], *([f"query: {hint}"] if hint else [])])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.store.query", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     root = project_root()
     con = connect(root)
     try:
-        create_lm_eval_views(con, root / paths.DATA)  # lm-eval runs under data/lm_eval, if any
+        lm_eval_views = create_lm_eval_views(con, root / paths.DATA)  # lm-eval runs under data/lm_eval, if any
         if args.list:
             sql = ("SELECT table_name AS view, string_agg(column_name, ', ' ORDER BY ordinal_position) "
                    "AS columns FROM information_schema.columns GROUP BY table_name ORDER BY table_name")
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             columns = [d[0] for d in cur.description]
             _, cut = _print_rows(columns, cur, args)
         except Exception as exc:  # duckdb raises several error types; all mean "your SQL"
-            print(f"query: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            print(error_text(exc, lm_eval_views), file=sys.stderr)
             return 1
     finally:
         con.close()
