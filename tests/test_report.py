@@ -2,6 +2,7 @@
 paper's numbers stand beside ours only where the run's setting matches the paper's (Huginn family,
 the table's benchmark, T / t_d / w / B / eta), elsewhere one line points to
 pipelines/reports/paper_reference.py and says what differs; it says what the bootstrap resampled."""
+import base64
 import dataclasses
 from html.parser import HTMLParser
 import re
@@ -102,6 +103,20 @@ def test_html_has_every_table_image_and_heading():
     assert re.findall(r"<h2>(.*?)</h2>", page) == ["Table 1 — controls", "Context scaling"]
     assert "<em>paper</em>" in page and "<strong>0</strong>" in page
     assert "<code>wise.analysis.calibration</code>" in page
+
+
+def test_html_embeds_every_figure_so_the_page_is_self_contained(tmp_path):
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
+    for name in ("delta_f1_by_condition", "context_scaling"):
+        (tmp_path / "figures").mkdir(exist_ok=True)
+        (tmp_path / "figures" / f"{name}.png").write_bytes(png + name.encode())
+    page = _Page()
+    page.feed(markdown_to_html(MD, base=tmp_path))
+    assert [base64.b64decode(src.removeprefix("data:image/png;base64,")) for src in page.images] == [
+        png + b"delta_f1_by_condition", png + b"context_scaling"]
+    (tmp_path / "figures" / "context_scaling.png").unlink()
+    with pytest.raises(FileNotFoundError, match="figures/context_scaling.png"):
+        markdown_to_html(MD, base=tmp_path)
 
 
 class _Page(HTMLParser):

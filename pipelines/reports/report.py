@@ -4,9 +4,11 @@ setting matches the paper's (``paper_reference.mismatches``), labelled as the pa
 one line says where they are and what differs."""
 from __future__ import annotations
 
+import base64
 import html
 import math
 import re
+from pathlib import Path
 
 import markdown
 
@@ -231,10 +233,31 @@ def _mark_numbers(body: str) -> str:
     return _NUMBER_CELL.sub(r'<td class="num">\1</td>', body)
 
 
-def markdown_to_html(md: str, title: str = "WISE report") -> str:
+_IMG_SRC = re.compile(r'(<img [^>]*src=")([^"]+)(")')
+REPORT_DIR = Path("data/report")  # where the pages live: the markdown's image links are relative to it
+
+
+def _embed_images(body: str, base: Path) -> str:
+    """Every image as a data URI, so the HTML page is one self-contained file (mailed, opened from a
+    download): a linked PNG that does not exist stops the report, naming it."""
+    def inline(m: re.Match) -> str:
+        src = m.group(2)
+        if src.startswith("data:"):
+            return m.group(0)
+        path = base / src
+        if not path.is_file():
+            raise FileNotFoundError(f"report: figure {path} linked by the report does not exist")
+        return f"{m.group(1)}data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}{m.group(3)}"
+    return _IMG_SRC.sub(inline, body)
+
+
+def markdown_to_html(md: str, title: str = "WISE report", base: Path | None = None) -> str:
     """The report's markdown as one HTML page (Python-Markdown with its pipe-table extension) with
-    its stylesheet (STYLE)."""
+    its stylesheet (STYLE); with `base` (the folder the image links are relative to), every figure
+    embedded as a data URI."""
     body = _mark_numbers(markdown.markdown(md, extensions=["tables"], output_format="html"))
+    if base is not None:
+        body = _embed_images(body, base)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
 
@@ -265,5 +288,5 @@ def write_report(p: Params, d: dict, family: str | None) -> None:
     else:
         no_figure("adaptive_accuracy_vs_loops", "")
     md = build_markdown(p, d)
-    write_text(md, "data/report/report.md")
-    write_text(markdown_to_html(md), "data/report/report.html")
+    write_text(md, REPORT_DIR / "report.md")
+    write_text(markdown_to_html(md, base=REPORT_DIR), REPORT_DIR / "report.html")
