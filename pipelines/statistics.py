@@ -66,7 +66,7 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
             return cluster_bootstrap(vals, clusters, n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed,
                                      level=s.ci_level)
 
-        d_f1, d_em, d_lp = ci("delta_f1"), ci("delta_em"), ci("delta_logprob")
+        em, d_f1, d_em, d_lp = ci("em"), ci("delta_f1"), ci("delta_em"), ci("delta_logprob")
         changes = [r["answer_change"] for r in g]
         dens = [r["density"] for r in g if r["density"] is not None]
         expected = [r["expected_em"] for r in g]
@@ -75,6 +75,7 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
         out.append({
             "benchmark": bench, "context_length": length, "condition": cond, "n": len(g),
             "f1": float(np.mean([r["f1"] for r in g])), "em": float(np.mean([r["em"] for r in g])),
+            "em_low": em[1], "em_high": em[2],
             "delta_f1": d_f1[0], "delta_f1_low": d_f1[1], "delta_f1_high": d_f1[2],
             "delta_em": d_em[0], "delta_em_low": d_em[1], "delta_em_high": d_em[2],
             "delta_logprob": d_lp[0], "delta_logprob_low": d_lp[1], "delta_logprob_high": d_lp[2],

@@ -177,8 +177,13 @@ def test_a_measurement_with_no_rows_is_a_sentence_not_an_empty_figure(tmp_path, 
     page = _Page()
     page.feed(html_text)
     assert page.style and "img{" in page.style
-    assert sorted(page.images) == ["figures/delta_f1_by_condition.png", "figures/fraction_converged.png"]
-    for src in page.images:
+    drawn = ["figures/delta_f1_by_condition.png", "figures/fraction_converged.png"]
+    assert "](figures/delta_f1_by_condition.png)" in (tmp_path / "data/report/report.md").read_text()
+    # the page embeds exactly the drawn PNGs (data URIs, in page order), so it is one self-contained file
+    md_order = sorted(drawn, key=(tmp_path / "data/report/report.md").read_text().index)
+    assert page.images == ["data:image/png;base64," + base64.b64encode((tmp_path / "data/report" / src).read_bytes())
+                           .decode() for src in md_order]
+    for src in drawn:
         assert (tmp_path / "data/report" / src).stat().st_size > 1000  # a drawn PNG
     assert sorted(x.name for x in stale.iterdir()) == ["delta_f1_by_condition.png", "fraction_converged.png"]
     assert "Kernel timing did not run (skipped: no CUDA)" in html_text

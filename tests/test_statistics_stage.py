@@ -69,7 +69,7 @@ def test_pooled_intervals_equal_an_independent_cluster_bootstrap_over_base_ids()
         group = [r for r in rows if r["condition"] == key[2] and key[0] in ("all", r["benchmark"])
                  and key[1] in (0, r["context_length"])]
         got = summary[key]
-        for col in ("delta_f1", "delta_em", "delta_logprob"):
+        for col in ("em", "delta_f1", "delta_em", "delta_logprob"):  # EM's own CI too, resampled the same way
             want = independent_cluster_ci(group, col, s.bootstrap_resamples, s.bootstrap_seed, s.ci_level)
             assert (got[col], got[f"{col}_low"], got[f"{col}_high"]) == pytest.approx(want, rel=1e-12, abs=1e-12), \
                 (key, col)

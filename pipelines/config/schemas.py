@@ -86,7 +86,8 @@ TIMING = _schema([("label", STR), ("status", STR), ("gpu", STR)],
 # -- statistics stage --------------------------------------------------------------------------
 CONDITION_SUMMARY = _schema(
     [("benchmark", STR), ("context_length", INT), ("condition", STR), ("n", INT)],
-    _floats("f1", "em", "delta_f1", "delta_f1_low", "delta_f1_high", "delta_em", "delta_em_low", "delta_em_high",
+    _floats("f1", "em", "em_low", "em_high", "delta_f1", "delta_f1_low", "delta_f1_high", "delta_em", "delta_em_low",
+            "delta_em_high",
             "delta_logprob", "delta_logprob_low", "delta_logprob_high"),
     [("n_base_examples", INT), ("mcnemar_p", FLOAT), ("mcnemar_test", STR)],
     _ints("correct_to_wrong", "wrong_to_correct", "both_wrong_different"),

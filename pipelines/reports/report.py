@@ -86,9 +86,10 @@ def build_markdown(p: Params, d: dict) -> str:
         L += calibration_markdown(d["calibration"], d["figures"]["calibration"], p, f, table)
     pooled = [r for r in summary if r["benchmark"] == "all" and r["context_length"] == 0]
     L += ["## Table 1 — controls", ""]
-    L += table(["condition", "n", "base examples", "F1", "EM", "ΔF1 [CI]", "ΔEM [CI]", "Δ log-prob [CI]",
+    L += table(["condition", "n", "base examples", "F1", "EM [CI]", "ΔF1 [CI]", "ΔEM [CI]", "Δ log-prob [CI]",
                 "McNemar p", "c→w", "w→c", "density", "future mass"],
-               [[r["condition"], str(r["n"]), str(r["n_base_examples"]), f(r["f1"]), f(r["em"]), ci(r, "delta_f1"),
+               [[r["condition"], str(r["n"]), str(r["n_base_examples"]), f(r["f1"]),
+                 f"{f(r['em'])} [{f(r['em_low'])}, {f(r['em_high'])}]", ci(r, "delta_f1"),
                  ci(r, "delta_em"), ci(r, "delta_logprob"), f"{r['mcnemar_p']:.3g}", str(r["correct_to_wrong"]),
                  str(r["wrong_to_correct"]), f(r["density"]), f(r["retained_future_mass"])] for r in pooled])
     if not cmp["controls"]:
