@@ -161,6 +161,7 @@ def run_statistics(p: Params) -> None:
     from pipelines.reports.expected import oracle_for
     from pipelines.config.validate import model_facts
     from pipelines.reports.report import write_report
+    from pipelines.gpu_study import gpu_study_markdown
     from pipelines.reports.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
 
@@ -207,7 +208,8 @@ def run_statistics(p: Params) -> None:
                      "fractions": fractions, "stability": stability, "jaccard_mean": jaccard_mean,
                      "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive,
                      "recurtrace_calibrated": calibrated, "depth": depth,
-                     "real_model": real_model, "real_wise": real_wise},
+                     "real_model": real_model, "real_wise": real_wise,
+                     "gpu_study": gpu_study_markdown(p) if real_model or real_wise else None},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

@@ -4,8 +4,8 @@ the tables of pipelines.real_eval."""
 from __future__ import annotations
 
 from pipelines.config import paths
-
-LABELS = {"base": "base (T = 1)", "loop": "plain loop, untrained", "plain": "plain retrofit", "lma": "LMA retrofit"}
+from pipelines.reports.real_findings import (LABELS, SMALL_N, accuracy_sentence, halting_sentence, loops_label,
+                                             nll_sentence, past_note, small_n_warning)
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -82,29 +82,67 @@ def real_model_markdown(p, table: list[dict], halting: list[dict], card: dict, s
          f"prose, asked through the chat template, {p.eval_needles} items; run on {device}, {p.dtype}. Brackets: {100 * level:g}% bootstrap "
          "intervals over examples. Tables: `data/real/*.parquet` (`python -m pipelines.store.query "
          "\"SELECT * FROM real_curves\"`).", ""]
+    L += small_sample_label(table, halting)
     L += [f"![NLL and accuracy vs loops]({figure(table, halting)})", ""]
-    for task, title, key, low, high in (("text", "Held-out text NLL (nats/token)", "mean_nll", "nll_low", "nll_high"),
-                                        ("needle", "Needle accuracy", "accuracy", "accuracy_low", "accuracy_high")):
-        L += [f"**{title}**", "", "| variant | " + " | ".join(f"T = {T}" for T in depths) + " |",
-              "| --- |" + " --- |" * len(depths)]
-        for variant in LABELS:
-            cells = []
-            for T in depths:
-                r = next((r for r in table if (r["variant"], r["task"], r["T"]) == (variant, task, T)), None)
-                if variant == "base":
-                    r = next((r for r in table if (r["variant"], r["task"]) == ("base", task)), None) if T == 1 else None
-                cells.append(fmt_ci(r, key, low, high) if r else "")
-            L.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
-        L.append("")
+    trained = (p.loops_min, p.loops_max)
+    L += curve_lines(table, trained)
     L += [f"**Halting on the LMA retrofit** (needle test items, budget {card['t_max']} loops, floor {card['t_min']}; "
           f"thresholds chosen on {card['examples']['heldout']} held-out items: τ = {fmt(card['tau'], 2)}, "
           f"confidence λ = {fmt(card['confidence_threshold'], 2)}; heads fit on {card['examples']['train']} train items; "
-          f"best held-out fixed depth T = {card['best_fixed_depth']}). McNemar: exact, two-sided.", "",
-          "| method | accuracy | mean loops | NLL | p vs best fixed | matched fixed | p vs matched | only method right / only matched right |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in halting:
-        L.append(f"| {r['method']} | {fmt_ci(r, 'accuracy', 'accuracy_low', 'accuracy_high')} | {fmt(r['mean_loops'], 2)} | "
-                 f"{fmt(r['nll'])} | {fmt_p(r['mcnemar_best_p'])} | {r['matched_fixed']} | {fmt_p(r['mcnemar_matched_p'])} | "
-                 f"{r['only_method_right']} / {r['only_matched_right']} |")
-    L.append("")
+          f"best held-out fixed depth T = {card['best_fixed_depth']}). McNemar: exact, two-sided.", ""]
+    L += halting_lines(halting)
     return "\n".join(L)
+
+
+def small_sample_label(table: list[dict], halting: list[dict]) -> list[str]:
+    """The section's first line when a table holds fewer than SMALL_N examples: a smoke test, not a measurement."""
+    sizes = {task: max((r["n"] for r in table if r["task"] == task), default=0) for task in ("text", "needle")}
+    sizes["halting"] = max((r["n"] for r in halting), default=0)
+    small = {k: n for k, n in sizes.items() if 0 < n < SMALL_N}
+    if not small:
+        return []
+    return [f"**Small sample — a smoke test of the pipeline, not a measurement of the model**: n = "
+            f"{', '.join(f'{n} ({k})' for k, n in small.items())}. The report shows the GPU study's tables "
+            "(benchmarks/results) beside this section when they exist.", ""]
+
+
+def curve_lines(table: list[dict], trained: tuple[int, int]) -> list[str]:
+    """The NLL and needle-accuracy tables (variant x loops), each with n, its sentence and its warnings."""
+    depths = sorted({r["T"] for r in table if r["variant"] != "base"})
+    L = []
+    for task, title, key, low, high, sentence in (
+            ("text", "Held-out text NLL (nats/token)", "mean_nll", "nll_low", "nll_high", nll_sentence(table, trained)),
+            ("needle", "Needle accuracy", "accuracy", "accuracy_low", "accuracy_high", accuracy_sentence(table))):
+        rows = [r for r in table if r["task"] == task]
+        if not rows:
+            continue
+        L += [f"**{title}**", "", sentence, ""]
+        L += small_n_warning(min(r["n"] for r in rows), "examples")
+        L += ["| variant | n | " + " | ".join(loops_label(T, trained) for T in depths) + " |",
+              "| --- | --- |" + " --- |" * len(depths)]
+        for variant in LABELS:
+            cells, ns = [], set()
+            for T in depths:
+                r = next((r for r in rows if (r["variant"], r["T"]) == (variant, T)), None)
+                if variant == "base":
+                    r = next((r for r in rows if r["variant"] == "base"), None) if T == 1 else None
+                cells.append(fmt_ci(r, key, low, high) if r else "")
+                ns |= {r["n"]} if r else set()
+            if ns:
+                L.append(f"| {LABELS[variant]} | {', '.join(map(str, sorted(ns)))} | " + " | ".join(cells) + " |")
+        L.append("")
+        L += past_note(depths, trained)
+    return L
+
+
+def halting_lines(halting: list[dict]) -> list[str]:
+    L = [halting_sentence(halting), ""]
+    L += small_n_warning(min((r["n"] for r in halting), default=SMALL_N), "needle test items")
+    L += ["| method | n | accuracy | mean loops | NLL | p vs best fixed | matched fixed | p vs matched | "
+          "only method right / only matched right |", "| --- |" + " --- |" * 8]
+    for r in halting:
+        L.append(f"| {r['method']} | {r['n']} | {fmt_ci(r, 'accuracy', 'accuracy_low', 'accuracy_high')} | "
+                 f"{fmt(r['mean_loops'], 2)} | {fmt(r['nll'])} | {fmt_p(r['mcnemar_best_p'])} | {r['matched_fixed']} | "
+                 f"{fmt_p(r['mcnemar_matched_p'])} | {r['only_method_right']} / {r['only_matched_right']} |")
+    L.append("")
+    return L

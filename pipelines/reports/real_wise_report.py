@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.config import paths
+from pipelines.reports.real_findings import (PAST, SMALL_N, conditions_sentence, converged_cell, mechanism_sentence,
+                                             small_n_warning, working_set_sentence)
 from pipelines.reports.real_model_report import fmt, fmt_ci, fmt_p
 
 
@@ -75,44 +77,80 @@ def real_wise_markdown(p, summary: list[dict], mech: list[dict], working: list[d
          f"wise_adaptive: {r.adaptive}. Brackets: {100 * p.statistics.ci_level:g}% paired bootstrap intervals over "
          "examples; McNemar exact, two-sided, against Full. Tables: `data/real/wise/*.parquet` "
          "(`python -m pipelines.store.query \"SELECT * FROM real_wise_summary\"`).", ""]
+    n_max = max((s["n"] for s in summary), default=0)
+    if 0 < n_max < SMALL_N:
+        L += [f"**Small sample — a smoke test of the pipeline, not a measurement of the model**: at most {n_max} "
+              "prompts per table. The report shows the GPU study's tables (benchmarks/results) beside this section "
+              "when they exist.", ""]
     L += [f"![convergence per loop]({paths.REAL_WISE_FIGURE.name})", ""]
-    L += ["**Mechanism**: median loop at which each quantity converges (diagnostics rule; T + 1 = not within T "
-          "loops); routing first = fraction of prompts whose routing (S, A) settles before the representation (H, O).",
-          "", "| T | task | length | n | tokens | S_block | S | A | H | O | mean gap | routing first |",
+    trained = (p.real_model.loops_min, p.real_model.loops_max)
+    L += mechanism_lines(mech) + working_set_lines(working)
+    L += condition_lines(summary, trained, [tuple(x) for x in r.settings], list(r.conditions))
+    L.append("")
+    return "\n".join(L)
+
+
+def mechanism_lines(mech: list[dict]) -> list[str]:
+    L = ["**Mechanism**: median loop at which each quantity converges (diagnostics rule); routing first = fraction "
+         "of prompts whose routing (S, A) settles before the representation (H, O).", "", mechanism_sentence(mech), ""]
+    L += small_n_warning(min((m["n"] for m in mech), default=SMALL_N), "prompts")
+    L += ["| T | task | length | n | tokens | S_block | S | A | H | O | mean gap | routing first |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for m in mech:
-        L.append(f"| {m['T']} | {m['task']} | {m['length']} | {m['n']} | {m['mean_tokens']:.0f} | "
-                 f"{m['median_tau_S_block']:g} | {m['median_tau_S']:g} | {m['median_tau_A']:g} | {m['median_tau_H']:g} | "
-                 f"{m['median_tau_O']:g} | {m['mean_gap']:.2f} | {m['routing_first']:.2f} |")
-    L += ["", "**Deployed working set** (WISE support of steps t_d-w+1..t_d): density of kept causal blocks and the "
-          "Full attention mass of the late loops it keeps.", "",
-          "| T | t_d | w | length | n | density (min–max) | retained future mass (min) |",
+        cells = " | ".join(converged_cell(m[f"median_tau_{q}"], m["T"]) for q in ("S_block", "S", "A", "H", "O"))
+        L.append(f"| {m['T']} | {m['task']} | {m['length']} | {m['n']} | {m['mean_tokens']:.0f} | {cells} | "
+                 f"{m['mean_gap']:.2f} | {m['routing_first']:.2f} |")
+    return L + [""]
+
+
+def working_set_lines(working: list[dict]) -> list[str]:
+    L = ["**Deployed working set** (WISE support of steps t_d-w+1..t_d): density of kept causal blocks and the "
+         "Full attention mass of the late loops it keeps.", "", working_set_sentence(working), ""]
+    L += small_n_warning(min((s["n"] for s in working), default=SMALL_N), "prompts")
+    L += ["| T | t_d | w | length | n | density (min–max) | retained future mass (min) |",
           "| --- | --- | --- | --- | --- | --- | --- |"]
     for s in working:
         L.append(f"| {s['T']} | {s['t_d']} | {s['w']} | {s['length']} | {s['n']} | {s['density']:.3f} "
                  f"({s['density_min']:.3f}–{s['density_max']:.3f}) | {s['retained_future_mass']:.3f} "
                  f"({s['retained_min']:.3f}) |")
-    keys = sorted({tuple(s[k] for k in ("T", "t_d", "w", "task", "length")) for s in summary},
-                  key=lambda k: ([tuple(x) for x in r.settings].index(k[:3]), k[3], k[4]))
-    for key in keys:
+    return L + [""]
+
+
+def condition_lines(summary: list[dict], trained: tuple[int, int], settings: list[tuple],
+                    conditions: list[str]) -> list[str]:
+    """One table per (setting, task, length), in `settings` order (others after, sorted), conditions in
+    `conditions` order; each with n, its sentence, its warning, and T past the trained depth marked."""
+    key_of = lambda s: tuple(s[k] for k in ("T", "t_d", "w", "task", "length"))  # noqa: E731
+    rank = lambda k: (settings.index(k[:3]) if k[:3] in settings else len(settings), k)  # noqa: E731
+    L = []
+    for key in sorted({key_of(s) for s in summary}, key=rank):
         T, t_d, w, task, n = key
-        rows = [s for s in summary if tuple(s[k] for k in ("T", "t_d", "w", "task", "length")) == key]
-        rows.sort(key=lambda s: list(r.conditions).index(s["condition"]))
-        L += ["", f"**Conditions, T = {T}, t_d = {t_d}, w = {w}, {task}, {n} tokens** ({rows[0]['n']} prompts; "
-              f"paper's ordering by NLL: {_ordering(summary, key)})", ""]
+        rows = sorted((s for s in summary if key_of(s) == key),
+                      key=lambda s: conditions.index(s["condition"]) if s["condition"] in conditions else 99)
+        full_elsewhere = {s["T"]: s["mean_nll"] for s in summary if s["condition"] == "full" and s["task"] == task
+                          and s["length"] == n and s["T"] != T}
+        past = f" {PAST} past the trained depth ({trained[0]}–{trained[1]} loops)" if T > trained[1] else ""
+        L += [f"**Conditions, T = {T}{past}, t_d = {t_d}, w = {w}, {task}, {n} tokens** ({rows[0]['n']} prompts; "
+              f"paper's ordering by NLL: {_ordering(summary, key)})", "",
+              conditions_sentence(rows, task, full_elsewhere, trained), ""]
+        L += small_n_warning(rows[0]["n"], "prompts")
         if task == "qa":
-            L += ["| condition | accuracy | Δ accuracy vs Full | McNemar p | EM | F1 | answers changed | NLL | Δ NLL vs Full "
-                  "| density | future mass |", "| --- |" + " --- |" * 10]
+            L += ["| condition | n | accuracy | Δ accuracy vs Full | McNemar p | EM | F1 | answers changed | NLL "
+                  "| Δ NLL vs Full | density | future mass |", "| --- |" + " --- |" * 11]
             for s in rows:
-                L.append(f"| {s['condition']} | {fmt_ci(s, 'accuracy', 'accuracy_low', 'accuracy_high', 2)} | "
-                         f"{fmt_ci(s, 'delta_accuracy', 'delta_accuracy_low', 'delta_accuracy_high', 2)} | {fmt_p(s['mcnemar_p'])} | "
-                         f"{fmt(s['em'], 2)} | {fmt(s['f1'], 2)} | {fmt(s['answers_changed'], 2)} | {_g(s['mean_nll'])} | "
-                         f"{_gci(s, 'delta_nll')} | {fmt(s['density'])} | "
+                L.append(f"| {s['condition']} | {s['n']} | "
+                         f"{fmt_ci(s, 'accuracy', 'accuracy_low', 'accuracy_high', 2)} | "
+                         f"{fmt_ci(s, 'delta_accuracy', 'delta_accuracy_low', 'delta_accuracy_high', 2)} | "
+                         f"{fmt_p(s['mcnemar_p'])} | {fmt(s['em'], 2)} | {fmt(s['f1'], 2)} | "
+                         f"{fmt(s['answers_changed'], 2)} | "
+                         f"{_g(s['mean_nll'])} | {_gci(s, 'delta_nll')} | {fmt(s['density'])} | "
                          f"{fmt(s['retained_future_mass'])} |")
         else:
-            L += ["| condition | NLL | Δ NLL vs Full | density | future mass | mean t_d |", "| --- |" + " --- |" * 5]
+            L += ["| condition | n | NLL | Δ NLL vs Full | density | future mass | mean t_d |",
+                  "| --- |" + " --- |" * 6]
             for s in rows:
-                L.append(f"| {s['condition']} | {_g(s['mean_nll'])} | {_gci(s, 'delta_nll')} | "
-                         f"{fmt(s['density'])} | {fmt(s['retained_future_mass'])} | {fmt(s['mean_discovery_step'], 1)} |")
-    L.append("")
-    return "\n".join(L)
+                L.append(f"| {s['condition']} | {s['n']} | {_g(s['mean_nll'])} | {_gci(s, 'delta_nll')} | "
+                         f"{fmt(s['density'])} | {fmt(s['retained_future_mass'])} | "
+                         f"{fmt(s['mean_discovery_step'], 1)} |")
+        L.append("")
+    return L

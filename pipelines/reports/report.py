@@ -204,6 +204,8 @@ def build_markdown(p: Params, d: dict) -> str:
     if d.get("real_wise"):  # stage real_wise
         L += ["### WISE on the real model: the retrofit's pretrained attention as the working set (stage real_wise)", "",
               d["real_wise"], ""]
+    if d.get("gpu_study"):  # the committed H200 results beside the default run's small sample
+        L += ["### Beside it: the GPU study's tables (committed under benchmarks/results)", "", d["gpu_study"], ""]
     if d.get("adaptive"):
         L += adaptive_section(d["adaptive"], d["figures"]["adaptive"], f, table)
     return "\n".join(L)
