@@ -72,3 +72,37 @@ def test_readmes_name_only_existing_documents():
         if found:
             bad[str(path.relative_to(ROOT))] = found
     assert not bad, bad
+
+
+def _readme_edit_example() -> tuple[str, list[str]]:
+    """The README's params edit (its `sed -i` line) and the stages its `dvc status` line names."""
+    block = (ROOT / "README.md").read_text().split("## Changing params and rerunning", 1)[1].split("```bash", 1)[1]
+    lines = block.split("```", 1)[0].strip().splitlines()
+    sed = next(line for line in lines if line.startswith("sed -i "))
+    status = next(line for line in lines if line.startswith("dvc status")).split("params changed:", 1)[1]
+    return sed.split("#", 1)[0].strip(), [s.strip() for s in status.split(",")]
+
+
+def test_the_readme_edit_changes_exactly_the_key_it_names_and_names_the_stages_that_read_it(tmp_path):
+    import shlex
+    import subprocess
+
+    import yaml
+
+    sed, said = _readme_edit_example()
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    subprocess.run([*shlex.split(sed)[:-1], str(params)], check=True)
+    before, after = yaml.safe_load((ROOT / "params.yaml").read_text()), yaml.safe_load(params.read_text())
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    changed = {k for k, v in leaves(after) if dict(leaves(before)).get(k) != v}
+    assert changed == {"wise.eta"}  # not real_wise.eta or any other eta
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    reading = sorted(name + ("@*" if "foreach" in st else "") for name, st in stages.items()
+                     if {"wise", "wise.eta"} & set(st.get("do", st).get("params", [])))
+    named = sorted(s.replace(" (all five)", "") for s in said)
+    assert named == reading, (named, reading)
