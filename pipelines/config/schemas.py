@@ -169,7 +169,7 @@ ADAPTIVE_EXAMPLES = _schema([("example_id", STR), ("benchmark", STR), ("hops", I
                              ("threshold", FLOAT)], _ints("depth", "loops_computed"),
                             [("correct", BOOL), ("nll", FLOAT), ("correct_at_1", BOOL)], ADAPTIVE_SPEC)
 ADAPTIVE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("kind", STR), ("threshold", FLOAT), ("n", INT)],
-                           _floats("accuracy", "nll", "mean_loops", "mean_loops_computed", "wall_ms"),
+                           _floats("accuracy", "nll", "mean_loops", "mean_loops_computed"),
                            [("timed", INT), ("best_fixed", STR), ("mcnemar_p", FLOAT)],
                            _ints("only_method_right", "only_best_right"))
 ADAPTIVE_DEPTH = _schema([("benchmark", STR), ("method", STR), ("difficulty", STR), ("n", INT)],

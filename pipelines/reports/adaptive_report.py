@@ -61,13 +61,14 @@ def adaptive_markdown(summary: Sequence[dict], depth: Sequence[dict], wise: Sequ
          "- " + _selection_line("τ", notes["tau"], notes["tau_feasible"], notes),
          "- " + _selection_line("confidence λ", notes["confidence"], notes["confidence_feasible"], notes),
          f"- McNemar (exact, two-sided, paired on example id) against the best fixed depth on held-out accuracy: "
-         f"**fixed@{notes['best_fixed']}**. Wall time: online runs (batch of one, the method's own loop) on the "
-         "first rows of each benchmark (`timed`).", ""]
+         f"**fixed@{notes['best_fixed']}**. Wall time per example, from online runs (batch of one, the method's own "
+         "loop) on the first rows of each benchmark (`timed`), is a measurement that differs run to run, so it is "
+         "in `dvc metrics show` (`wall_ms` of adaptive.json), not in these tables.", ""]
     L += table(["method", "threshold", "acc", *[f"acc {b}" for b in benches], "NLL", "mean loops",
-                "loops computed", "ms / example", "McNemar p", "only it right / only best right"],
+                "loops computed", "McNemar p", "only it right / only best right"],
                [[r["method"], f(r["threshold"], 3), f(r["accuracy"]),
                  *[f(by[(b, r["method"])]["accuracy"]) for b in benches], f(r["nll"]), f(r["mean_loops"], 2),
-                 f(r["mean_loops_computed"], 2), f(r["wall_ms"], 1),
+                 f(r["mean_loops_computed"], 2),
                  "–" if r["method"] == r["best_fixed"] else f"{r['mcnemar_p']:.3g}",
                  f"{r['only_method_right']} / {r['only_best_right']}"] for r in pooled])
     hard = {(r["method"], r["difficulty"]): r for r in depth if r["benchmark"] == ALL}

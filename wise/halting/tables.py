@@ -38,8 +38,9 @@ def paired(rows: Sequence[dict], method: str, other: str, benchmark: str = ALL) 
 def summarize(rows: Sequence[dict], best: str, order: Sequence[str],
               seconds: dict[tuple[str, str], list[float]] | None = None) -> list[dict]:
     """One row per (benchmark, method): n, accuracy, mean NLL, mean loops (the depth answered
-    from) and mean loops computed, wall time per example (mean of `seconds[(benchmark, method)]`,
-    the online runs; None where none ran), and McNemar against `best`."""
+    from) and mean loops computed, how many online runs timed it (`seconds[(benchmark, method)]`; their
+    wall time is a measurement that differs run to run, so it is not a column: ``wall_ms``), and
+    McNemar against `best`."""
     seconds = seconds or {}
     rank = {m: i for i, m in enumerate(order)}
     groups = _groups(rows)
@@ -54,10 +55,16 @@ def summarize(rows: Sequence[dict], best: str, order: Sequence[str],
                     "nll": sum(r["nll"] for r in g) / len(g),
                     "mean_loops": sum(r["depth"] for r in g) / len(g),
                     "mean_loops_computed": sum(r["loops_computed"] for r in g) / len(g),
-                    "wall_ms": 1000 * sum(secs) / len(secs) if secs else None, "timed": len(secs),
+                    "timed": len(secs),
                     "best_fixed": best, "mcnemar_p": mcnemar(mine, ref),
                     "only_method_right": only_mine, "only_best_right": only_ref})
     return out
+
+
+def wall_ms(seconds: dict[tuple[str, str], list[float]], benchmark: str = ALL) -> dict[str, float]:
+    """Mean wall milliseconds per example of each method's online runs on `benchmark`."""
+    return {method: 1000 * sum(secs) / len(secs) for (bench, method), secs in seconds.items()
+            if bench == benchmark and secs}
 
 
 def depth_vs_difficulty(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
