@@ -52,6 +52,7 @@ def weights_id(source: str, revision: str | None = None) -> str:
 REPO = Path(__file__).resolve().parents[2]
 # Never part of the code a folder dep holds (as .dvcignore says for DVC's own hash).
 _NOT_CODE = frozenset({"__pycache__", ".pytest_cache"})
+NOT_CODE_DEPS = ("data/", "benchmarks/results/")  # deps that are inputs, not the code a stage runs
 
 
 def _code_files(stage: str, dvc_yaml: Path) -> list[Path]:
@@ -61,8 +62,8 @@ def _code_files(stage: str, dvc_yaml: Path) -> list[Path]:
     body = stages[stage].get("do", stages[stage])  # a foreach stage lists its deps under `do`
     files: set[Path] = set()
     for dep in body.get("deps", []):
-        if dep.startswith("data/") or "${" in dep:
-            continue  # data and models: the row's other columns (weights_id, params) name them
+        if dep.startswith(NOT_CODE_DEPS) or "${" in dep:
+            continue  # data, models, committed results: the row's other columns (weights_id, params) name them
         path = dvc_yaml.parent / dep
         if path.is_dir():
             files.update(f for f in path.rglob("*") if f.is_file() and not f.name.endswith(".pyc")
