@@ -139,7 +139,7 @@ def test_lm_eval_views_read_the_files_through_a_reader(tmp_path):
         assert con.execute("SELECT run, metric, sum(value) FROM lm_eval_scores GROUP BY ALL ORDER BY run").fetchall() \
             == [(run, "exact_match", 20.0) for run in ("base", "full", "wise")]
         assert con.execute("SELECT run, condition, steps, eta FROM lm_eval_runs ORDER BY run").fetchall() == [
-            ("base", "base", "8", "0.95"), ("full", "full", "8", "0.95"), ("wise", "wise", "8", "0.95")]
+            ("base", "base", 8, 0.95), ("full", "full", 8, 0.95), ("wise", "wise", 8, 0.95)]  # typed
         assert con.execute("SELECT count(*), sum(abs(delta)) FROM lm_eval_paired WHERE run_a = 'full' "
                            "AND run_b = 'wise'").fetchall() == [(40, 40.0)]
         for sql in ("COPY lm_eval_samples TO 'wisedata://x.csv'", "COPY lm_eval_samples TO 'data/x.csv'"):
