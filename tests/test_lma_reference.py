@@ -85,7 +85,8 @@ def test_lma_at_every_loop_equals_the_papers_equations_and_reads_the_last_w_loop
     rope = model.rotary(9)
 
     reads: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(k)]
-    hooks = [lma.register_forward_pre_hook(lambda mod, args, i=i: reads[i].append(args)) for i, lma in enumerate(model.lma)]
+    hooks = [lma.register_forward_pre_hook(lambda mod, args, i=i: reads[i].append(args))
+             for i, lma in enumerate(model.lma)]
 
     e = reference.embed(ids)
     for layer in reference.layers[:start]:

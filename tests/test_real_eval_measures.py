@@ -137,8 +137,8 @@ def test_curves_are_the_groups_means_with_their_bootstrap():
             for T in ((1,) if variant == "base" else (2, 1)):
                 for i in range(5):
                     rows.append({"variant": variant, "task": task, "T": T, "example_id": f"{task}-{i}",
-                                 "nll": 0.5 * i + T + (variant == "lma"), "correct": (i + T) % 2 == 0 if task == "needle"
-                                 else None, "tokens": 3})
+                                 "nll": 0.5 * i + T + (variant == "lma"),
+                                 "correct": (i + T) % 2 == 0 if task == "needle" else None, "tokens": 3})
     table = curves(rows, 300, 2, 0.9)
     assert [(r["variant"], r["task"], r["T"]) for r in table] == [
         ("base", "needle", 1), ("base", "text", 1)] + [
