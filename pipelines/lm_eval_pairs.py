@@ -2,7 +2,9 @@
 (what lm-eval itself does not report): per (task, filter, metric), the two means over the samples
 both runs scored, the mean difference (b - a) with its 95% paired bootstrap interval over samples,
 and, for 0/1 metrics, the exact McNemar p-value. Samples pair on (task, doc_id, doc_hash) through
-the SQL view ``lm_eval_paired`` (``pipelines.store.lm_eval_views``).
+the SQL view ``lm_eval_paired`` (``pipelines.store.lm_eval_views``), and the statistics pair them again
+by document in ``wise.analysis.stats.compare_paired`` (sorted by document, whatever order the runs
+logged them in).
 
     python -m pipelines.lm_eval_pairs full wise                  # every shared task and metric
     python -m pipelines.lm_eval_pairs full wise --metric exact_match --csv
@@ -12,13 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-
 from pipelines.config import paths
 from pipelines.store.db import connect, project_root
 from pipelines.store.lm_eval_views import create_lm_eval_views
 from pipelines.store.query import format_table
-from wise.analysis.stats import mcnemar, paired_bootstrap
+from wise.analysis.stats import compare_paired
 
 COLUMNS = ("task", "filter", "metric", "n", "mean_a", "mean_b", "delta", "delta_low", "delta_high", "mcnemar_p")
 
@@ -27,19 +27,21 @@ def paired_rows(con, run_a: str, run_b: str, metric: str | None = None, seed: in
     """One row per (task, filter, metric) that both runs scored."""
     where = "run_a = ? AND run_b = ?" + (" AND metric = ?" if metric else "")
     args = [run_a, run_b] + ([metric] if metric else [])
-    groups: dict[tuple, list[tuple[float, float]]] = {}
-    for task, filt, name, a, b in con.execute(
-            f"SELECT task, \"filter\", metric, value_a, value_b FROM lm_eval_paired WHERE {where} "
-            "ORDER BY task, \"filter\", metric, doc_id", args).fetchall():
-        groups.setdefault((task, filt, name), []).append((a, b))
+    groups: dict[tuple, tuple[dict, dict]] = {}
+    for task, filt, name, doc_id, doc_hash, a, b in con.execute(
+            f"SELECT task, \"filter\", metric, doc_id, doc_hash, value_a, value_b FROM lm_eval_paired WHERE {where}",
+            args).fetchall():
+        values_a, values_b = groups.setdefault((task, filt, name), ({}, {}))
+        if (doc_id, doc_hash) in values_a:  # e.g. two samples files of one task in a run folder
+            raise ValueError(f"lm_eval_pairs: document {doc_id} of task {task} ({name}) is scored more than once "
+                             f"in run {run_a} or {run_b}")
+        values_a[(doc_id, doc_hash)], values_b[(doc_id, doc_hash)] = a, b
     out = []
-    for (task, filt, name), pairs in groups.items():
-        a, b = np.array(pairs).T
-        mean, low, high = paired_bootstrap(b - a, seed=seed)
-        binary = np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all()
-        out.append({"task": task, "filter": filt, "metric": name, "n": len(pairs), "mean_a": float(a.mean()),
-                    "mean_b": float(b.mean()), "delta": mean, "delta_low": low, "delta_high": high,
-                    "mcnemar_p": mcnemar(a == 1.0, b == 1.0) if binary else None})
+    for (task, filt, name), (values_a, values_b) in sorted(groups.items()):
+        c = compare_paired(values_a, values_b, n_resamples=10_000, seed=seed, what=f"lm_eval_pairs {task} {name}")
+        out.append({"task": task, "filter": filt, "metric": name, "n": c.n, "mean_a": c.mean_reference,
+                    "mean_b": c.mean_other, "delta": c.delta, "delta_low": c.delta_low, "delta_high": c.delta_high,
+                    "mcnemar_p": c.mcnemar_p})
     return out
 
 

@@ -19,14 +19,39 @@ def nearest_fixed(mean_loops: float, t_max: int) -> int:
     return min(range(1, t_max + 1), key=lambda T: (abs(T - mean_loops), T))
 
 
+def method_summary(examples: list[dict], best: int, t_max: int, st: StatisticsParams) -> list[dict]:
+    """One row per method: accuracy with its bootstrap CI, NLL, mean loops, and the exact McNemar
+    test of the method against the best fixed depth and against the fixed depth nearest its mean
+    loops, each paired on example id (``wise.analysis.stats.compare_paired``)."""
+    from wise.analysis.stats import compare_paired, paired_bootstrap
+
+    def correct(method: str) -> dict:
+        return {r["example_id"]: float(r["correct"]) for r in examples if r["method"] == method}
+
+    summary = []
+    for method in dict.fromkeys(r["method"] for r in examples):
+        g = [r for r in examples if r["method"] == method]
+        mean_loops = sum(r["depth"] for r in g) / len(g)
+        acc = paired_bootstrap([float(r["correct"]) for r in g], st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)
+        refs = {"best": f"fixed@{best}", "matched": f"fixed@{nearest_fixed(mean_loops, t_max)}"}
+        tests = {key: compare_paired(correct(ref), correct(method), n_resamples=None, binary=True,
+                                     what=f"real_eval halting: {method} against {ref}") for key, ref in refs.items()}
+        summary.append({"method": method, "kind": g[0]["kind"], "threshold": g[0]["threshold"], "n": len(g),
+                        "accuracy": acc[0], "accuracy_low": acc[1], "accuracy_high": acc[2],
+                        "nll": sum(r["nll"] for r in g) / len(g), "mean_loops": mean_loops,
+                        "best_fixed": refs["best"], "mcnemar_best_p": tests["best"].mcnemar_p,
+                        "matched_fixed": refs["matched"], "mcnemar_matched_p": tests["matched"].mcnemar_p,
+                        "only_method_right": tests["matched"].only_other_right,
+                        "only_matched_right": tests["matched"].only_reference_right})
+    return summary
+
+
 def run_halting(p: RealModelParams, st: StatisticsParams, model, tokenizer, corpus, test_trajs):
     """(summary rows, example rows, card) of every method on the test trajectories (loops 1..halting_t_max)."""
     from pipelines.real_model import needle_rows
     from wise.halting import heads as H
     from wise.halting import rules as R
-    from wise.halting.tables import paired
     from wise.halting.trajectory import stacked, trajectories
-    from wise.analysis.stats import discordant_counts, mcnemar, paired_bootstrap
 
     T = p.halting_t_max
     fit = {}
@@ -63,20 +88,5 @@ def run_halting(p: RealModelParams, st: StatisticsParams, model, tokenizer, corp
             examples.append({"example_id": tr.example_id, "benchmark": tr.benchmark, "method": rule.name,
                              "kind": rule.kind, "threshold": rule.threshold, "depth": d.depth,
                              "correct": s.correct, "nll": s.nll})
-    summary = []
-    for method in dict.fromkeys(r["method"] for r in examples):
-        g = [r for r in examples if r["method"] == method]
-        mean_loops = sum(r["depth"] for r in g) / len(g)
-        acc = paired_bootstrap([float(r["correct"]) for r in g], st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)
-        refs = {"best": f"fixed@{best}", "matched": f"fixed@{nearest_fixed(mean_loops, T)}"}
-        tests = {}
-        for key, ref in refs.items():
-            mine, theirs = paired(examples, method, ref)
-            tests[key] = (mcnemar(mine, theirs), *discordant_counts(mine, theirs))
-        summary.append({"method": method, "kind": g[0]["kind"], "threshold": g[0]["threshold"], "n": len(g),
-                        "accuracy": acc[0], "accuracy_low": acc[1], "accuracy_high": acc[2],
-                        "nll": sum(r["nll"] for r in g) / len(g), "mean_loops": mean_loops,
-                        "best_fixed": refs["best"], "mcnemar_best_p": tests["best"][0],
-                        "matched_fixed": refs["matched"], "mcnemar_matched_p": tests["matched"][0],
-                        "only_method_right": tests["matched"][1], "only_matched_right": tests["matched"][2]})
+    summary = method_summary(examples, best, T, st)
     return summary, [{k: v for k, v in r.items() if k != "benchmark"} for r in examples], card

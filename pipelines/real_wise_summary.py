@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wise.analysis.stats import mcnemar, paired_bootstrap
+from wise.analysis.stats import compare_paired, paired_bootstrap
 
 KEYS = ("T", "t_d", "w", "task", "length")
 
@@ -35,33 +35,35 @@ def condition_summary(rows: list[dict], resamples: int, seed: int, level: float,
     out = []
     for key, by_cond in groups.items():
         full = by_cond["full"]
-        ids = sorted(full)
         for cond, by_id in by_cond.items():
-            if sorted(by_id) != ids:
-                raise ValueError(f"{dict(zip(KEYS, key))}: {cond} has other examples than full")
-            nll = np.array([by_id[i]["nll"] for i in ids])
-            base = np.array([full[i]["nll"] for i in ids])
-            row = {**dict(zip(KEYS, key)), "condition": cond, "n": len(ids),
-                   "mean_nll": float(nll.mean()), "delta_nll": None, "delta_nll_low": None, "delta_nll_high": None,
+            what = f"{dict(zip(KEYS, key))}: {cond} against full"
+            late = None if cond == "full" else resamples
+            of = lambda rows, col: {i: r[col] for i, r in rows.items()}  # noqa: E731
+            nll = compare_paired(of(full, "nll"), of(by_id, "nll"), n_resamples=late, seed=seed, level=level,
+                                 binary=False, what=what)
+            ids = nll.ids
+            row = {**dict(zip(KEYS, key)), "condition": cond, "n": nll.n,
+                   "mean_nll": nll.mean_other, "delta_nll": None, "delta_nll_low": None, "delta_nll_high": None,
                    "accuracy": None, "accuracy_low": None, "accuracy_high": None, "delta_accuracy": None,
                    "delta_accuracy_low": None, "delta_accuracy_high": None, "mcnemar_p": None, "em": None,
                    "f1": None, "answers_changed": None,
                    "mean_discovery_step": float(np.mean([by_id[i]["discovery_step"] for i in ids]))}
             if cond != "full":
                 row["delta_nll"], row["delta_nll_low"], row["delta_nll_high"] = \
-                    paired_bootstrap(nll - base, resamples, seed, level)
+                    nll.delta, nll.delta_low, nll.delta_high
             if key[3] == "qa":
-                ok = np.array([bool(by_id[i]["correct"]) for i in ids])
-                ok_full = np.array([bool(full[i]["correct"]) for i in ids])
+                correct = lambda rows: {i: float(bool(r["correct"])) for i, r in rows.items()}  # noqa: E731
+                acc = compare_paired(correct(full), correct(by_id), n_resamples=late, seed=seed, level=level,
+                                     binary=True, what=what)
                 row["accuracy"], row["accuracy_low"], row["accuracy_high"] = \
-                    paired_bootstrap(ok.astype(float), resamples, seed, level)
+                    paired_bootstrap(acc.other, resamples, seed, level)
                 row["em"] = float(np.mean([by_id[i]["em"] for i in ids]))
                 row["f1"] = float(np.mean([by_id[i]["f1"] for i in ids]))
                 row["answers_changed"] = float(np.mean([by_id[i]["answer_change"] != "unchanged" for i in ids]))
                 if cond != "full":
                     row["delta_accuracy"], row["delta_accuracy_low"], row["delta_accuracy_high"] = \
-                        paired_bootstrap(ok.astype(float) - ok_full.astype(float), resamples, seed, level)
-                    row["mcnemar_p"] = mcnemar(ok, ok_full)
+                        acc.delta, acc.delta_low, acc.delta_high
+                    row["mcnemar_p"] = acc.mcnemar_p
             kept = support.get(key + (cond,), [])
             row["density"] = float(np.mean([s["density"] for s in kept])) if kept else None
             row["retained_future_mass"] = float(np.mean([s["retained_future_mass"] for s in kept])) if kept else None

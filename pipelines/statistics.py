@@ -22,11 +22,11 @@ from pipelines.config import paths, schemas
 from pipelines.store.artifacts import write_csv, write_json, write_parquet, write_text
 from pipelines.store.db import connect_views, publish_database
 from pipelines.config.params import Params
-from wise.analysis.stats import cluster_bootstrap, mcnemar
+from wise.analysis.stats import PairedComparison, cluster_bootstrap, compare_paired
 
 PAIRED_SQL = """
 SELECT benchmark, context_length, condition, example_id, base_id, f1, em, full_f1, full_em,
-       delta_f1, delta_em, delta_logprob, gold_logprob, density, retained_future_mass,
+       delta_f1, delta_em, delta_logprob, gold_logprob, full_logprob, density, retained_future_mass,
        answer_change, expected_em, support_matches_trace
 FROM paired
 ORDER BY benchmark, context_length, condition, example_id
@@ -60,13 +60,21 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
     for (bench, length, cond), g in sorted(groups.items(),
                                            key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99))):
         clusters = [cluster_of(r) for r in g]
+        # The id of a row in a pooled group: its benchmark, length and example (PAIRED_SQL's order).
+        unit = {(r["benchmark"], r["context_length"], r["example_id"]): cluster_of(r) for r in g}
+        if len(unit) != len(g):
+            raise ValueError(f"statistics: group {(bench, length, cond)} holds an example twice")
 
-        def ci(col: str) -> tuple[float, float, float]:
-            vals = np.array([r[col] for r in g], dtype=float)
-            return cluster_bootstrap(vals, clusters, n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed,
-                                     level=s.ci_level)
+        def compare(col: str, full_col: str, binary: bool = False) -> PairedComparison:
+            of = lambda c: {(r["benchmark"], r["context_length"], r["example_id"]): r[c] for r in g}  # noqa: E731
+            return compare_paired(of(full_col), of(col), n_resamples=s.bootstrap_resamples, seed=s.bootstrap_seed,
+                                  level=s.ci_level, clusters=unit, binary=binary, what=f"statistics {cond}")
 
-        em, d_f1, d_em, d_lp = ci("em"), ci("delta_f1"), ci("delta_em"), ci("delta_logprob")
+        f1, em, lp = compare("f1", "full_f1"), compare("em", "full_em", True), compare("gold_logprob", "full_logprob")
+        d_f1, d_em, d_lp = ((c.delta, c.delta_low, c.delta_high) for c in (f1, em, lp))
+        # EM's own interval, over the same resampling units as the deltas
+        _, em_low, em_high = cluster_bootstrap(em.other, [unit[i] for i in em.ids], n_resamples=s.bootstrap_resamples,
+                                               seed=s.bootstrap_seed, level=s.ci_level)
         changes = [r["answer_change"] for r in g]
         dens = [r["density"] for r in g if r["density"] is not None]
         expected = [r["expected_em"] for r in g]
@@ -75,12 +83,12 @@ def summarise(rows: list[dict], p: Params) -> list[dict]:
         out.append({
             "benchmark": bench, "context_length": length, "condition": cond, "n": len(g),
             "f1": float(np.mean([r["f1"] for r in g])), "em": float(np.mean([r["em"] for r in g])),
-            "em_low": em[1], "em_high": em[2],
+            "em_low": em_low, "em_high": em_high,
             "delta_f1": d_f1[0], "delta_f1_low": d_f1[1], "delta_f1_high": d_f1[2],
             "delta_em": d_em[0], "delta_em_low": d_em[1], "delta_em_high": d_em[2],
             "delta_logprob": d_lp[0], "delta_logprob_low": d_lp[1], "delta_logprob_high": d_lp[2],
             "n_base_examples": len(set(clusters)),
-            "mcnemar_p": mcnemar([r["em"] == 1.0 for r in g], [r["full_em"] == 1.0 for r in g], clusters),
+            "mcnemar_p": em.mcnemar_p,
             "mcnemar_test": ("exact McNemar" if len(set(clusters)) == len(g)
                              else "exact sign test over base examples"),
             "correct_to_wrong": changes.count("correct_to_wrong"),

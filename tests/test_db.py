@@ -25,7 +25,7 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text("{}\n")
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     monkeypatch.chdir(tmp_path)
-    rows = [{"example_id": f"e{i}", "condition": c, "f1": f, "em": f, "prediction": "x"}
+    rows = [{"example_id": f"e{i}", "condition": c, "f1": f, "em": f, "prediction": "x", "gold_logprob": -f}
             for i in range(3) for c, f in (("full", 1.0), ("wise", 0.5))]
     for rel, part in ((paths.CONDITION_RESULTS, rows),
                       (paths.SWEEPS_DIR / "eta.parquet", [{"axis": "eta", "value": 0.9, "f1": 0.5}]),

@@ -99,15 +99,26 @@ def test_a_missing_package_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
 
 
-def test_a_wrong_sha256_is_refused_before_anything_is_written(tmp_path):
+@pytest.mark.parametrize("route", ["located", "explicit path"])
+def test_a_wrong_sha256_is_refused_on_every_route_before_anything_is_written(tmp_path, route):
+    """The pin holds whichever way the GGUF comes in: the file found in the installed package
+    (here against a wrong pin) and a file passed by path (here another file against the real pin)."""
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(range(256)) * 16)
+    other_digest = hashlib.sha256(other.read_bytes()).hexdigest()
+    if route == "located":
+        spec, path, file, file_digest = dataclasses.replace(SPEC, sha256=other_digest), None, locate(SPEC), SPEC.sha256
+    else:
+        spec, path, file, file_digest = SPEC, other, other, other_digest
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("an earlier conversion")
     with pytest.raises(PackagedModelError) as err:
-        convert(dataclasses.replace(SPEC, sha256="0" * 64), out)
+        convert(spec, out, gguf_path=path)
     msg = _one_line(err.value)
-    assert SPEC.sha256 in msg and "0" * 64 in msg and str(locate(SPEC)) in msg
-    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "keep.txt").read_text() == "an earlier conversion"
+    assert f"sha256 {file_digest} differs from the pinned {spec.sha256}" in msg and str(file) in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.gguf", "out"]
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "an earlier conversion"
 
 
 def test_a_corrupt_gguf_is_refused_and_leaves_the_old_folder(tmp_path):

@@ -51,7 +51,7 @@ def _summary(p, benchmark: str):
             rows.append({"benchmark": benchmark, "context_length": 512, "condition": cond,
                          "example_id": f"e{i}@512", "base_id": f"e{i}", "f1": 0.5, "em": 1.0, "full_f1": 0.5,
                          "full_em": 1.0, "delta_f1": 0.0, "delta_em": 0.0, "delta_logprob": 0.0,
-                         "gold_logprob": -1.0, "density": 0.4, "retained_future_mass": 0.9,
+                         "gold_logprob": -1.0, "full_logprob": -1.0, "density": 0.4, "retained_future_mass": 0.9,
                          "answer_change": "same", "expected_em": None, "support_matches_trace": None})
     return summarise(rows, p)
 

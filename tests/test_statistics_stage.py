@@ -33,8 +33,9 @@ def paired_rows(seed: int = 0) -> list[dict]:
                     d = 0.0 if cond == "full" else float(np.clip(e + rng.normal(0, 0.05), -1, 1))
                     rows.append({"benchmark": bench, "context_length": length, "condition": cond,
                                  "example_id": f"{base}@{length}", "base_id": base, "f1": 0.5 + d / 2,
-                                 "em": em, "full_f1": 0.5, "full_em": full_em, "delta_f1": d,
-                                 "delta_em": em - full_em, "delta_logprob": d * 3, "gold_logprob": -1.0,
+                                 "em": em, "full_f1": 0.5, "full_em": full_em, "delta_f1": 0.5 + d / 2 - 0.5,
+                                 "delta_em": em - full_em, "delta_logprob": -1.0 + d * 3 - -1.0,
+                                 "gold_logprob": -1.0 + d * 3, "full_logprob": -1.0,
                                  "density": None if cond == "full" else 0.4, "retained_future_mass": None,
                                  "answer_change": "same", "expected_em": None, "support_matches_trace": None})
     return sorted(rows, key=lambda r: (r["benchmark"], r["context_length"], r["condition"], r["example_id"]))

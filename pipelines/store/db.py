@@ -34,7 +34,7 @@ from wise.atomic_files import atomic_path
 # Derived views: SQL over the base views. `paired` joins each condition to Full on the example.
 DERIVED_VIEWS = {
     "paired": """
-        SELECT c.*, f.f1 AS full_f1, f.em AS full_em, f.prediction AS full_prediction,
+        SELECT c.*, f.f1 AS full_f1, f.em AS full_em, f.prediction AS full_prediction, f.gold_logprob AS full_logprob,
                c.f1 - f.f1 AS delta_f1, c.em - f.em AS delta_em
         FROM results c
         JOIN results f ON f.example_id = c.example_id AND f.condition = 'full'

@@ -1,7 +1,9 @@
 """Paired statistics over examples.
 
-Every comparison pairs on example id: the caller passes per-example deltas (condition − full) or
-per-example correctness in the same example order.
+Every comparison pairs on example id. ``compare_paired`` is the one paired comparison the
+pipeline's callers use: it takes two id-keyed mappings, pairs them by id and runs the bootstrap and
+McNemar below on them in sorted id order. The functions below take per-example deltas (condition −
+full) or per-example correctness already in one example order.
 
 paired_bootstrap is a plain vectorised numpy percentile bootstrap (not scipy.stats.bootstrap): it
 draws whole examples with replacement from numpy.random.Generator(PCG64(seed)), so the interval
@@ -17,7 +19,8 @@ reduce exactly to the unclustered functions (the same draws, the same p-value).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import binomtest
@@ -160,3 +163,72 @@ def mcnemar(correct_a, correct_b, clusters: Sequence | None = None) -> float:
     if only_a + only_b == 0:
         return 1.0
     return float(binomtest(only_a, only_a + only_b, 0.5, alternative="two-sided").pvalue)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """``other`` against ``reference`` over the ids both hold, in sorted id order: ``ids``, the
+    aligned values (float64 [n]), the mean paired difference other − reference with its interval
+    (None when no resampling was asked for), and for 0/1 outcomes the exact McNemar p-value with
+    the discordant counts (None otherwise)."""
+
+    ids: tuple
+    reference: np.ndarray
+    other: np.ndarray
+    delta: float
+    delta_low: float | None
+    delta_high: float | None
+    mcnemar_p: float | None
+    only_other_right: int | None
+    only_reference_right: int | None
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @property
+    def mean_reference(self) -> float:
+        return float(self.reference.mean())
+
+    @property
+    def mean_other(self) -> float:
+        return float(self.other.mean())
+
+
+def compare_paired(reference: Mapping[Hashable, float], other: Mapping[Hashable, float], *,
+                   n_resamples: int | None, seed: int = 0, level: float = 0.95,
+                   clusters: Mapping[Hashable, Hashable] | None = None, binary: bool | None = None,
+                   what: str = "pairing") -> PairedComparison:
+    """The one paired comparison of every caller (statistics, the real study, lm-eval pairs, real
+    halting): pair ``other`` with ``reference`` on id, never on position. Both must hold the same
+    ids (a ValueError names the first id one side lacks, prefixed by ``what``). The pairs are
+    taken in sorted id order, so the bootstrap draws do not depend on the order rows arrived in.
+
+    delta interval: ``paired_bootstrap`` of other − reference, or with ``clusters`` (id -> its
+    resampling unit) ``cluster_bootstrap``; none when n_resamples is None. McNemar (exact; with
+    clusters the sign test over clusters, ``mcnemar``) of other == 1 against reference == 1 when
+    ``binary`` is True, or when it is None and every value is 0 or 1."""
+    for have, lack, side in ((reference, other, "other"), (other, reference, "reference")):
+        missing = sorted(set(have) - set(lack), key=repr)
+        if missing:
+            raise ValueError(f"{what}: id {missing[0]!r} has no pair in {side} "
+                             f"({len(missing)} of {len(have)} ids unpaired)")
+    if not reference:
+        raise ValueError(f"{what}: nothing to pair")
+    ids = tuple(sorted(reference))
+    ref = np.array([reference[i] for i in ids], dtype=float)
+    oth = np.array([other[i] for i in ids], dtype=float)
+    groups = None if clusters is None else [clusters[i] for i in ids]
+    delta, low, high = float(np.mean(oth - ref)), None, None
+    if n_resamples is not None:
+        if groups is None:
+            delta, low, high = paired_bootstrap(oth - ref, n_resamples, seed, level)
+        else:
+            delta, low, high = cluster_bootstrap(oth - ref, groups, n_resamples, seed, level)
+    if binary is None:
+        binary = bool(np.isin(ref, (0.0, 1.0)).all() and np.isin(oth, (0.0, 1.0)).all())
+    p = only_other = only_ref = None
+    if binary:
+        p = mcnemar(oth == 1.0, ref == 1.0, groups)
+        only_other, only_ref = discordant_counts(oth == 1.0, ref == 1.0)
+    return PairedComparison(ids, ref, oth, delta, low, high, p, only_other, only_ref)
