@@ -1,11 +1,12 @@
 """The conditions stage: every condition on every example, scored, paired against Full.
 
 Work items are up to ``conditions.batch_examples`` examples of one prompt length, decoded as one
-batch (``wise.engine.decoding.evaluate_examples``). Workers return token ids and log-probs; the driver decodes, scores (EM / F1 with the benchmark's
-normalisation), classifies answer changes versus Full, joins the support metrics of the supports
-stage, and checks pairing: all conditions of an example must reach t_d in the same state, and
-each run's late support must be the one derived from the Full trace (an error naming the example
-and condition; ``conditions.allow_support_mismatch`` keeps such rows instead, flagged).
+batch (``wise.engine.decoding.evaluate_examples``). Workers return token ids and log-probs; the
+driver decodes, scores (EM / F1 with the benchmark's normalisation), classifies answer changes
+versus Full, joins the support metrics of the supports stage, and checks pairing: all conditions
+of an example must reach t_d in the same state, and each run's late support must be the one
+derived from the Full trace (an error naming the example and condition;
+``conditions.allow_support_mismatch`` keeps such rows instead, flagged).
 
 ``conditions_context``, ``run_cohort_conditions`` and ``check_pairing`` are the stage's work on any
 cohort and backbone: stage real_wise runs its real prompts through them.

@@ -241,7 +241,8 @@ def test_bad_real_wise_params_are_refused_by_key():
 def test_the_one_pairing_check_refuses_states_and_supports_that_are_not_the_traces():
     from pipelines.conditions import PairingError, SupportMismatchError, check_pairing
 
-    rows = [{"condition": c, "state_hash_td": "a", "discovery_step": 3, "layout_bits": None} for c in ("full", "truncate")]
+    rows = [{"condition": c, "state_hash_td": "a", "discovery_step": 3, "layout_bits": None}
+            for c in ("full", "truncate")]
     assert check_pairing("ex", rows, 3, {}, trace_hash="a") == {"full": None, "truncate": None}
     check_pairing("ex", rows, 3, {})  # a trace hashed at another t_d says nothing here
     with pytest.raises(PairingError, match="ex: the conditions' state at t_d = 3 is not the one its Full trace"):
