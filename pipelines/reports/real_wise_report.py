@@ -98,7 +98,7 @@ def real_wise_markdown(p, summary: list[dict], mech: list[dict], working: list[d
     for key in keys:
         T, t_d, w, task, n = key
         rows = [s for s in summary if tuple(s[k] for k in ("T", "t_d", "w", "task", "length")) == key]
-        rows.sort(key=lambda s: list(r.conditions).index(s["condition"]))
+        rows.sort(key=lambda s: list(p.conditions.names).index(s["condition"]))
         L += ["", f"**Conditions, T = {T}, t_d = {t_d}, w = {w}, {task}, {n} tokens** ({rows[0]['n']} prompts; "
               f"paper's ordering by NLL: {_ordering(summary, key)})", ""]
         if task == "qa":
