@@ -260,3 +260,24 @@ def test_the_one_pairing_check_refuses_states_and_supports_that_are_not_the_trac
         check_pairing("ex", rows + [adaptive], 3, {"wise_adaptive": [b"\x03"]})
     flagged = check_pairing("ex", rows + [adaptive], 3, {"wise_adaptive": [b"\x03"]}, allow_mismatch=True)
     assert flagged["wise_adaptive"] is False
+
+
+def test_the_report_section_is_written_from_the_stages_tables_and_the_pipelines_keys():
+    import pyarrow.parquet as pq
+
+    from pipelines.config import paths
+    from pipelines.real_wise import headline
+    from pipelines.real_wise_summary import working_set_table
+    from pipelines.reports.real_wise_report import real_wise_markdown
+
+    p = _params()
+    read = lambda path: pq.read_table(ROOT / path).to_pylist()  # noqa: E731  the committed run's tables
+    summary, mech = read(paths.REAL_WISE_SUMMARY), read(paths.REAL_WISE_MECHANISM_SUMMARY)
+    items = [{"task": "qa"}] * p.real_wise.needles + [{"task": "text"}] * p.real_wise.windows
+    md = real_wise_markdown(p, summary, mech, working_set_table(read(paths.REAL_WISE_SUPPORTS)), items)
+    assert f"B = {p.wise.block_size}, η = {p.wise.eta}, backend {p.conditions.backend}" in md
+    # each conditions table lists conditions.names in their order
+    section = md.split("**Conditions, T = 8, t_d = 3, w = 1, text")[1].split("**Conditions")[0]
+    cells = [line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")]
+    assert [c for c in cells if c not in ("condition", "---")] == list(p.conditions.names)
+    assert set(headline(p, summary, mech)["qa_accuracy"]) == set(p.conditions.names)
