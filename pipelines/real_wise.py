@@ -2,48 +2,54 @@
 
 The retrofit of stage train_real_retrofit (``real_wise.retrofit``: lma or plain) is the backbone:
 a pretrained prelude, a looped block of pretrained layers whose attention goes through the WISE
-seam (``wise.models.looped.seam``) and a pretrained coda. The pipeline's own work items run on it, in the
-pipeline's worker pool (one Ray actor per GPU, CPU actors without one):
+seam (``wise.models.looped.seam``) and a pretrained coda. Its prompts are one more cohort: real-text
+QA items (needle facts, ``wise.data.real_text``; answer: the city) and held-out text windows (the
+last ``continuation`` tokens scored after the rest), sized to each of ``real_wise.lengths``. They go
+through the WISE pipeline's own stage code, in its worker pool, at each (T, t_d, w) of
+``real_wise.settings`` with every other setting from params (``wise.*``, ``conditions.*``,
+``recurrence.init_seed``, ``diagnostics.topk``):
 
-1. ``trace``: the Full trajectory of every prompt at each T of ``real_wise.settings``: block
-   masses per loop and the S / A / H / O diagnostics (the traces stage's task);
-2. supports derived from those masses for every (T, t_d, w) setting and condition
-   (``wise.engine.conditions.supports_from_trace``): density and retained future mass;
-3. ``conditions``: every condition on every prompt (the conditions stage's task): greedy answers
-   of the real-text QA items (needle facts, ``wise.data.real_text``) and the teacher-forced NLL of
-   the last ``continuation`` tokens of held-out text windows, decoded from the shared prefix.
+1. traces (``pipelines.traces.trace_cohort``): the Full trajectory at each T, block masses per
+   loop and the S / A / H / O diagnostics;
+2. supports (``pipelines.supports.derive_supports``) of every condition and setting, from them;
+3. conditions (``pipelines.conditions.run_cohort_conditions``): every condition on every prompt,
+   then the pipeline's one pairing check (``pipelines.conditions.check_pairing``): one state at
+   t_d, the Full trace's own, and each run's support and discovery step those of its trace.
 
-Pairing is checked as in the conditions stage: the conditions of one example reach t_d in one
-state, and each run's late support is the one derived from its Full trace (else the stage fails
-naming the example and condition). Summaries (CIs, McNemar, convergence) are in
-``pipelines.real_wise_summary``; the report section in ``pipelines.reports.real_wise_report``.
+What is the real study's own: the backbone's wise_adaptive rule (``real_wise.adaptive``: the
+calibration model's rule relies on one-hot attention and T = 32), scoring (greedy answers against
+the city's tokens, NLL of the window's last tokens), the mechanism's convergence loops, and the
+first setting's working sets as the kernel benchmarks' layouts. Summaries (CIs, McNemar,
+convergence) are in ``pipelines.real_wise_summary``; the report section in
+``pipelines.reports.real_wise_report``.
 """
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+
 import torch
 
+from pipelines.conditions import check_pairing, conditions_context, run_cohort_conditions
 from pipelines.config import paths, schemas
-from pipelines.config.params import ModelParams, Params, RealWiseParams
+from pipelines.config.params import ModelParams, Params
+from pipelines.config.run_spec import wise_settings
 from pipelines.compute.pool import WorkerPool
-from pipelines.compute.tasks.contexts import ConditionsContext, TraceContext
 from pipelines.real_model import base_folder, load_corpus, load_tokenizer, retrofit_folder, split_windows
 from pipelines.store.artifacts import write_json, write_parquet, write_text
-from wise.engine.conditions import supports_from_trace
+from pipelines.supports import derive_supports, layout_bits
+from pipelines.traces import trace_cohort, trace_context
 from wise.engine.discovery_depth import AdaptiveDiscovery, support_jaccard
 from wise.engine.diagnostics import convergence_summary
 from wise.engine.runner import WiseSettings
-from wise.engine.support import mass_support, pack_layout
+from wise.engine.support import mass_support
 
 
-class SupportMismatchError(RuntimeError):
-    """A run used a late support other than the one derived from its Full trace."""
-
-
-def settings_of(r: RealWiseParams, T: int, t_d: int, w: int) -> WiseSettings:
-    rule = AdaptiveDiscovery(**{**r.adaptive, "threshold": float(r.adaptive["threshold"])})
-    return WiseSettings(steps=T, discovery_step=t_d, window=w, block_size=r.block_size, eta=r.eta,
-                        backend=r.backend, adaptive=rule)
+def setting(p: Params, T: int, t_d: int, w: int) -> WiseSettings:
+    """The WISE settings of one (T, t_d, w) of real_wise.settings: B, eta and the backend from
+    params (wise.*, conditions.backend), wise_adaptive's rule from real_wise.adaptive."""
+    a = p.real_wise.adaptive
+    rule = AdaptiveDiscovery(**{**a, "threshold": float(a["threshold"])})
+    return dataclasses.replace(wise_settings(p), steps=T, discovery_step=t_d, window=w, adaptive=rule)
 
 
 def needles_at(tokenizer, corpus: list[dict], p: Params, length: int) -> list:
@@ -78,9 +84,9 @@ def needles_at(tokenizer, corpus: list[dict], p: Params, length: int) -> list:
     return best
 
 
-def real_items(p: Params, tokenizer, corpus: list[dict]) -> list[dict]:
-    """Work items: per length, the QA prompts (answer: the city) and the text windows (prompt: the
-    window less its last `continuation` tokens, answer: those tokens)."""
+def real_cohort(p: Params, tokenizer, corpus: list[dict]) -> list[dict]:
+    """The study's cohort: per length, the QA prompts (answer: the city) and the text windows
+    (prompt: the window less its last `continuation` tokens, answer: those tokens)."""
     r, items = p.real_wise, []
     for n in r.lengths:
         for row in needles_at(tokenizer, corpus, p, n):
@@ -114,53 +120,47 @@ def run_real_wise(p: Params) -> dict:
     r = p.real_wise
     tokenizer = load_tokenizer(base_folder(p.real_model))
     corpus = load_corpus()
-    items = real_items(p, tokenizer, corpus)
-    long_items = [{"example_id": f"window-test-0@{n}", "task": "long", "length": n, "answer": "",
-                   "token_ids": split_windows(tokenizer, corpus, "test", n, 1)[0], "answer_ids": []}
-                  for n in r.layout_lengths]
+    cohort = real_cohort(p, tokenizer, corpus)
+    long_cohort = [{"example_id": f"window-test-0@{n}", "task": "long", "length": n, "answer": "",
+                    "token_ids": split_windows(tokenizer, corpus, "test", n, 1)[0], "answer_ids": []}
+                   for n in r.layout_lengths]
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    by_T: dict[int, tuple[int, int, int]] = {}
+    by_T: dict[int, list[tuple[int, int, int]]] = {}
     for T, t_d, w in r.settings:
-        by_T.setdefault(T, (T, t_d, w))  # the trace's state hash is taken at this setting's t_d
+        by_T.setdefault(T, []).append((T, t_d, w))
+    headline_setting = tuple(r.settings[0])
     steps, mechanism, supports, results, layouts = [], [], [], [], []
-    with WorkerPool(retrofit_model(p), p.compute, len(items)) as pool:
-        for T, first in by_T.items():
-            context = TraceContext(settings=settings_of(r, *first), init_seed=p.real_model.seed, topk=r.topk,
-                                   diagnostics=True)
-            traces = pool.map("trace", [{k: it[k] for k in ("example_id", "token_ids")} for it in items], context,
-                              desc=f"real_wise traces T={T}")
-            for it, tr in zip(items, traces, strict=True):
+    with WorkerPool(retrofit_model(p), p.compute, len(cohort)) as pool:
+        for T, group in by_T.items():
+            traced = setting(p, *group[0])  # the trace's state hash is taken at this setting's t_d
+            traces = list(trace_cohort(pool, cohort, trace_context(p, traced), desc=f"real_wise traces T={T}"))
+            for it, tr in zip(cohort, traces, strict=True):
                 steps_rows, mech = mechanism_rows(p, it, tr, T)
                 steps += steps_rows
                 mechanism.append(mech)
-            for T_, t_d, w in r.settings:
-                if T_ != T:
-                    continue
-                derived, trace_hashes = {}, {}
-                for it, tr in zip(items, traces):
-                    # the trace's state is hashed at the first setting's t_d for this T
-                    trace_hashes[it["example_id"]] = tr["state_hash_td"] if t_d == first[1] else None
-                    summ = supports_from_trace(torch.from_numpy(tr["masses"]), len(it["token_ids"]), r.conditions,
-                                               r.eta, t_d, w, r.block_size, settings_of(r, T, t_d, w).adaptive)
+            for T_, t_d, w in group:
+                s = setting(p, T_, t_d, w)
+                derived = {}
+                for it, tr in zip(cohort, traces, strict=True):
+                    summ = derive_supports(torch.from_numpy(tr["masses"]), len(it["token_ids"]), p.conditions.names, s)
                     derived[it["example_id"]] = summ
                     supports += support_rows(it, summ, T, t_d, w)
-                    if (T, t_d, w) == tuple(r.settings[0]):
-                        layouts += layout_rows(it, summ["wise"].layout, T, t_d, w, r.block_size)
-                results += condition_rows(p, pool, items, derived, trace_hashes, (T, t_d, w), tokenizer, stop)
-        if long_items:  # Full only: the mechanism, the working set and the kernel's layouts at long contexts
-            first = tuple(r.settings[0])
-            context = TraceContext(settings=settings_of(r, *first), init_seed=p.real_model.seed, topk=r.topk,
-                                   diagnostics=True)
-            for it in long_items:
-                (tr,) = pool.map("trace", [{k: it[k] for k in ("example_id", "token_ids")}], context,
-                                 desc=f"real_wise long trace n={it['length']}")
-                steps_rows, mech = mechanism_rows(p, it, tr, first[0])
+                    if (T, t_d, w) == headline_setting:
+                        layouts += layout_rows(it, summ["wise"].layout, T, t_d, w, s.block_size)
+                # a trace hashed at another t_d says nothing about this setting's state at t_d
+                hashes = {it["example_id"]: tr["state_hash_td"] if t_d == traced.discovery_step else None
+                          for it, tr in zip(cohort, traces)}
+                results += condition_rows(p, pool, cohort, derived, hashes, s, tokenizer, stop)
+        if long_cohort:  # Full only: the mechanism, the working set and the kernel's layouts at long contexts
+            s = setting(p, *headline_setting)
+            for it in long_cohort:
+                (tr,) = trace_cohort(pool, [it], trace_context(p, s), desc=f"real_wise long trace n={it['length']}")
+                steps_rows, mech = mechanism_rows(p, it, tr, s.steps)
                 steps += steps_rows
                 mechanism.append(mech)
-                summ = supports_from_trace(torch.from_numpy(tr["masses"]), len(it["token_ids"]), ["wise"], r.eta,
-                                           first[1], first[2], r.block_size)
-                supports += support_rows(it, summ, *first)
-                layouts += layout_rows(it, summ["wise"].layout, *first, r.block_size)
+                summ = derive_supports(torch.from_numpy(tr["masses"]), len(it["token_ids"]), ["wise"], s)
+                supports += support_rows(it, summ, *headline_setting)
+                layouts += layout_rows(it, summ["wise"].layout, *headline_setting, s.block_size)
     write_parquet(steps, paths.REAL_WISE_STEPS, schemas.REAL_WISE_STEPS)
     write_parquet(mechanism, paths.REAL_WISE_MECHANISM, schemas.REAL_WISE_MECHANISM)
     write_parquet(supports, paths.REAL_WISE_SUPPORTS, schemas.REAL_WISE_SUPPORTS)
@@ -174,7 +174,7 @@ def run_real_wise(p: Params) -> dict:
     from pipelines.reports.real_wise_report import real_wise_markdown, real_wise_figure
 
     real_wise_figure(steps, paths.REAL_WISE_FIGURE)
-    write_text(real_wise_markdown(p, summary, mech, working_set_table(supports), items + long_items),
+    write_text(real_wise_markdown(p, summary, mech, working_set_table(supports), cohort + long_cohort),
                paths.REAL_WISE_MD)
     metrics = headline(p, summary, mech)
     write_json(metrics, paths.REAL_WISE_JSON)
@@ -186,7 +186,7 @@ def mechanism_rows(p: Params, item: dict, trace: dict, T: int) -> tuple[list[dic
     under the diagnostics section's rule; tau_S_block: the block supports' Jaccard)."""
     masses = torch.from_numpy(trace["masses"])
     series = dict(trace["series"])
-    series["S_block"] = block_jaccard_series(masses, p.real_wise.eta)
+    series["S_block"] = block_jaccard_series(masses, p.wise.eta)
     key = {"T": T, "task": item["task"], "length": item["length"], "example_id": item["example_id"]}
     rows = [{**key, "loop": t + 1, **{q: float(series[q][t]) for q in ("S", "S_block", "A", "H", "O")}}
             for t in range(T)]
@@ -207,34 +207,36 @@ def support_rows(item: dict, summaries: dict, T: int, t_d: int, w: int) -> list[
 def layout_rows(item: dict, layout: torch.Tensor, T: int, t_d: int, w: int, block_size: int) -> list[dict]:
     """The deployed WISE working set per layer, packed as the supports stage packs it: the kernel
     benchmarks' source of real layouts (``benchmarks.real_layouts``)."""
-    L, H, M, _ = layout.shape
+    _, H, M, _ = layout.shape
     return [{"T": T, "t_d": t_d, "w": w, "task": item["task"], "length": item["length"],
              "example_id": item["example_id"], "n_tokens": len(item["token_ids"]), "block_size": block_size,
-             "layer": layer, "heads": H, "blocks": M, "layout_bits": pack_layout(layout[layer]).tobytes()}
-            for layer in range(L)]
+             "layer": layer, "heads": H, "blocks": M, "layout_bits": bits}
+            for layer, bits in enumerate(layout_bits(layout))]
 
 
-def condition_rows(p: Params, pool: WorkerPool, items: list[dict], derived: dict, trace_hashes: dict,
-                   setting: tuple, tokenizer, stop: list[int]) -> list[dict]:
-    """Every condition on every item at one (T, t_d, w), pairing-checked, scored against Full."""
+def condition_rows(p: Params, pool: WorkerPool, cohort: list[dict], derived: dict, trace_hashes: dict,
+                   s: WiseSettings, tokenizer, stop: list[int]) -> list[dict]:
+    """Every condition on every prompt at one (T, t_d, w), pairing-checked against the Full traces
+    (`derived`: each example's supports, `trace_hashes`: its trace's state at t_d or None), scored
+    against Full. QA decodes conditions.max_new_tokens greedy tokens, a text window one."""
     from wise.analysis.metrics import answer_change, exact_match, f1
 
-    r, (T, t_d, w) = p.real_wise, setting
+    T, t_d, w = s.steps, s.discovery_step, s.window
     rows = []
-    for task, max_new in (("qa", r.max_new_tokens), ("text", 1)):
-        group = [it for it in items if it["task"] == task]
-        context = ConditionsContext(settings=settings_of(r, T, t_d, w), init_seed=p.real_model.seed,
-                                    conditions=tuple(r.conditions), max_new_tokens=max_new, stop_ids=tuple(stop),
-                                    generation="cached")
-        work = [{"examples": [{k: it[k] for k in ("example_id", "token_ids", "answer_ids")}]} for it in group]
-        outs = pool.map("conditions", work, context, desc=f"real_wise {task} T={T} t_d={t_d} w={w}")
+    for task, max_new in (("qa", None), ("text", 1)):
+        group = [it for it in cohort if it["task"] == task]
+        outs = run_cohort_conditions(p, pool, group, conditions_context(p, s, stop, max_new),
+                                     desc=f"real_wise {task} T={T} t_d={t_d} w={w}")
         for it, out in zip(group, outs, strict=True):
-            by_cond = {row["condition"]: row for row in out["examples"][0]["rows"]}
-            check_pairing(it["example_id"], by_cond, derived[it["example_id"]], t_d, trace_hashes[it["example_id"]])
+            summ = derived[it["example_id"]]
+            check_pairing(it["example_id"], out["rows"], t_d, {n: layout_bits(x.layout) for n, x in summ.items()},
+                          trace_hash=trace_hashes[it["example_id"]],
+                          trace_steps={n: int(x.discovery_step) for n, x in summ.items()})
+            by_cond = {row["condition"]: row for row in out["rows"]}
             full = by_cond["full"]
             full_text = answer_text(tokenizer, full["prediction_ids"])
             full_ok = _greedy_correct(full["prediction_ids"], it["answer_ids"])
-            for name in r.conditions:
+            for name in p.conditions.names:
                 run = by_cond[name]
                 text = answer_text(tokenizer, run["prediction_ids"])
                 ok = _greedy_correct(run["prediction_ids"], it["answer_ids"])
@@ -265,27 +267,6 @@ def answer_text(tokenizer, ids: list[int]) -> str:
     return text.strip()
 
 
-def check_pairing(example_id: str, by_cond: dict, derived: dict, t_d: int, trace_hash: str | None = None) -> None:
-    """All conditions at t_d share one state, the Full trace's own when it was hashed at this t_d;
-    every support run uses its trace-derived support."""
-    hashes = {row["state_hash_td"] for row in by_cond.values() if row["discovery_step"] == t_d}
-    if len(hashes) != 1:
-        raise SupportMismatchError(f"{example_id}: conditions reached t_d = {t_d} in different states {sorted(hashes)}")
-    if trace_hash is not None and hashes != {trace_hash}:
-        raise SupportMismatchError(f"{example_id}: the conditions' state at t_d = {t_d} is not the one its Full trace "
-                                   "reached: the supports were derived from another computation")
-    for name, row in by_cond.items():
-        if name not in derived:
-            continue
-        want = [pack_layout(layer).tobytes() for layer in derived[name].layout]
-        if row["layout_bits"] != want:
-            raise SupportMismatchError(f"{example_id}/{name}: the run's late support is not the one derived from "
-                                       "its Full trace")
-        if row["discovery_step"] != derived[name].discovery_step:
-            raise SupportMismatchError(f"{example_id}/{name}: ran with discovery step {row['discovery_step']}, the "
-                                       f"trace gives {derived[name].discovery_step}")
-
-
 def headline(p: Params, summary: list[dict], mech: list[dict]) -> dict:
     """A few numbers for `dvc metrics show`: the first setting, the first length."""
     T, t_d, w = p.real_wise.settings[0]
@@ -296,7 +277,7 @@ def headline(p: Params, summary: list[dict], mech: list[dict]) -> dict:
                      == (T, t_d, w, task, n, cond)), None)
 
     return {"setting": f"T={T} t_d={t_d} w={w} n={n}",
-            "qa_accuracy": {c: cell("qa", c, "accuracy") for c in p.real_wise.conditions},
-            "text_delta_nll": {c: cell("text", c, "delta_nll") for c in p.real_wise.conditions if c != "full"},
+            "qa_accuracy": {c: cell("qa", c, "accuracy") for c in p.conditions.names},
+            "text_delta_nll": {c: cell("text", c, "delta_nll") for c in p.conditions.names if c != "full"},
             "routing_first_fraction": next((m["routing_first"] for m in mech if m["T"] == T and m["length"] == n
                                             and m["task"] == "all"), None)}

@@ -1,10 +1,12 @@
 """WISE on the real looped model (pipelines.real_wise, benchmarks.real_layouts): the retrofitted
 SmolLM2-135M-Instruct routes its late steps through the seam (a planted late-step policy bug
 changes its outputs, and nothing else), its discovered supports survive the layouts file bit for
-bit and give the kernel's output equal to the fp32 reference, and the stage's bad inputs are
-refused by key."""
+bit and give the kernel's output equal to the fp32 reference; a cohort of its real prompts goes
+through the WISE pipeline's own traces, supports and conditions code under wise.* / conditions.*,
+guarded by the pipeline's one pairing check; the stage's bad inputs are refused by key."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -135,12 +137,90 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
     assert relative_error(out, ref) <= 1e-4
 
 
+def _params(**real_wise):
+    from pipelines.config.params import load_params
+
+    p = load_params(ROOT / "params.yaml", check_model=False)
+    return dataclasses.replace(p, real_wise=dataclasses.replace(p.real_wise, **real_wise))
+
+
+class _Pool:
+    """The worker pool's interface, running each work item in this process on a loaded model."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def imap(self, task, items, context, desc=""):
+        from pipelines.compute.work import get_task
+
+        for item in items:
+            yield {**get_task(task)(self.model, item, context),
+                   "worker": {"device": "cpu", "device_name": "cpu", "dtype": "float32"}}
+
+    def map(self, task, items, context, desc=""):
+        return list(self.imap(task, items, context, desc))
+
+
+def test_a_real_cohort_runs_through_the_pipelines_traces_supports_and_conditions(looped, converted):
+    from pipelines.conditions import SupportMismatchError
+    from pipelines.config import schemas
+    from pipelines.real_model import load_corpus, load_tokenizer
+    from pipelines.real_wise import condition_rows, real_cohort, setting
+    from pipelines.store.artifacts import to_table
+    from pipelines.supports import derive_supports
+    from pipelines.traces import trace_cohort, trace_context
+
+    p = _params(settings=((4, 2, 1),), lengths=(96,), needles=1, windows=1, continuation=8)
+    p = dataclasses.replace(p, conditions=dataclasses.replace(p.conditions, names=("full", "wise")))
+    tok = load_tokenizer(converted)
+    cohort = real_cohort(p, tok, load_corpus())
+    assert [it["task"] for it in cohort] == ["qa", "text"]
+    assert [len(it["answer_ids"]) for it in cohort][1] == 8 and len(cohort[1]["token_ids"]) == 88
+    s = setting(p, 4, 2, 1)
+    pool = _Pool(looped)
+    traces = list(trace_cohort(pool, cohort, trace_context(p, s)))
+    derived = {it["example_id"]: derive_supports(torch.from_numpy(tr["masses"]), len(it["token_ids"]),
+                                                 p.conditions.names, s) for it, tr in zip(cohort, traces)}
+    assert all(set(d) == {"wise"} for d in derived.values())  # full has no support
+    hashes = {it["example_id"]: tr["state_hash_td"] for it, tr in zip(cohort, traces)}
+    stop = [tok.eos_token_id]
+    rows = condition_rows(p, pool, cohort, derived, hashes, s, tok, stop)
+    assert [(r["example_id"], r["condition"]) for r in rows] == [
+        (it["example_id"], c) for it in cohort for c in p.conditions.names]
+    # every run is in the Full trace's state at t_d (the pairing check passed on real runs)
+    assert all(r["state_hash_td"] == hashes[r["example_id"]] and r["discovery_step"] == 2 for r in rows)
+    text = {r["condition"]: r["nll"] for r in rows if r["task"] == "text"}
+    assert text["wise"] != text["full"]  # the sparse late loops change the NLL
+    assert to_table(rows, schemas.REAL_WISE_RESULTS, "results").num_rows == len(rows)
+    # a support derived under another eta is not the one the run discovers: the one pairing check refuses it
+    qa, tr = cohort[0], traces[0]
+    other = {qa["example_id"]: derive_supports(torch.from_numpy(tr["masses"]), len(qa["token_ids"]), ["wise"],
+                                               dataclasses.replace(s, eta=0.5))}
+    with pytest.raises(SupportMismatchError, match=f"example {qa['example_id']}, condition wise"):
+        condition_rows(p, pool, [qa], other, hashes, s, tok, stop)
+
+
+def test_real_wise_reads_b_eta_backend_and_conditions_from_the_pipelines_keys():
+    from pipelines.config.params import ParamsError, parse
+    from pipelines.real_wise import setting
+
+    p = _params()
+    moved = dataclasses.replace(p, wise=dataclasses.replace(p.wise, eta=0.9, block_size=64),
+                                conditions=dataclasses.replace(p.conditions, backend="reference"))
+    s = setting(moved, 8, 3, 1)
+    assert (s.steps, s.discovery_step, s.window, s.eta, s.block_size, s.backend) == (8, 3, 1, 0.9, 64, "reference")
+    assert s.adaptive.max_step == p.real_wise.adaptive["max_step"]  # the backbone's own rule
+    for key in ("eta", "block_size", "backend", "conditions", "max_new_tokens", "topk"):
+        with pytest.raises(ParamsError, match=f"real_wise.*{key}"):
+            parse({"real_wise": {key: 1}}, complete=False)
+
+
 def test_bad_real_wise_params_are_refused_by_key():
     from pipelines.config.params import ParamsError, parse
     from pipelines.config.validate import validate
 
-    def check(**changes):
-        p = parse({"real_wise": changes}, complete=False)
+    def check(conditions=None, **changes):
+        p = parse({"real_wise": changes, **({"conditions": conditions} if conditions else {})}, complete=False)
         validate(p)
 
     with pytest.raises(ParamsError, match=r"real_wise.settings = \[8, 8, 1\]"):
@@ -148,21 +228,56 @@ def test_bad_real_wise_params_are_refused_by_key():
     with pytest.raises(ParamsError, match="real_wise.adaptive.max_step"):
         check(settings=[[8, 3, 1]], adaptive={"criterion": "jaccard_min", "threshold": 0.9, "min_step": 2,
                                               "max_step": 8, "window": 2})
-    with pytest.raises(ParamsError, match="real_wise.conditions"):
-        check(conditions=["wise", "full"])
+    with pytest.raises(ParamsError, match="conditions.names.*must include wise"):
+        check(conditions={"names": ["full", "truncate"]})
+    with pytest.raises(ParamsError, match=r"real_wise.lengths.*2 \* wise.block_size = 64"):
+        check(lengths=[48], continuation=4)
     with pytest.raises(ParamsError, match="real_wise.continuation"):
         check(lengths=[64], continuation=40)
     with pytest.raises(ParamsError, match="real_wise.retrofit"):
         check(retrofit="base")
 
 
-def test_pairing_refuses_conditions_that_left_the_full_traces_state():
-    from pipelines.real_wise import SupportMismatchError, check_pairing
+def test_the_one_pairing_check_refuses_states_and_supports_that_are_not_the_traces():
+    from pipelines.conditions import PairingError, SupportMismatchError, check_pairing
 
-    rows = {name: {"state_hash_td": "a", "discovery_step": 3} for name in ("full", "truncate")}
-    check_pairing("ex", rows, {}, 3, trace_hash="a")
-    check_pairing("ex", rows, {}, 3)  # a trace hashed at another t_d says nothing here
-    with pytest.raises(SupportMismatchError, match="ex: the conditions' state at t_d = 3 is not the one its Full trace"):
-        check_pairing("ex", rows, {}, 3, trace_hash="b")
-    with pytest.raises(SupportMismatchError, match="different states"):
-        check_pairing("ex", {**rows, "wise": {"state_hash_td": "c", "discovery_step": 3}}, {}, 3, trace_hash="a")
+    rows = [{"condition": c, "state_hash_td": "a", "discovery_step": 3, "layout_bits": None}
+            for c in ("full", "truncate")]
+    assert check_pairing("ex", rows, 3, {}, trace_hash="a") == {"full": None, "truncate": None}
+    check_pairing("ex", rows, 3, {})  # a trace hashed at another t_d says nothing here
+    with pytest.raises(PairingError, match="ex: the conditions' state at t_d = 3 is not the one its Full trace"):
+        check_pairing("ex", rows, 3, {}, trace_hash="b")
+    with pytest.raises(PairingError, match="different states"):
+        check_pairing("ex", rows + [{"condition": "wise", "state_hash_td": "c", "discovery_step": 3,
+                                     "layout_bits": [b"\x01"]}], 3, {}, trace_hash="a")
+    adaptive = {"condition": "wise_adaptive", "state_hash_td": "z", "discovery_step": 5, "layout_bits": [b"\x01"]}
+    assert check_pairing("ex", rows + [adaptive], 3, {"wise_adaptive": [b"\x01"]},
+                         trace_steps={"wise_adaptive": 5})["wise_adaptive"] is True
+    with pytest.raises(SupportMismatchError, match="example ex, condition wise_adaptive: the run ended discovery at "
+                                                   "step 5, its Full trace at step 4"):
+        check_pairing("ex", rows + [adaptive], 3, {"wise_adaptive": [b"\x01"]}, trace_steps={"wise_adaptive": 4})
+    with pytest.raises(SupportMismatchError, match="example ex, condition wise_adaptive: the run's late support"):
+        check_pairing("ex", rows + [adaptive], 3, {"wise_adaptive": [b"\x03"]})
+    flagged = check_pairing("ex", rows + [adaptive], 3, {"wise_adaptive": [b"\x03"]}, allow_mismatch=True)
+    assert flagged["wise_adaptive"] is False
+
+
+def test_the_report_section_is_written_from_the_stages_tables_and_the_pipelines_keys():
+    import pyarrow.parquet as pq
+
+    from pipelines.config import paths
+    from pipelines.real_wise import headline
+    from pipelines.real_wise_summary import working_set_table
+    from pipelines.reports.real_wise_report import real_wise_markdown
+
+    p = _params()
+    read = lambda path: pq.read_table(ROOT / path).to_pylist()  # noqa: E731  the committed run's tables
+    summary, mech = read(paths.REAL_WISE_SUMMARY), read(paths.REAL_WISE_MECHANISM_SUMMARY)
+    items = [{"task": "qa"}] * p.real_wise.needles + [{"task": "text"}] * p.real_wise.windows
+    md = real_wise_markdown(p, summary, mech, working_set_table(read(paths.REAL_WISE_SUPPORTS)), items)
+    assert f"B = {p.wise.block_size}, η = {p.wise.eta}, backend {p.conditions.backend}" in md
+    # each conditions table lists conditions.names in their order
+    section = md.split("**Conditions, T = 8, t_d = 3, w = 1, text")[1].split("**Conditions")[0]
+    cells = [line.split(" | ")[0].strip("| ") for line in section.splitlines() if line.startswith("| ")]
+    assert [c for c in cells if c not in ("condition", "---")] == list(p.conditions.names)
+    assert set(headline(p, summary, mech)["qa_accuracy"]) == set(p.conditions.names)

@@ -218,14 +218,13 @@ class RealModelParams:
 @dataclass(frozen=True)
 class RealWiseParams:
     """WISE on the real model's retrofit (stage real_wise): its traces, supports and every
-    condition on real-text QA prompts and held-out text windows (pipelines.real_wise)."""
+    condition on real-text QA prompts and held-out text windows (pipelines.real_wise). Only what is
+    the study's own: B, eta, the backend, the conditions and decoding come from wise.* and
+    conditions.*, as for every cohort."""
 
     retrofit: str = "lma"  # which retrofit of real_model is the looped backbone: lma | plain
     # (T, t_d, w) settings; the first is the headline, the rest the sweep
     settings: tuple = ((8, 3, 1), (16, 6, 2))
-    block_size: int = 32  # B
-    eta: float = 0.95
-    backend: str = "reference"  # late sparse attention: reference | kernel (CUDA) | flex
     lengths: tuple[int, ...] = (512,)  # context lengths (tokens) of the QA prompts and text windows
     # longer text windows traced under Full only: their mechanism, working set and layouts (the
     # kernel benchmarks' real supports at long contexts)
@@ -233,13 +232,10 @@ class RealWiseParams:
     needles: int = 4  # QA prompts per length (test split)
     windows: int = 2  # held-out text windows per length (test split)
     continuation: int = 16  # each window's last tokens, scored under every condition after its prompt
-    max_new_tokens: int = 6  # QA: greedy tokens decoded per condition
-    topk: int = 16  # the S diagnostic's top-k keys
-    # wise_adaptive's settling rule on this model (wise.engine.discovery_depth.AdaptiveDiscovery)
+    # wise_adaptive's settling rule on this backbone (wise.engine.discovery_depth.AdaptiveDiscovery):
+    # its step bounds follow real_wise.settings' T, its threshold the backbone's soft attention
     adaptive: dict = field(default_factory=lambda: {"criterion": "jaccard_min", "threshold": 0.9, "min_step": 2,
                                                     "max_step": 6, "window": 2})
-    conditions: tuple[str, ...] = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a",
-                                   "truncate", "wise_adaptive")
 
 
 @dataclass(frozen=True)

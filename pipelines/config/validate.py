@@ -49,7 +49,7 @@ def validate(p, max_positions: int | None = None):
              f"must satisfy 1 <= w <= wise.discovery_step ({w.discovery_step})")
     validate_adaptive(p)
     validate_real_model(p.real_model)
-    validate_real_wise(p.real_wise)
+    validate_real_wise(p)
     _require(len(c.context_lengths) > 0 and all(isinstance(n, int) and n > 0 for n in c.context_lengths),
              "cohorts.context_lengths", list(c.context_lengths), "must be a non-empty list of positive integers")
     _require(len(set(c.context_lengths)) == len(c.context_lengths), "cohorts.context_lengths",
@@ -253,10 +253,11 @@ def validate_real_model(m) -> None:
              "must be in (0, 1)")
 
 
-def validate_real_wise(r) -> None:
+def validate_real_wise(p) -> None:
     """`real_wise:` (stage real_wise): settings (T, t_d, w) with 1 <= w <= t_d < T, the adaptive
-    rule below the smallest T, lengths within the model's positions, known conditions."""
-    k = "real_wise."
+    rule below the smallest T, lengths within the model's positions; the conditions it runs
+    (conditions.names) include wise, whose supports are its saved layouts."""
+    r, k = p.real_wise, "real_wise."
     _require(r.retrofit in ("lma", "plain"), k + "retrofit", r.retrofit, "must be lma or plain")
     settings = [list(s) if isinstance(s, (list, tuple)) else s for s in r.settings]
     _require(bool(settings) and all(isinstance(s, list) and len(s) == 3 and all(
@@ -265,26 +266,20 @@ def validate_real_wise(r) -> None:
     for T, td, w in settings:
         _require(1 <= w <= td < T, k + "settings", [T, td, w], "must satisfy 1 <= w <= t_d < T")
     _require(len({tuple(s) for s in settings}) == len(settings), k + "settings", settings, "has duplicates")
-    _require(_is_pow2(r.block_size) and r.block_size >= 16, k + "block_size", r.block_size,
-             "must be a power of two >= 16")
-    _require(0.0 < r.eta <= 1.0, k + "eta", r.eta, "must be in (0, 1]")
-    _require(r.backend in ("reference", "kernel", "flex"), k + "backend", r.backend,
-             "must be reference, kernel or flex")
+    B = p.wise.block_size
     lengths = list(r.lengths)
     _require(bool(lengths) and len(set(lengths)) == len(lengths) and all(
-        isinstance(n, int) and 2 * r.block_size <= n <= 8192 for n in lengths), k + "lengths", lengths,
-        "must be distinct integers in [2 * block_size, 8192] (the model's positions)")
+        isinstance(n, int) and 2 * B <= n <= 8192 for n in lengths), k + "lengths", lengths,
+        f"must be distinct integers in [2 * wise.block_size = {2 * B}, 8192] (the model's positions)")
     long = list(r.layout_lengths)
-    _require(len(set(long)) == len(long) and all(isinstance(n, int) and 2 * r.block_size <= n <= 8192 for n in long),
-             k + "layout_lengths", long, "must be distinct integers in [2 * block_size, 8192]")
-    for key in ("needles", "windows", "max_new_tokens", "topk"):
+    _require(len(set(long)) == len(long) and all(isinstance(n, int) and 2 * B <= n <= 8192 for n in long),
+             k + "layout_lengths", long, f"must be distinct integers in [2 * wise.block_size = {2 * B}, 8192]")
+    for key in ("needles", "windows"):
         _require(getattr(r, key) >= 1, k + key, getattr(r, key), "must be >= 1")
     _require(1 <= r.continuation < min(lengths) // 2, k + "continuation", r.continuation,
              f"must be in [1, {min(lengths) // 2}) (half the shortest length)")
-    unknown = [c for c in r.conditions if c not in ALL_CONDITIONS]
-    _require(bool(r.conditions) and not unknown and r.conditions[0] == "full" and "wise" in r.conditions
-             and len(set(r.conditions)) == len(r.conditions), k + "conditions", list(r.conditions),
-             f"must start with full, include wise (its supports are the saved layouts) and name only {list(ALL_CONDITIONS)} once")
+    _require("wise" in p.conditions.names, "conditions.names", list(p.conditions.names),
+             "must include wise: stage real_wise saves its supports as the kernel benchmarks' layouts")
     a = r.adaptive
     keys = [f.name for f in dataclasses.fields(AdaptiveDiscovery)]
     _require(isinstance(a, dict) and sorted(a) == sorted(keys), k + "adaptive", a, f"must give exactly {keys}")

@@ -73,7 +73,8 @@ def real_wise_markdown(p, summary: list[dict], mech: list[dict], working: list[d
          f"windows (the last {r.continuation} tokens scored after the rest) over lengths {list(r.lengths)}"
          + (f"; Full traces of windows of {list(r.layout_lengths)} tokens (working set, mechanism)" if r.layout_lengths
             else "")
-         + f"; B = {r.block_size}, η = {r.eta}, backend {r.backend}; settings (T, t_d, w) {[list(s) for s in r.settings]}; "
+         + f"; B = {p.wise.block_size}, η = {p.wise.eta}, backend {p.conditions.backend}; settings (T, t_d, w) "
+         f"{[list(s) for s in r.settings]}; "
          f"wise_adaptive: {r.adaptive}. Brackets: {100 * p.statistics.ci_level:g}% paired bootstrap intervals over "
          "examples; McNemar exact, two-sided, against Full. Tables: `data/real/wise/*.parquet` "
          "(`python -m pipelines.store.query \"SELECT * FROM real_wise_summary\"`).", ""]
@@ -85,7 +86,7 @@ def real_wise_markdown(p, summary: list[dict], mech: list[dict], working: list[d
     L += [f"![convergence per loop]({paths.REAL_WISE_FIGURE.name})", ""]
     trained = (p.real_model.loops_min, p.real_model.loops_max)
     L += mechanism_lines(mech) + working_set_lines(working)
-    L += condition_lines(summary, trained, [tuple(x) for x in r.settings], list(r.conditions))
+    L += condition_lines(summary, trained, [tuple(x) for x in r.settings], list(p.conditions.names))
     L.append("")
     return "\n".join(L)
 
