@@ -156,7 +156,7 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     from wise.halting.trajectory import Trajectory
     from wise.looped.text_task import window_nll
 
-    windows = split_windows(tokenizer, corpus, "test", p.window_tokens, p.eval_windows)
+    windows = split_windows("test", p.window_tokens, p.eval_windows)
     needles = needle_rows(tokenizer, corpus, p, "test", p.eval_needles)
     check_safe_floor(base, looped, needles[:1])  # full logits on one row; every row's T = 1 NLL below
     depths = sorted(set(p.eval_depths))
