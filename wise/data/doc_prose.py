@@ -29,6 +29,9 @@ GOOGLE_HEADING = re.compile(r"^\s*([A-Z][A-Za-z ]{1,30}):\s*$")
 FIELD = re.compile(r"^\s*:(param|parameter|arg|argument|key|keyword|type|rtype|returns?|yields?|raises?|"
                    r"except|exception|var|ivar|cvar|vartype|meta)\b[^:]*:\s*(.*)$")
 ENTRY = re.compile(r"^\s*\*{0,2}[\w.\[\], |]+(\s*\([^)]*\))?\s*:\s+(\S.*)$")  # Google "x (int): text"
+# "name (type): text" / "name (type):" anywhere (transformers documents outputs and configs so,
+# often without an Args heading): the entry's name and type are dropped, its description kept
+TYPED_ENTRY = re.compile(r"^\s*\*{0,2}[A-Za-z_][\w.]*\*{0,2}\s*\((?:[^()]|\([^()]*\))*\)\s*:\s*(.*)$")
 BULLET = re.compile(r"^\s*([-*+\u2022]|\d+[.)]|\(\w\)|#\.)\s+")
 ROLE = re.compile(r":[\w:+.-]+:`([^`]*)`")
 LINK = re.compile(r"`([^`<]+?)\s*<[^>]*>`_{1,2}")
@@ -167,6 +170,13 @@ def _structural_lines(text: str) -> list[str | None]:
             out.append(None)
             if field.group(1) not in ("type", "rtype", "vartype") and field.group(2):
                 out.append(field.group(2))
+            i += 1
+            continue
+        typed = TYPED_ENTRY.match(line)
+        if typed:
+            out.append(None)
+            if typed.group(1):
+                out.append(typed.group(1))
             i += 1
             continue
         if section in FIELD_SECTIONS:
