@@ -171,9 +171,9 @@ class RealModelParams:
     device: str = "auto"  # real_eval: auto (cuda if present) | cpu | cuda; training always asks for a GPU
     seed: int = 0  # distribution split, needle items, training draws, bootstrap
     heldout_fraction: float = 0.05  # of the corpus' tokens, whole distributions (wise.data.doc_corpus)
-    test_fraction: float = 0.05
+    test_fraction: float = 0.1
     corpus_min_words: int = 6  # a paragraph of fewer words is not running prose
-    corpus_min_chars: int = 200  # a document of less prose than this is dropped
+    corpus_min_chars: int = 100  # a document of less prose than this is dropped
     corpus_workers: int = 2  # processes that parse and tokenize
     window_tokens: int = 256  # text windows (probe, training, held-out NLL)
     needle_facts: int = 3  # facts hidden in each passage (1 = trivial, more = harder)

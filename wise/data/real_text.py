@@ -15,8 +15,8 @@ The number of facts per passage sets the difficulty: measured on SmolLM2-135M-In
 """
 from __future__ import annotations
 
+import bisect
 import random
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,27 +53,44 @@ class NeedleItem:
     facts: int  # facts in the passage (the target's and the distractors)
 
 
-def _prose(text: str) -> list[str]:
-    return re.sub(r"\s+", " ", text).strip().split(" ")
+@dataclass
+class _Run:
+    """One distribution's documents of a split read as one run of words; only the documents a passage
+    touches are split into words (a split holds millions of words)."""
+    texts: list[str]
+    ends: list[int]  # cumulative word counts
+
+    def words(self, start: int, n: int) -> list[str]:
+        i = bisect.bisect_right(self.ends, start)
+        offset, out = start - (self.ends[i - 1] if i else 0), []
+        while len(out) < n:
+            out.extend(self.texts[i].split()[offset:offset + n - len(out)])
+            offset, i = 0, i + 1
+        return out
+
+
+def _runs(corpus: list[dict], split: str) -> dict[str, _Run]:
+    runs: dict[str, _Run] = {}
+    for r in corpus:
+        if r["split"] == split:
+            run = runs.setdefault(r["distribution"], _Run([], []))
+            run.texts.append(r["text"])
+            run.ends.append((run.ends[-1] if run.ends else 0) + len(r["text"].split()))
+    return runs
 
 
 def needle_items(corpus: list[dict], split: str, n: int, seed: int, facts: int, words: int) -> list[NeedleItem]:
     """n items of one split, each a pure function of (seed, split, index) given the corpus."""
     if not 1 <= facts <= min(len(NAMES), len(CITIES)):
         raise ValueError(f"facts = {facts}: must be in 1..{min(len(NAMES), len(CITIES))}")
-    runs: dict[str, list[str]] = {}
-    for r in corpus:
-        if r["split"] == split:
-            runs.setdefault(r["distribution"], []).extend(_prose(r["text"]))
-    texts = [(d, w) for d, w in sorted(runs.items()) if len(w) >= words]
+    texts = [(d, run) for d, run in sorted(_runs(corpus, split).items()) if run.ends[-1] >= words]
     if not texts:
         raise ValueError(f"no {split} distribution has {words} words of prose")
     items = []
     for i in range(n):
         rng = random.Random(derive_seed("needle", seed, split, i))
-        source, prose = texts[rng.randrange(len(texts))]
-        start = rng.randrange(len(prose) - words + 1)
-        passage = prose[start:start + words]
+        source, run = texts[rng.randrange(len(texts))]
+        passage = run.words(rng.randrange(run.ends[-1] - words + 1), words)
         people, cities = rng.sample(NAMES, facts), rng.sample(CITIES, facts)
         # facts go after sentence ends where the passage has them, else anywhere
         ends = [j + 1 for j, w in enumerate(passage) if w.endswith(".")] or list(range(1, words + 1))
