@@ -1,4 +1,4 @@
-"""Stage body of real_corpus: the documentation corpus of the pinned distributions (``wise.data.doc_corpus``)
+"""Stage body of real_corpus: the documentation corpus of the pinned distributions (``wise.doc_corpus.documents``)
 -> data/real/corpus.parquet, its manifest, and the token arrays a GPU run carries.
 
 Order of work: the pins are checked against the installed set (one line naming the package) before
@@ -31,8 +31,8 @@ import numpy as np
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import write_json, write_parquet
 from wise.atomic_files import write_bytes_atomic
-from wise.data.doc_corpus import SPLITS, assign_splits, deduplicate, file_documents, sha256_text, topic_documents
-from wise.data.doc_sources import (PYTHON, check_installed, distribution, pinned_distributions, pydoc_license,
+from wise.doc_corpus.documents import SPLITS, assign_splits, deduplicate, file_documents, sha256_text, topic_documents
+from wise.doc_corpus.sources import (PYTHON, check_installed, distribution, pinned_distributions, pydoc_license,
                                    pydoc_topics, python_version)
 
 _TOKENIZER = None

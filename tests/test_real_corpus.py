@@ -1,4 +1,4 @@
-"""The documentation corpus (wise.data.doc_prose, doc_sources, doc_corpus; pipelines.real_corpus):
+"""The documentation corpus (wise.doc_corpus: prose, sources, documents; pipelines.real_corpus):
 code and doctest lines dropped, prose kept; pins read and a differing install refused in one line
 naming the package; whole distributions per split; the same input gives the same documents and
 sha256 whatever the worker count. Fixtures are tiny (a few docstrings, two small distributions)."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from wise.data.doc_corpus import SPLITS, assign_splits, deduplicate, file_documents, sha256_text
-from wise.data.doc_prose import is_prose, prose_paragraphs
-from wise.data.doc_sources import check_installed, docstrings_of, pinned_distributions
+from wise.doc_corpus.documents import SPLITS, assign_splits, deduplicate, file_documents, sha256_text
+from wise.doc_corpus.prose import is_prose, prose_paragraphs
+from wise.doc_corpus.sources import check_installed, docstrings_of, pinned_distributions
 
 NUMPY_STYLE = '''Compute the running mean of a sequence, one value per position of the input.
 
@@ -121,7 +121,8 @@ def test_file_documents_skip_test_suites_and_number_repeated_names(tmp_path):
 
 def test_deduplication_keeps_each_paragraph_once():
     one = "A paragraph that two distributions copied from each other word for word."
-    docs = [{"doc_id": "a:1", "distribution": "a", "source": "docstring", "paragraphs": [one, "Only in a, and long enough."]},
+    docs = [{"doc_id": "a:1", "distribution": "a", "source": "docstring",
+             "paragraphs": [one, "Only in a, and long enough."]},
             {"doc_id": "b:1", "distribution": "b", "source": "docstring", "paragraphs": [one.upper()]}]
     kept, dropped = deduplicate(docs, 10)
     assert [d["doc_id"] for d in kept] == ["a:1"] and dropped == {"duplicate_paragraphs": 1, "short_documents": 1}

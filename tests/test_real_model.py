@@ -40,8 +40,8 @@ def tokenizer(converted):
 def corpus():
     """Rows of the real corpus' shape from the language reference alone (the full corpus takes minutes to
     build): its topics cleaned and deduplicated, dealt round-robin to three distributions, one per split."""
-    from wise.data.doc_corpus import SPLITS, deduplicate, topic_documents
-    from wise.data.doc_sources import pydoc_topics
+    from wise.doc_corpus.documents import SPLITS, deduplicate, topic_documents
+    from wise.doc_corpus.sources import pydoc_topics
 
     docs, _ = deduplicate(topic_documents(pydoc_topics(), 6), 200)
     return [d | {"split": SPLITS[i % 3], "distribution": f"topics-{SPLITS[i % 3]}"} for i, d in enumerate(docs)]

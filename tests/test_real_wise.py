@@ -31,8 +31,8 @@ def window(converted):
     """160 tokens of real prose (CPython's language reference, cleaned as the corpus stage cleans it;
     the built corpus is not needed)."""
     from pipelines.real_model import load_tokenizer
-    from wise.data.doc_corpus import topic_documents
-    from wise.data.doc_sources import pydoc_topics
+    from wise.doc_corpus.documents import topic_documents
+    from wise.doc_corpus.sources import pydoc_topics
 
     text = "\n\n".join(p for d in topic_documents(pydoc_topics(), 6)[:3] for p in d["paragraphs"])
     return load_tokenizer(converted)(text, add_special_tokens=False).input_ids[:160]

@@ -170,7 +170,7 @@ class RealModelParams:
     dtype: str = "float32"
     device: str = "auto"  # real_eval: auto (cuda if present) | cpu | cuda; training always asks for a GPU
     seed: int = 0  # distribution split, needle items, training draws, bootstrap
-    heldout_fraction: float = 0.05  # of the corpus' tokens, whole distributions (wise.data.doc_corpus)
+    heldout_fraction: float = 0.05  # of the corpus' tokens, whole distributions (wise.doc_corpus.documents)
     test_fraction: float = 0.1
     corpus_min_words: int = 6  # a paragraph of fewer words is not running prose
     corpus_min_chars: int = 100  # a document of less prose than this is dropped

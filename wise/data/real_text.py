@@ -1,6 +1,6 @@
 """Real English text that every machine has, and a question-answering task on it.
 
-The text is the documentation corpus (``wise.data.doc_corpus``, stage real_corpus): the running prose
+The text is the documentation corpus (``wise.doc_corpus.documents``, stage real_corpus): the running prose
 of the docstrings of the distributions pinned in pyproject.toml and of CPython's language reference,
 split by distribution into train / held-out / test (a package's text never crosses splits). The
 later stages read the stage's Parquet and token arrays, not the interpreter.
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wise.data.doc_corpus import SPLITS
 from wise.data.splits import derive_seed
 
 NAMES = ("Orvel", "Tamsin", "Quillon", "Bexley", "Marrow", "Dunstan", "Ysolde", "Fennick", "Corwin",

@@ -1,6 +1,6 @@
 """The documentation corpus: one document per docstring (module, class or function) of a pinned
 distribution, or per topic of CPython's language reference, reduced to its running prose
-(``wise.data.doc_prose``), deduplicated, and split by distribution.
+(``wise.doc_corpus.prose``), deduplicated, and split by distribution.
 
 - ``file_documents`` / ``topic_documents``: the prose paragraphs of each docstring or topic, with a
   stable id (``<distribution>:<path in site-packages>:<qualified name>``, or
@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from wise.data.doc_prose import prose_paragraphs
-from wise.data.doc_sources import PYTHON, docstrings_of, relative_path
+from wise.doc_corpus.prose import prose_paragraphs
+from wise.doc_corpus.sources import PYTHON, docstrings_of, relative_path
 from wise.data.splits import derive_seed
 
 SPLITS = ("train", "heldout", "test")
