@@ -84,6 +84,8 @@ def test_cleaning_drops_doctests_code_and_entry_lines_and_keeps_the_prose():
 def test_inline_markup_becomes_its_text_and_code_paragraphs_are_not_prose():
     doc = "Return the :class:`~torch.nn.Module` that ``forward`` calls, as described in `the guide <https://x.y>`_."
     assert prose_paragraphs(doc, 6) == ["Return the Module that forward calls, as described in the guide."]
+    doc = "Load it with [`~PreTrainedModel.from_pretrained`] and get back a `list[str]` of the names it read."
+    assert prose_paragraphs(doc, 6) == ["Load it with from_pretrained and get back a list[str] of the names it read."]
     assert not is_prose("x = torch.zeros(3, 4); y = x.sum(dim=0) if flag else None", 6)
     assert not is_prose("torch.nn.Module, torch.nn.Linear, torch.nn.Conv2d, torch.nn.ReLU, torch.nn.GELU", 6)
     assert not is_prose("Too short to train on.", 6)

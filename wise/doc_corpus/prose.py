@@ -38,7 +38,8 @@ LINK = re.compile(r"`([^`<]+?)\s*<[^>]*>`_{1,2}")
 LITERAL = re.compile(r"``([^`]+)``")
 INTERPRETED = re.compile(r"`([^`]+)`_{0,2}")
 MARKDOWN_LINK = re.compile(r"\[([^\]]+)\]\((?:https?://|#|\.)[^)]*\)")
-CROSS_REF = re.compile(r"\[(~?)([\w.]+)\]")  # transformers' [`~a.B`] once the backticks are gone
+# transformers' [`~a.B`] once the backticks are gone (not list[str], not a markdown link)
+CROSS_REF = re.compile(r"(?<![\w\]])\[(~?)([\w.]+)\](?!\()")
 EMPHASIS = re.compile(r"(?<![\w*])\*\*?([^*\s][^*]*?)\*\*?(?![\w*])")
 
 # Headings whose section is a list of names, citations or code, not prose.
