@@ -179,3 +179,17 @@ def test_the_same_pins_give_the_same_documents_whatever_the_worker_count():
     assert [sha256_text(d["text"]) for d in one] == [sha256_text(d["text"]) for d in two]
     assert len({d["doc_id"] for d in one}) == len(one) and dropped["documents_before_dedup"] >= len(one)
     assert not any(">>>" in d["text"] for d in one)
+
+
+def test_the_stage_refuses_a_changed_pin_before_writing_anything(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from pipelines.config.params import RealModelParams
+    from pipelines.real_corpus import run_real_corpus
+
+    monkeypatch.chdir(tmp_path)
+    pyproject = _pyproject(tmp_path, ["scipy==0.1.0", "numpy==0.0.1"])
+    with pytest.raises(RuntimeError) as err:
+        run_real_corpus(SimpleNamespace(real_model=RealModelParams()), pyproject)
+    assert "\n" not in str(err.value) and str(err.value).startswith("pyproject.toml pins numpy==0.0.1 but ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pyproject.toml"]
