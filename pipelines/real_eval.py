@@ -143,7 +143,8 @@ def run_real_eval(params: Params) -> dict:
 
     facts = json.loads((base_folder(p) / "gguf_source.json").read_text())
     block = looped["lma"].config
-    md = real_model_markdown(p, table, halting, card, facts, (block.block_start, block.block_layers), len(corpus),
+    manifest = json.loads(paths.REAL_CORPUS_MANIFEST_JSON.read_text())
+    md = real_model_markdown(p, table, halting, card, facts, (block.block_start, block.block_layers), manifest,
                              st.ci_level, str(device))
     write_text(md, paths.REAL_MD)
     metrics = headline(table, halting)
