@@ -193,3 +193,49 @@ def test_the_stage_refuses_a_changed_pin_before_writing_anything(tmp_path, monke
         run_real_corpus(SimpleNamespace(real_model=RealModelParams()), pyproject)
     assert "\n" not in str(err.value) and str(err.value).startswith("pyproject.toml pins numpy==0.0.1 but ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pyproject.toml"]
+
+
+def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice(tmp_path, monkeypatch):
+    """run_real_corpus on two small pins and the language reference, with a word-level stand-in for the
+    SmolLM2 tokenizer (so no model is needed): one split per distribution, the manifest adds up, every
+    document ends with EOS in its split's array, and a second build writes identical files."""
+    import dataclasses
+    import json
+    from importlib.metadata import version
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import pipelines.real_corpus as stage
+    from pipelines.config.params import RealModelParams
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    monkeypatch.setattr(stage, "tokenizer_file", lambda folder: tmp_path / "tokenizer.json")
+    monkeypatch.setattr(stage, "eos_id", lambda path: 1)
+    monkeypatch.setattr(stage, "pinned_distributions", lambda path: {n: version(n) for n in ("gguf", "markdown")})
+    sizes = dict(heldout_fraction=0.3, test_fraction=0.05)  # gguf (tiny) to test, markdown to held-out
+    params = SimpleNamespace(real_model=dataclasses.replace(RealModelParams(), **sizes))
+    digests = []
+    for build in ("a", "b"):
+        (tmp_path / build).mkdir()
+        monkeypatch.chdir(tmp_path / build)
+        manifest = stage.run_real_corpus(params, tmp_path / "unused.toml")
+        rows = pq.read_table("data/real/corpus.parquet").to_pylist()
+        splits_of = {}
+        for r in rows:
+            splits_of.setdefault(r["distribution"], set()).add(r["split"])
+        assert splits_of.keys() == {"gguf", "markdown", "python"} and all(len(s) == 1 for s in splits_of.values())
+        for split, summary in manifest["splits"].items():
+            ids = np.load(f"data/real/tokens_{split}.npy")
+            mine = [r for r in rows if r["split"] == split]
+            assert ids.dtype == np.uint16 and int((ids == 1).sum()) == len(mine) == summary["documents"]
+            assert ids.size == sum(r["tokens"] for r in mine) + len(mine) and ids[-1] == 1
+        assert json.loads(open("data/real/corpus_manifest.json").read()) == manifest
+        digests.append([sha256_text(open(f"data/real/{f}", "rb").read().hex()) for f in sorted(
+            ["corpus.parquet", "corpus_manifest.parquet", "corpus_manifest.json", "tokens_train.npy",
+             "tokens_heldout.npy", "tokens_test.npy"])])
+    assert digests[0] == digests[1]
