@@ -143,7 +143,8 @@ def run_real_eval(params: Params) -> dict:
 
     facts = json.loads((base_folder(p) / "gguf_source.json").read_text())
     block = looped["lma"].config
-    md = real_model_markdown(p, table, halting, card, facts, (block.block_start, block.block_layers), len(corpus),
+    manifest = json.loads(paths.REAL_CORPUS_MANIFEST_JSON.read_text())
+    md = real_model_markdown(p, table, halting, card, facts, (block.block_start, block.block_layers), manifest,
                              st.ci_level, str(device))
     write_text(md, paths.REAL_MD)
     metrics = headline(table, halting)
@@ -156,7 +157,7 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     from wise.halting.trajectory import Trajectory
     from wise.looped.text_task import window_nll
 
-    windows = split_windows(tokenizer, corpus, "test", p.window_tokens, p.eval_windows)
+    windows = split_windows("test", p.window_tokens, p.eval_windows)
     needles = needle_rows(tokenizer, corpus, p, "test", p.eval_needles)
     check_safe_floor(base, looped, needles[:1])  # full logits on one row; every row's T = 1 NLL below
     depths = sorted(set(p.eval_depths))

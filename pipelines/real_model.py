@@ -4,9 +4,10 @@ RecurTrace retrofits trained on that text.
 
 - real_base (stages/real_base.py): the GGUF of the installed package -> data/models/<preset folder>/
   (an ordinary Hugging Face folder with a card; ``wise.packaged_gguf``).
-- real_corpus (stages/real_corpus.py): CPython's language reference split by topic ->
-  data/real/corpus.parquet (committed, so every machine trains and evaluates on the same text
-  whatever its Python); ``load_corpus`` reads it.
+- real_corpus (stages/real_corpus.py, pipelines.real_corpus): the documentation prose of the
+  distributions pinned in pyproject.toml and CPython's language reference, split by distribution ->
+  data/real/corpus.parquet and tokens_<split>.npy (built on each machine from the pins);
+  ``load_corpus`` and ``split_windows`` read them.
 - ``run_train_real``: the angular-distance probe picks the looped block on train-split windows
   (bounded away from the ends by min_prefix / min_suffix), then the retrofit (LMA with
   re-injection, or plain re-injection) trains only its added modules, the base frozen, on
@@ -51,13 +52,16 @@ def load_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def split_windows(tokenizer, corpus: list[dict], split: str, length: int, limit: int | None = None) -> list[list[int]]:
-    """Windows of one split's topics, joined in topic order (``wise.data.real_text.windows``)."""
+def split_windows(split: str, length: int, limit: int | None = None) -> list[list[int]]:
+    """Windows of one split's token array (``wise.data.real_text.windows``)."""
+    import numpy as np
+
     from wise.data.real_text import windows
 
-    runs = [tokenizer(r["text"] + "\n\n", add_special_tokens=False).input_ids
-            for r in corpus if r["split"] == split]
-    out = windows(runs, length, limit)
+    path = paths.real_tokens(split)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `dvc repro real_corpus` first")
+    out = windows(np.load(path, mmap_mode="r"), length, limit)
     if limit is not None and len(out) < limit:
         raise ValueError(f"the {split} split has {len(out)} windows of {length} tokens, fewer than the "
                          f"{limit} asked for: lower the count or real_model.window_tokens")
@@ -126,7 +130,7 @@ def run_train_real(params: Params, variant: str, device: str) -> dict:
     tokenizer = load_tokenizer(folder)
     dev = torch.device(device)
     base = load_base(folder, dtype=getattr(torch, p.dtype), device=dev)
-    train_windows = split_windows(tokenizer, corpus, "train", p.window_tokens)
+    train_windows = split_windows("train", p.window_tokens)
     start, probe_rows = probe_block(base, train_windows, p)
     fields = dict(block_start=start, block_layers=p.block_layers, use_lma=variant == "lma", mean_recurrence=4,
                   seed=p.seed, name=f"{p.name}-{variant}")

@@ -93,7 +93,7 @@ def real_cohort(p: Params, tokenizer, corpus: list[dict]) -> list[dict]:
             items.append({"example_id": f"{row.example_id}@{n}", "task": "qa", "length": n,
                           "token_ids": list(row.prompt_ids), "answer_ids": list(row.answer_ids),
                           "answer": row.answers[0]})
-        for i, w in enumerate(split_windows(tokenizer, corpus, "test", n, r.windows)):
+        for i, w in enumerate(split_windows("test", n, r.windows)):
             items.append({"example_id": f"window-test-{i}@{n}", "task": "text", "length": n,
                           "token_ids": w[:n - r.continuation], "answer_ids": w[n - r.continuation:], "answer": ""})
     return items
@@ -122,7 +122,7 @@ def run_real_wise(p: Params) -> dict:
     corpus = load_corpus()
     cohort = real_cohort(p, tokenizer, corpus)
     long_cohort = [{"example_id": f"window-test-0@{n}", "task": "long", "length": n, "answer": "",
-                    "token_ids": split_windows(tokenizer, corpus, "test", n, 1)[0], "answer_ids": []}
+                    "token_ids": split_windows("test", n, 1)[0], "answer_ids": []}
                    for n in r.layout_lengths]
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     by_T: dict[int, list[tuple[int, int, int]]] = {}

@@ -1,21 +1,20 @@
-"""Stage `real_corpus`: CPython's language reference (pydoc_data.topics) split by topic into
-train / held-out / test -> data/real/corpus.parquet (committed: every machine reads the same text)."""
-import collections
+"""Stage `real_corpus`: the documentation corpus of the distributions pinned in pyproject.toml and
+CPython's language reference, split by distribution (pipelines.real_corpus) -> data/real/corpus.parquet,
+corpus_manifest.{parquet,json}, tokens_{train,heldout,test}.npy (built on each machine, not in git)."""
 import sys
+import time
 
-from pipelines.config import paths, schemas
+from pipelines.config import paths
 from pipelines.config.cli import stage_main
-from pipelines.store.artifacts import write_parquet
-from wise.data.real_text import corpus_rows
+from pipelines.real_corpus import run_real_corpus
 
 
 def run(params) -> None:
-    p = params.real_model
-    rows = corpus_rows(p.seed, p.heldout_fraction, p.test_fraction)
-    write_parquet(rows, paths.REAL_CORPUS, schemas.REAL_CORPUS)
-    counts = collections.Counter(r["split"] for r in rows)
-    print(f"real_corpus: {len(rows)} topics ({dict(sorted(counts.items()))}), Python {rows[0]['python']} "
-          f"-> {paths.REAL_CORPUS}")
+    start = time.perf_counter()
+    manifest = run_real_corpus(params)
+    splits = ", ".join(f"{s} {v['tokens']:,} tokens / {v['chars']:,} chars / {v['documents']:,} documents "
+                       f"({len(v['distributions'])} distributions)" for s, v in manifest["splits"].items())
+    print(f"real_corpus: {splits}; built in {time.perf_counter() - start:.0f} s -> {paths.REAL_CORPUS}")
 
 
 if __name__ == "__main__":

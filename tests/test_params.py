@@ -76,6 +76,11 @@ def test_default_params_are_valid():
     (lambda r: r["exit_criteria"]["criteria"][0].pop("min_step"), "exit_criteria.criteria"),
     (lambda r: r["exit_criteria"].update(depths=[0]), "exit_criteria.depths"),
     (lambda r: r["exit_criteria"].update(conditions=["wise_adaptive"]), "exit_criteria.conditions"),
+    # the documentation corpus (stage real_corpus)
+    (lambda r: r["real_model"].update(corpus_min_words=0), "real_model.corpus_min_words"),
+    (lambda r: r["real_model"].update(corpus_min_chars=0), "real_model.corpus_min_chars"),
+    (lambda r: r["real_model"].update(corpus_workers=0), "real_model.corpus_workers"),
+    (lambda r: r["real_model"].update(test_fraction=0.6, heldout_fraction=0.5), "real_model.test_fraction"),
 ])
 def test_bad_values_name_the_key(tmp_path, edit, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):

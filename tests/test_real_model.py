@@ -38,9 +38,22 @@ def tokenizer(converted):
 
 @pytest.fixture(scope="module")
 def corpus():
-    from wise.data.real_text import corpus_rows
+    """Rows of the real corpus' shape from the language reference alone (the full corpus takes minutes to
+    build): its topics cleaned and deduplicated, dealt round-robin to three distributions, one per split."""
+    from wise.doc_corpus.documents import SPLITS, deduplicate, topic_documents
+    from wise.doc_corpus.sources import pydoc_topics
 
-    return corpus_rows(0, 0.2, 0.2)
+    docs, _ = deduplicate(topic_documents(pydoc_topics(), 6), 200)
+    return [d | {"split": SPLITS[i % 3], "distribution": f"topics-{SPLITS[i % 3]}"} for i, d in enumerate(docs)]
+
+
+def _windows(tokenizer, corpus, split: str, length: int, limit: int):
+    import numpy as np
+
+    from wise.data.real_text import windows
+
+    flat = [t for r in corpus if r["split"] == split for t in tokenizer(r["text"], add_special_tokens=False).input_ids]
+    return torch.tensor(windows(np.asarray(flat, dtype=np.uint16), length, limit))
 
 
 def test_conversion_gives_an_ordinary_folder_with_its_card(converted):
@@ -136,11 +149,9 @@ def test_a_corrupt_gguf_is_refused_and_leaves_the_old_folder(tmp_path):
 
 
 def test_the_probe_picks_a_block_away_from_the_ends(base, tokenizer, corpus):
-    from wise.data.real_text import windows
     from wise.looped.probe import block_distances
 
-    runs = [tokenizer(r["text"], add_special_tokens=False).input_ids for r in corpus if r["split"] == "train"]
-    ids = torch.tensor(windows(runs, 128, 4))
+    ids = _windows(tokenizer, corpus, "train", 128, 4)
     rows = block_distances(base, [(ids, torch.ones_like(ids, dtype=torch.bool))], 3, 4, 4)
     chosen = [r for r in rows if r["chosen"]]
     assert len(chosen) == 1 and 4 <= chosen[0]["start"] <= 30 - 4 - 3
@@ -167,18 +178,15 @@ def test_one_loop_of_every_retrofit_is_the_base(base, tokenizer, corpus):
             assert not torch.equal(model(ids, 2), ref)
 
 
-def test_the_topic_split_and_the_needle_items_are_deterministic(corpus, tokenizer):
-    from wise.data.real_text import corpus_rows, needle_items
+def test_the_needle_items_are_deterministic_and_drawn_from_their_split(corpus, tokenizer):
+    from wise.data.real_text import needle_items
     from wise.looped.text_task import needle_row
 
-    assert {r["split"] for r in corpus} == {"train", "heldout", "test"}
-    assert corpus == corpus_rows(0, 0.2, 0.2)
-    assert [r["split"] for r in corpus] != [r["split"] for r in corpus_rows(1, 0.2, 0.2)]
     items = needle_items(corpus, "test", 6, 0, 3, 150)
     assert items == needle_items(corpus, "test", 6, 0, 3, 150)
-    test_topics = {r["topic"] for r in corpus if r["split"] == "test"}
+    assert [it.passage for it in items] != [it.passage for it in needle_items(corpus, "test", 6, 1, 3, 150)]
     for item in items:
-        assert item.topic in test_topics and f"{item.lead} {item.answer}." in item.passage
+        assert item.distribution == "topics-test" and f"{item.lead} {item.answer}." in item.passage
         assert sum(s.endswith(" lives in") for s in [item.lead]) == 1 and item.passage.count(" lives in ") == 3
     row = needle_row(tokenizer, items[0])
     assert tokenizer.decode(row.answer_ids) == " " + items[0].answer
@@ -186,12 +194,10 @@ def test_the_topic_split_and_the_needle_items_are_deterministic(corpus, tokenize
 
 
 def test_window_nll_reads_each_depth_of_one_recurrence(base, tokenizer, corpus):
-    from wise.data.real_text import windows
     from wise.models.looped.model import build_looped
     from wise.looped.text_task import window_nll
 
-    runs = [tokenizer(r["text"], add_special_tokens=False).input_ids for r in corpus if r["split"] == "test"]
-    ids = torch.tensor(windows(runs, 48, 3))
+    ids = _windows(tokenizer, corpus, "test", 48, 3)
     model = build_looped(base, block_start=13, block_layers=3, use_lma=False)
     got = window_nll(model, ids, [3, 1], batch_rows=2)
     for j, T in enumerate([1, 3]):

@@ -30,10 +30,14 @@ def looped(converted):
 
 @pytest.fixture(scope="module")
 def window(converted):
-    """160 tokens of held-out (test-split) real text."""
-    from pipelines.real_model import load_corpus, load_tokenizer, split_windows
+    """160 tokens of real prose (CPython's language reference, cleaned as the corpus stage cleans it;
+    the built corpus is not needed)."""
+    from pipelines.real_model import load_tokenizer
+    from wise.doc_corpus.documents import topic_documents
+    from wise.doc_corpus.sources import pydoc_topics
 
-    return split_windows(load_tokenizer(converted), load_corpus(), "test", 160, 1)[0]
+    text = "\n\n".join(p for d in topic_documents(pydoc_topics(), 6)[:3] for p in d["paragraphs"])
+    return load_tokenizer(converted)(text, add_special_tokens=False).input_ids[:160]
 
 
 def _settings(eta=0.95):

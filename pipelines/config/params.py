@@ -169,9 +169,12 @@ class RealModelParams:
     name: str = "smollm2-135m"  # retrofits: data/models/<name>-{lma,plain}; tables: data/real/
     dtype: str = "float32"
     device: str = "auto"  # real_eval: auto (cuda if present) | cpu | cuda; training always asks for a GPU
-    seed: int = 0  # topic split, needle items, training draws, bootstrap
-    heldout_fraction: float = 0.2  # of the topics
-    test_fraction: float = 0.2
+    seed: int = 0  # distribution split, needle items, training draws, bootstrap
+    heldout_fraction: float = 0.05  # of the corpus' tokens, whole distributions (wise.doc_corpus.documents)
+    test_fraction: float = 0.1
+    corpus_min_words: int = 6  # a paragraph of fewer words is not running prose
+    corpus_min_chars: int = 100  # a document of less prose than this is dropped
+    corpus_workers: int = 2  # processes that parse and tokenize
     window_tokens: int = 256  # text windows (probe, training, held-out NLL)
     needle_facts: int = 3  # facts hidden in each passage (1 = trivial, more = harder)
     needle_words: int = 150  # words of prose per passage

@@ -42,7 +42,16 @@ def retrofit_tables(name: str) -> Path:
 
 # A real pretrained model (stages real_base, real_corpus, train_real_retrofit, real_eval)
 REAL_DIR = DATA / "real"
-REAL_CORPUS = REAL_DIR / "corpus.parquet"
+REAL_CORPUS = REAL_DIR / "corpus.parquet"  # per document of the documentation corpus (built locally, not in git)
+REAL_CORPUS_MANIFEST = REAL_DIR / "corpus_manifest.parquet"  # per distribution: version, license, split, tokens
+REAL_CORPUS_MANIFEST_JSON = REAL_DIR / "corpus_manifest.json"  # the same, with sha256 per split
+
+
+def real_tokens(split: str) -> Path:
+    """data/real/tokens_<split>.npy: the split's token ids (uint16), each document followed by EOS."""
+    return REAL_DIR / f"tokens_{split}.npy"
+
+
 REAL_LOOPS = REAL_DIR / "loops.parquet"  # per (variant, T, example): NLL, correct
 REAL_CURVES = REAL_DIR / "curves.parquet"  # per (variant, T, task): means with bootstrap CIs
 REAL_HALTING = REAL_DIR / "halting.parquet"  # per method: accuracy, mean loops, McNemar
@@ -100,6 +109,7 @@ VIEWS = {
     "adaptive_wise": RETROFIT_DIR / "*" / ADAPTIVE_WISE,
     "adaptive_wise_summary": RETROFIT_DIR / "*" / ADAPTIVE_WISE_SUMMARY,
     "real_corpus": REAL_CORPUS,
+    "real_corpus_manifest": REAL_CORPUS_MANIFEST,
     "real_loops": REAL_LOOPS,
     "real_curves": REAL_CURVES,
     "real_halting": REAL_HALTING,

@@ -145,8 +145,10 @@ ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("he
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_id", STR), ("pool", STR)] + \
     _ints("t_min", "t_max") + [("delta", FLOAT)]
 # -- a real pretrained model (pipelines.real_model, pipelines.real_eval) ----------------------------
-REAL_CORPUS = _schema([("topic", STR), ("split", STR), ("text", STR), ("chars", INT), ("sha256", STR),
-                       ("python", STR)])
+REAL_CORPUS = _schema([("doc_id", STR), ("distribution", STR), ("version", STR), ("split", STR), ("source", STR),
+                       ("text", STR)], _ints("chars", "tokens"), [("sha256", STR)])
+REAL_CORPUS_MANIFEST = _schema([("distribution", STR), ("version", STR), ("license", STR), ("split", STR),
+                                ("source", STR)], _ints("files", "documents", "chars", "tokens"), [("sha256", STR)])
 BLOCK_PROBE = _schema(_ints("start", "end", "layers"), [("mean_angular_distance", FLOAT)], _ints("n_tokens"),
                       [("eligible", BOOL), ("chosen", BOOL)])
 REAL_LOOPS = _schema([("variant", STR), ("task", STR), ("example_id", STR)], _ints("T"),
@@ -235,6 +237,7 @@ BY_VIEW = {
     "adaptive_wise": ADAPTIVE_WISE,
     "adaptive_wise_summary": ADAPTIVE_WISE_SUMMARY,
     "real_corpus": REAL_CORPUS,
+    "real_corpus_manifest": REAL_CORPUS_MANIFEST,
     "real_loops": REAL_LOOPS,
     "real_curves": REAL_CURVES,
     "real_halting": REAL_HALTING,

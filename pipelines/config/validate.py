@@ -212,7 +212,10 @@ def validate_real_model(m) -> None:
     for key in ("heldout_fraction", "test_fraction"):
         _require(0.0 < getattr(m, key) < 1.0, k + key, getattr(m, key), "must be in (0, 1)")
     _require(m.heldout_fraction + m.test_fraction < 1.0, k + "test_fraction", m.test_fraction,
-             "heldout_fraction + test_fraction must leave topics to train on (< 1)")
+             "heldout_fraction + test_fraction must leave distributions to train on (< 1)")
+    _require(m.corpus_min_words >= 1, k + "corpus_min_words", m.corpus_min_words, "must be >= 1")
+    _require(m.corpus_min_chars >= 1, k + "corpus_min_chars", m.corpus_min_chars, "must be >= 1")
+    _require(1 <= m.corpus_workers <= 64, k + "corpus_workers", m.corpus_workers, "must be in 1..64")
     _require(32 <= m.window_tokens <= 8192, k + "window_tokens", m.window_tokens, "must be in [32, 8192]")
     _require(1 <= m.needle_facts <= min(len(NAMES), len(CITIES)), k + "needle_facts", m.needle_facts,
              f"must be in 1..{min(len(NAMES), len(CITIES))}")

@@ -69,15 +69,23 @@ def figure(table: list[dict], halting: list[dict]) -> str:
     return paths.REAL_FIGURE.name
 
 
+def corpus_line(manifest: dict) -> str:
+    """The documentation corpus in one sentence, from its manifest (stage real_corpus)."""
+    parts = [f"{s} {v['tokens']:,} tokens ({len(v['distributions'])} distributions)"
+             for s, v in manifest["splits"].items()]
+    return (f"the docstrings of {len(manifest['pyproject_pins'])} pinned distributions and CPython's language "
+            f"reference reduced to prose, split by distribution: {', '.join(parts)} (`data/real/corpus_manifest.json`)")
+
+
 def real_model_markdown(p, table: list[dict], halting: list[dict], card: dict, source: dict,
-                        block: tuple[int, int], topics: int, level: float, device: str) -> str:
+                        block: tuple[int, int], corpus: dict, level: float, device: str) -> str:
     start, k = block
     depths = sorted({r["T"] for r in table if r["variant"] != "base"})
     L = [f"Model: **{source['upstream']}** ({source['quantisation']} weights from the pip package "
          f"`{source['distribution']}=={source['version']}`, GGUF sha256 `{source['sha256'][:16]}…`, "
          f"{source['license']}), looped block layers {start}-{start + k - 1} (angular-distance probe, "
-         f"at least {p.min_prefix} layers before and {p.min_suffix} after). Text: CPython's language reference "
-         f"(`pydoc_data.topics`, {topics} topics split by topic); held-out NLL on {p.eval_windows} test windows of "
+         f"at least {p.min_prefix} layers before and {p.min_suffix} after). Text: {corpus_line(corpus)}; "
+         f"held-out NLL on {p.eval_windows} test windows of "
          f"{p.window_tokens} tokens; needle task: {p.needle_facts} facts hidden in {p.needle_words} words of test "
          f"prose, asked through the chat template, {p.eval_needles} items; run on {device}, {p.dtype}. Brackets: {100 * level:g}% bootstrap "
          "intervals over examples. Tables: `data/real/*.parquet` (`python -m pipelines.store.query "
