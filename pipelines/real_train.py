@@ -105,7 +105,8 @@ def variant_fields(p: RealModelParams, variant: str, base, block_start: int) -> 
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: one of {VARIANTS}")
     common = dict(block_start=block_start, block_layers=p.block_layers, seed=p.seed, name=f"{p.name}-{variant}")
-    sizes = SimpleNamespace(lma_head_dim=p.lma_head_dim, gate_hidden=p.gate_hidden, max_added_fraction=p.max_added_fraction)
+    sizes = SimpleNamespace(lma_head_dim=p.lma_head_dim, gate_hidden=p.gate_hidden,
+                            max_added_fraction=p.max_added_fraction)
     lma = dict(common, use_lma=True, mean_recurrence=4, window=p.lma_window, lma_head_dim=p.lma_head_dim,
                gate_hidden=p.gate_hidden, lma_heads=lma_heads_for(base, sizes, p.block_layers))
     if variant == "lma":
