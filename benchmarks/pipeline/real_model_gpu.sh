@@ -16,7 +16,8 @@
 # (the checkpoint: copy it to data/models/ and `dvc commit train_real_retrofit@VARIANT`),
 # $OUT/nll_VARIANT.parquet and $OUT/train_VARIANT.log; plain and t1 take LMA's block and step count
 # from /tmp/wise-real/lma_summary.json (or MATCH=<train_summary.json>) so all three see the same
-# tokens and steps. Training keys: params/real-model-gpu.yaml (PARAMS=... to change).
+# tokens and steps. Training keys: params/real-model-gpu.yaml (PARAMS=... to change); DEPTHS="1 2 4"
+# narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -99,7 +100,7 @@ train() {  # device: one variant, then NLL vs loops of it and of the base
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"; } | tee "$log"
   $py -m benchmarks.pipeline.real_train_gpu train "$variant" --base "$base" --tokens "$work/files/tokens_train.npy" \
     --windows "$work/files/eval_windows.npy" --params "$params" --out "$out/$name-$variant" --quiet \
-    "${match[@]}" 2>&1 | tee -a "$log"
+    ${DEPTHS:+--depths $DEPTHS} "${match[@]}" 2>&1 | tee -a "$log"
   cp "$out/$name-$variant/train_summary.json" "$work/${variant}_summary.json"
 }
 
