@@ -32,11 +32,9 @@ tree_mib() {  # what a device call sends besides its carried paths
 }
 
 pack() {  # here: the files the device needs, in chunks that fit one call each beside the tree
-  local out=.real-gpu chunk gguf
+  local out=.real-gpu chunk gguf  # ignored (.gitignore): it travels only when a call carries it
   chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
   [ "$chunk" -ge 4 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all)"; exit 1; }
-  local exclude; exclude=$(git rev-parse --git-path info/exclude)
-  grep -qx '/.real-gpu/' "$exclude" 2>/dev/null || echo '/.real-gpu/' >> "$exclude"
   rm -rf "$out" && mkdir -p "$out/files" "$out/parts"
   gguf=$($py -c "from wise.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
   cp "$gguf" "$out/files/model.gguf"
