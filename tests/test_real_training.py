@@ -111,6 +111,8 @@ def test_bad_token_data_is_refused_in_one_line(tmp_path):
     assert str(path) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(FileNotFoundError, match="no token-id export"):
         split_tokens(tmp_path / "missing.npy", 4096)
+    with pytest.raises(ValueError, match="fewer than 2 windows of 60 without overlap"):
+        spaced_windows(np.arange(100), 2, 60)
     with pytest.raises(ValueError, match="needle item b does not fit a row of 32 tokens"):
         WindowBatches(np.arange(100), [needle("a", 5, 1), needle("b", 40, 2)], WindowSpec(2, 32, 0.5, 0), eos=1)
 
@@ -180,6 +182,7 @@ def test_every_variant_trains_under_bf16_autocast_and_logs_tokens_per_s(tmp_path
         assert curve[0].split(",")[-1] == "tokens_per_s" and float(curve[-1].split(",")[-1]) > 0
         recipe = json.loads((out / "train_recipe.json").read_text())
         assert recipe["variant"] == variant and recipe["train_tokens_sha256"] == tokens_sha256(tokens)
+        assert "device" not in recipe["params"] and recipe["params"]["train_tokens"] == p.train_tokens
         model = load_retrofit(out, base=base_dir)
         trained = {n: t for n, t in model.added_state_dict().items()}
         assert all(torch.isfinite(t).all() for t in trained.values())

@@ -16,13 +16,14 @@
 # (the checkpoint: copy it to data/models/ and `dvc commit train_real_retrofit@VARIANT`),
 # $OUT/nll_VARIANT.parquet and $OUT/train_VARIANT.log; plain and t1 take LMA's block and step count
 # from /tmp/wise-real/lma_summary.json (or MATCH=<train_summary.json>) so all three see the same
-# tokens and steps. Training keys: params/real-model-gpu.yaml (PARAMS=... to change); DEPTHS="1 2 4"
-# narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32).
+# tokens and steps. Training keys: params.yaml's real_model (PARAMS=... to change); DEPTHS="1 2 4"
+# narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32); EVAL_WINDOWS (default 64) held-out
+# windows of train_window_tokens from the test split, evenly spaced, none overlapping.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-params=${PARAMS:-params/real-model-gpu.yaml}
+params=${PARAMS:-params.yaml}
 work=${WORK:-/tmp/wise-real}
 name=smollm2-135m
 base="$work/$name-instruct"
@@ -40,7 +41,8 @@ pack() {  # here: the files the device needs, in chunks that fit one call each b
   cp "$gguf" "$out/files/model.gguf"
   cp "${WHEEL:-.whl/gguf-0.19.0-py3-none-any.whl}" "$out/files/"
   $py -m benchmarks.pipeline.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"
-  $py -m benchmarks.pipeline.real_train_gpu windows --split test --params "$params" --out "$out/files/eval_windows.npy"
+  $py -m benchmarks.pipeline.real_train_gpu windows --split test --n "${EVAL_WINDOWS:-64}" --params "$params" \
+    --out "$out/files/eval_windows.npy"
   : > "$out/MANIFEST"
   for f in "$out"/files/*; do
     local n; n=$(basename "$f")
@@ -81,8 +83,9 @@ receive() {  # device: take in the carried chunks, put complete files together, 
     mv "$work/files/$n.tmp" "$work/files/$n" && rm -f "$work/incoming/$n".part-*
     echo "receive: $n complete"
   done < "$work/incoming/MANIFEST"
-  if [ ! -f "$base/config.json" ] && [ -f "$work/files/model.gguf" ] && ls "$work"/files/gguf-*.whl > /dev/null 2>&1; then
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$work"/files/gguf-*.whl
+  local wheel; wheel=$(ls "$work"/files/gguf-*.whl 2> /dev/null || true)
+  if [ ! -f "$base/config.json" ] && [ -f "$work/files/model.gguf" ] && [ -n "$wheel" ]; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$wheel"
     PYTHONPATH="$work/site:${PYTHONPATH:-}" $py -m benchmarks.pipeline.real_train_gpu base \
       --gguf "$work/files/model.gguf" --out "$base"
   fi
@@ -95,7 +98,7 @@ train() {  # device: one variant, then NLL vs loops of it and of the base
   receive || { echo "train: files are still missing (above)"; exit 1; }
   [ "$variant" = lma ] || match=(--match "${MATCH:-$work/lma_summary.json}")
   log="$out/train_$variant.log"
-  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"; } | tee "$log"
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } | tee "$log"
   $py -m benchmarks.pipeline.real_train_gpu train "$variant" --base "$base" --tokens "$work/files/tokens_train.npy" \
     --windows "$work/files/eval_windows.npy" --params "$params" --out "$out/$name-$variant" --quiet \
     ${DEPTHS:+--depths $DEPTHS} "${match[@]}" 2>&1 | tee -a "$log"

@@ -1,6 +1,6 @@
 """The real retrofits on a GPU machine without DVC, Ray or the corpus' text: convert the base from
 its GGUF, train one variant from the train split's token-id export, and measure NLL vs loops on
-held-out windows (benchmarks/pipeline/real_model_gpu.sh runs these on the device; README there).
+held-out windows (benchmarks/pipeline/real_model_gpu.sh runs these on the device; its header says how).
 
     python -m benchmarks.pipeline.real_train_gpu export --split train --out tokens_train.npy    # here (CPU)
     python -m benchmarks.pipeline.real_train_gpu windows --split test --out eval_windows.npy   # here (CPU)
@@ -10,9 +10,10 @@ held-out windows (benchmarks/pipeline/real_model_gpu.sh runs these on the device
     python -m benchmarks.pipeline.real_train_gpu table nll_*.parquet                          # here (CPU)
 
 ``train`` runs the stage's own body (``pipelines.real_train.train_real``) with the real_model keys
-of --params, then scores the trained variant and the base on the windows at every --depths
-(``wise.looped.text_task.window_nll``, fp32, no TF32): ``nll_<variant>.parquet`` beside the
-folder, one row per (variant, T, window). t1 is scored at T = 1 only (it is never looped);
+of --params (params.yaml: the recipe the committed checkpoints record), then scores the trained
+variant and the base on the windows at every --depths (``wise.looped.text_task.window_nll``, fp32,
+no TF32): ``nll_<variant>.parquet`` beside the folder, one row per (variant, T, window). t1 is
+scored at T = 1 only (it is never looped);
 ``--match`` takes the block and the step count of a finished run's train_summary.json, so every
 variant sees the same block, steps and tokens whatever stopped the first. ``table`` prints the
 mean NLL per variant and T with a 95% percentile-bootstrap CI over windows.
@@ -188,13 +189,13 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="one split's token ids -> .npy (uint16)")
     e.add_argument("--split", default="train")
-    e.add_argument("--params", default="params/real-model-gpu.yaml")
+    e.add_argument("--params", default="params.yaml")
     e.add_argument("--out", required=True)
     w = sub.add_parser("windows", help="evaluation windows of a held-out split -> .npy")
     w.add_argument("--split", default="test")
     w.add_argument("--n", type=int, default=0, help="windows (0: real_model.eval_windows)")
     w.add_argument("--length", type=int, default=0, help="tokens each (0: real_model.train_window_tokens)")
-    w.add_argument("--params", default="params/real-model-gpu.yaml")
+    w.add_argument("--params", default="params.yaml")
     w.add_argument("--out", required=True)
     b = sub.add_parser("base", help="convert the packaged GGUF into a Hugging Face folder")
     b.add_argument("--gguf", required=True)
@@ -206,14 +207,15 @@ def main(argv=None) -> int:
     t.add_argument("--tokens", required=True, help="the train split's token-id export (.npy)")
     t.add_argument("--windows", default="", help="evaluation windows (.npy from `windows`); empty: no scoring")
     t.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
-    t.add_argument("--params", default="params/real-model-gpu.yaml")
+    t.add_argument("--params", default="params.yaml")
     t.add_argument("--match", default="", help="train_summary.json whose block and steps this run takes")
     t.add_argument("--out", required=True)
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     c = sub.add_parser("table", help="mean NLL per variant and T from nll_*.parquet files")
     c.add_argument("tables", nargs="+")
     args = ap.parse_args(argv)
-    commands = {"export": export_command, "windows": windows_command, "base": base_command, "train": train_command, "table": table_command}
+    commands = {"export": export_command, "windows": windows_command, "base": base_command, "train": train_command,
+                "table": table_command}
     commands[args.command](args)
     return 0
 

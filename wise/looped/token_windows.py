@@ -68,9 +68,10 @@ def tokens_sha256(tokens: np.ndarray) -> str:
 
 def spaced_windows(tokens: np.ndarray, n: int, length: int) -> np.ndarray:
     """n windows of `length` tokens at evenly spaced offsets over the whole split [n, length]
-    (int64): a split ordered by distribution is sampled across all of them."""
-    if len(tokens) < length:
-        raise ValueError(f"the split has {len(tokens)} tokens, fewer than one window of {length}")
+    (int64): a split ordered by distribution is sampled across all of them, and no two overlap
+    (each window is its own measurement)."""
+    if len(tokens) < n * length:
+        raise ValueError(f"the split has {len(tokens)} tokens, fewer than {n} windows of {length} without overlap")
     starts = np.linspace(0, len(tokens) - length, n).round().astype(np.int64)
     return np.stack([np.asarray(tokens[s:s + length], dtype=np.int64) for s in starts])
 
