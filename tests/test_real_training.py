@@ -208,3 +208,18 @@ def test_overrides_match_a_baseline_to_a_finished_run(tmp_path, base_dir, tokeni
     assert s["steps"] == 1 and s["block_start"] == 2 and s["final"]["loops"] == 1
     with pytest.raises(ValueError, match="variant 'loop'"):
         train(tmp_path, base_dir, tokenizer, tokens, "loop")
+
+
+@pytest.mark.parametrize("key, value, why", [("train_dtype", "float16", "must be float32 or bfloat16"),
+                                             ("train_window_tokens", 16, r"must be in \[32, 8192\]"),
+                                             ("train_tokens", 0, "must be >= 1")])
+def test_bad_training_keys_are_refused_in_one_line(key, value, why):
+    import yaml
+
+    from pipelines.config.params import parse
+    from pipelines.config.validate import ParamsError, validate
+
+    raw = yaml.safe_load(open("params.yaml"))
+    raw["real_model"][key] = value
+    with pytest.raises(ParamsError, match=f"real_model.{key} = .*: {why}$"):
+        validate(parse(raw), None)
