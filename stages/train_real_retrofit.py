@@ -1,15 +1,18 @@
-"""Stage `train_real_retrofit@{lma,plain}`: a RecurTrace retrofit of the real base trained on real
-text (pipelines.real_model.run_train_real); GPU, minutes; the checkpoints are small and committed.
+"""Stage `train_real_retrofit@{lma,plain,t1}`: a RecurTrace retrofit of the real base trained on the
+real corpus, or the same-budget T = 1 baseline (pipelines.real_train); GPU, minutes; the
+checkpoints are small and committed.
 
-A folder that already holds a checkpoint of exactly this recipe (its train_recipe.json) is kept.
-Without a GPU the stage refuses to train unless --device cpu (hours there at the default budget)."""
+A folder that already holds a checkpoint of exactly this recipe (its train_recipe.json: params and
+the train tokens' sha256) is kept. Without a GPU the stage refuses to train unless --device cpu
+(hours there at the default budget)."""
 import argparse
 import sys
 
 import torch
 
 from pipelines.config.cli import stage_main
-from pipelines.real_model import VARIANTS, is_current, retrofit_folder, run_train_real
+from pipelines.real_model import retrofit_folder
+from pipelines.real_train import VARIANTS, is_current, train_variant
 
 
 def run(params, variant: str, device: str) -> None:
@@ -22,10 +25,11 @@ def run(params, variant: str, device: str) -> None:
                            "GPU (minutes there): revert the real_model training keys, run this stage on a "
                            "GPU machine, or pass --device cpu")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    summary = run_train_real(params, variant, device)
-    print(f"train_real_retrofit@{variant}: {summary['steps']} steps in {summary['train_seconds']} s on "
-          f"{summary['device']}, block {summary['block_start']}..{summary['block_start'] + summary['block_layers'] - 1}, "
-          f"final loss {summary['final']['loss'] if summary['final'] else None}")
+    s = train_variant(params, variant, device)
+    print(f"train_real_retrofit@{variant}: {s['steps']} steps, {s['tokens']} tokens in {s['train_seconds']} s "
+          f"({s['tokens_per_s']} tokens/s, stopped by {s['stopped_by']}) on {s['device']}, block "
+          f"{s['block_start']}..{s['block_start'] + s['block_layers'] - 1}, {s['added']} trainable parameters, "
+          f"final loss {s['final']['loss'] if s['final'] else None}")
 
 
 if __name__ == "__main__":

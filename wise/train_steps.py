@@ -8,7 +8,8 @@ differ only in what a step computes (``step_loss``) and in what they do between 
 Per step: the learning rate from ``wise.objective.lr_at`` at max(step / max_steps, elapsed /
 time_limit_s), a batch from the stream, ``step_loss(batch, step) -> (total, answer, lm, extra)``,
 backward, gradient clipping, the optimiser step. Every ``log_every`` steps (and the last) a log row:
-step, tokens, the three losses, grad norm, lr, ``extra`` (tensors read then), elapsed seconds. A
+step, tokens, the three losses, grad norm, lr, ``extra`` (tensors read then), elapsed seconds and
+the tokens per second so far (the log row's read of the loss waits for the step, so it is measured). A
 non-finite loss or gradient norm is kept as a flag on the device, so the steps in between queue
 without a host sync; it raises ``FloatingPointError`` at the next log step and at the end.
 ``progress`` says how far the loop got, also when it raised.
@@ -74,7 +75,8 @@ def run_steps(cfg, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
                 row = {"step": step, "tokens": progress.tokens, "loss": total.item(), "answer_loss": answer.item(),
                        "lm_loss": lm.item(), "grad_norm": grad_norm.item(), "lr": lr,
                        **{k: v.item() if torch.is_tensor(v) else v for k, v in extra.items()},
-                       "elapsed_s": round(time.monotonic() - progress.started, 2)}
+                       "elapsed_s": round(elapsed_now := time.monotonic() - progress.started, 2),
+                       "tokens_per_s": round(progress.tokens / elapsed_now, 1)}
                 log.append(row)
                 bar.set_postfix(answer=f"{row['answer_loss']:.3f}", lm=f"{row['lm_loss']:.3f}")
             if after is not None:

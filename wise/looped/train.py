@@ -41,11 +41,14 @@ def autocast_for(device: torch.device, weights: torch.dtype):
 
 def run_loop(params: list[torch.nn.Parameter], cfg: Training, stream, device: torch.device,
              step_loss: Callable[[dict, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]],
-             desc: str, progress: bool = True) -> tuple[list[dict], dict]:
+             desc: str, progress: bool = True,
+             tokens_of: Callable | None = None) -> tuple[list[dict], dict]:
     """The project's one optimisation loop (``wise.train_steps``) with AdamW on `params` (decay on
     matrices only); `step_loss(batch tensors on the device, step)` -> (total, answer, lm, extra log
-    fields). A failure does not lose what was learnt: the loop stops, the summary says why
-    (``stopped_by: error: ...``) and the caller saves the model as it is."""
+    fields). `tokens_of(batch)`: the tokens a step counts (default: its targets). The summary
+    gives tokens/s over the whole run and over the logged steps after the first (``steady``: no
+    start-up, no first-step allocation). A failure does not lose what was learnt: the loop stops,
+    the summary says why (``stopped_by: error: ...``) and the caller saves the model as it is."""
     decay = [p for p in params if p.ndim >= 2]
     flat = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -60,15 +63,20 @@ def run_loop(params: list[torch.nn.Parameter], cfg: Training, stream, device: to
 
     log: list[dict] = []
     try:
-        run_steps(cfg, params, opt, stream, device, on_device, lambda b: int((b.targets != IGNORE).sum()), done,
-                  desc=desc, show=progress, log=log)
+        count = tokens_of or (lambda b: int((b.targets != IGNORE).sum()))
+        run_steps(cfg, params, opt, stream, device, on_device, count, done, desc=desc, show=progress, log=log)
     except Exception as err:  # keep what was learnt; the caller reports the failure
         traceback.print_exc()
         done.stopped_by = f"error: {type(err).__name__}: {err}"
     finally:
         stream.close()
-    summary = {"steps": done.steps, "stopped_by": done.stopped_by, "train_seconds": done.seconds(),
-               "tokens": done.tokens, "final": log[-1] if log else None,
+    seconds = done.seconds()
+    steady = (log[-1]["tokens"] - log[0]["tokens"]) / (log[-1]["elapsed_s"] - log[0]["elapsed_s"]) \
+        if len(log) >= 2 and log[-1]["elapsed_s"] > log[0]["elapsed_s"] else None
+    summary = {"steps": done.steps, "stopped_by": done.stopped_by, "train_seconds": seconds,
+               "tokens": done.tokens, "tokens_per_s": round(done.tokens / seconds, 1) if seconds > 0 else None,
+               "tokens_per_s_steady": round(steady, 1) if steady is not None else None,
+               "final": log[-1] if log else None,
                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     return log, summary
 

@@ -43,6 +43,8 @@ class LoopedConfig:
     gate_hidden: int = 8  # width of the token-wise gate's MLP
     gamma_init: float = 0.01  # scalar gate at initialisation
     gate_bias_init: float = -3.0  # token gate starts at sigmoid(-3) = 0.047
+    # -- the same-budget T = 1 baseline (wise.models.looped.adapter) -------------------------------
+    adapter_rank: int = 0  # > 0: a bottleneck adapter of this rank before each block layer, every loop
     init_std: float = 0.02
     seed: int = 0  # initialisation of the added modules
     name: str = "recurtrace"
@@ -57,6 +59,7 @@ class LoopedConfig:
             "lma_head_dim": self.lma_head_dim >= 2,
             "gate_hidden": self.gate_hidden >= 1,
             "mean_recurrence": self.mean_recurrence >= 1,
+            "adapter_rank": self.adapter_rank >= 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:

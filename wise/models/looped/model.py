@@ -6,6 +6,7 @@
         if t >= 2: h = h + alpha * RMSNorm(e)     # re-injection, alpha starts at 0
         for each block layer l (base layers s..s+k-1):
             if t >= 2: h = h + LMA_l(x_l^(t-1), M_l^(t))   # Loop Memory Attention (use_lma)
+            if adapter_rank: h = h + adapter_l(h)  # the same-budget T = 1 baseline only
             h = x_l^(t) = layer_l(h)              # attention through the WISE seam
     logits = lm_head(norm(suffix(h)))             # base layers s+k..L-1
 
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from wise.models.looped.base import DecoderParts, Positions, apply_layer, decoder_parts, freeze, parameter_count, positions
+from wise.models.looped.adapter import BlockAdapter
 from wise.models.looped.config import LoopedConfig
 from wise.models.looped.lma import LoopMemoryAttention
 from wise.models.looped.seam import install_plain_seam, install_seam, plain, routed
@@ -59,6 +61,8 @@ class LoopedModel(nn.Module):
             LoopMemoryAttention(c.hidden, c.lma_heads, c.lma_head_dim, c.gate_hidden, c.norm_eps, norm_cls,
                                 c.gamma_init, c.gate_bias_init)
             for _ in range(c.block_layers if c.use_lma else 0))
+        self.adapters = nn.ModuleList(BlockAdapter(c.hidden, c.adapter_rank, c.norm_eps, norm_cls)
+                                      for _ in range(c.block_layers if c.adapter_rank else 0))
         self.reset_added_parameters()
         weight = parts.lm_head.weight
         for module in self.added_modules():
@@ -82,6 +86,8 @@ class LoopedModel(nn.Module):
             self.inject_norm.weight.fill_(1.0)
             for lma in self.lma:
                 lma.reset_parameters(g, self.config.init_std)
+            for adapter in self.adapters:
+                adapter.reset_parameters(g, self.config.init_std)
 
     def parameter_counts(self) -> dict[str, float]:
         base = parameter_count(self.base)
@@ -158,6 +164,8 @@ class LoopedModel(nn.Module):
                         m = min(W, step - 1)  # loops max(1, t-W)..t-1 exist
                         distance = torch.arange(1, m + 1, device=h.device)
                         h = h + self.lma[i](mem[:, :, :m], distance)
+                if self.adapters:
+                    h = h + self.adapters[i](h)
                 h = apply_layer(self._parts.layers[layer_index], h, rope)
                 if c.use_lma:
                     memory.append(torch.cat([h[:, :, None], mem[:, :, :W - 1]], dim=2))
