@@ -9,8 +9,8 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import iter_row_groups, read_parquet, write_parquet
-from pipelines.config.params import Params, adaptive_rule
-from pipelines.config.run_spec import model_spec, settings_spec
+from pipelines.config.params import Params
+from pipelines.config.run_spec import adaptive_rule, model_spec, settings_spec
 from wise.engine.conditions import supports_from_trace
 from wise.engine.support import pack_layout
 

@@ -28,7 +28,7 @@ def write(tmp_path, edit) -> Path:
 
 
 def test_default_params_are_valid():
-    p = load_params(ROOT / "params.yaml", check_model=False)
+    p = load_params(ROOT / "params.yaml")
     assert p.wise.eta == 0.95 and p.recurrence.steps == 32 and "full" in p.conditions.names
 
 
@@ -168,7 +168,7 @@ def test_calibration_model_positions_come_from_the_calibration_section():
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_every_preset_is_complete_and_valid(preset):
-    p = load_params(preset, check_model=False)
+    p = load_params(preset)
     assert p.recurrence.steps >= 2 and "full" in p.conditions.names  # T=8 for the looped presets
     from stages.validate import check_retrofit, check_train
 
@@ -182,7 +182,7 @@ def test_errors_name_the_params_file(tmp_path):
     path = tmp_path / "preset.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ParamsError, match=rf"^{path}: wise\.eta = 2\.0"):
-        load_params(path, check_model=False)
+        load_params(path)
 
 
 def test_context_beyond_model_positions_is_rejected():

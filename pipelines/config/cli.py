@@ -21,7 +21,7 @@ for _k, _v in {"DVC_NO_ANALYTICS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUT
 def load_wise_params(path: str, check_model: bool = True) -> Params:
     """The WISE stages' params, then what they need of this machine: the compute request and the
     model's weight files."""
-    params = load_params(path, check_model=check_model)
+    params = load_params(path)
     check_compute_here(params)
     if check_model:
         check_weights(params.model.source)

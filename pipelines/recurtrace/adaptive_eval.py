@@ -91,9 +91,9 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
     """WISE under adaptive depth for every rule that reads only the state (halting head, ACT,
     PonderNet); each Full continuation must decide as the rule's table row."""
     from wise.halting.online import wise_adaptive
-    from wise.engine.runner import state_seed
+    from wise.engine.runner import WiseSettings, state_seed
 
-    settings = ad.wise.settings(h.t_max)
+    settings = WiseSettings(steps=h.t_max, backend="reference", **dataclasses.asdict(ad.wise))
     out = []
     for rule in (r for r in rules if r.kind == "adaptive" and not r.needs_readout):
         for row in rows:
