@@ -22,9 +22,8 @@ import yaml
 
 from pipelines.config import paths
 from pipelines.store.artifacts import write_text
-from pipelines.config.library_checks import (check_against_library, check_context_lengths, check_model_source,
-                                             prompt_tokenizer)
-from pipelines.config.params import ParamsError, load_params
+from pipelines.config.library_checks import check_context_lengths, check_params_file, prompt_tokenizer
+from pipelines.config.params import ParamsError
 from pipelines.config.preflight import check_compute_here, check_weights
 from pipelines.recurtrace.params import parse_retrofit
 from wise.training import TrainConfig
@@ -59,13 +58,7 @@ def main(argv=None) -> int:
         name = ((raw.get("retrofit") or {}).get("name") if isinstance(raw, dict) else None) or ""
         built = {paths.CALIBRATION_MODEL, *(Path("data/models") / f"{name}-{v}" for v in ("lma", "plain"))}
         check_model = source is not None and Path(str(source)) not in built
-        params = load_params(args.params)
-        try:
-            check_against_library(params)
-            if check_model:
-                check_model_source(params)
-        except ParamsError as exc:  # named for the file it came from, as load_params names its errors
-            raise ParamsError(str(exc).replace("params.yaml:", f"{args.params}:", 1)) from None
+        params = check_params_file(args.params, check_model=check_model)
         check_train(raw, args.params)
         check_retrofit(raw, args.params)
         check_compute_here(params)

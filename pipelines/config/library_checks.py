@@ -14,12 +14,26 @@ import dataclasses
 import os
 from pathlib import Path
 
+from pipelines.config.params import Params, load_params
 from pipelines.config.paths import CALIBRATION_MODEL
 from pipelines.config.validate import ParamsError, require
 from wise.data import BENCHMARKS, PROMPT_STYLES
 from wise.engine.conditions import ADAPTIVE, ALL_CONDITIONS
 from wise.engine.discovery_depth import CRITERIA, AdaptiveDiscovery
 from wise.models.checkpoint import is_hub_id
+
+
+def check_params_file(path: str | Path, check_model: bool = True) -> Params:
+    """``load_params`` (every key present, typed, in range), then the checks against the library
+    and, with `check_model`, against the model ``model.source`` names; errors name `path`."""
+    params = load_params(path)
+    try:
+        check_against_library(params)
+        if check_model:
+            check_model_source(params)
+    except ParamsError as exc:
+        raise ParamsError(str(exc).replace("params.yaml:", f"{path}:", 1)) from None
+    return params
 
 
 def check_against_library(p) -> None:
