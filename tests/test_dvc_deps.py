@@ -141,3 +141,36 @@ def test_every_stage_waits_for_params_validation():
     assert not missing, f"stages that DVC could run (deleting their outputs) before `validate`: {missing}"
     outs = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["validate"]["outs"]
     assert outs == [{STAMP: {"cache": False, "persist": True}}]  # never deleted by DVC
+
+
+def test_dvc_metrics_show_prints_at_most_40_values():
+    """Headline numbers only (the tables are in SQL): every metrics file of dvc.yaml, counted from
+    the committed file, and data/metrics.json (written by `statistics`, not committed) from its
+    writer with one pooled row per condition of params.yaml, expected answers and stability known."""
+    from pipelines.config.params import load_params
+    from pipelines.statistics import headline_metrics
+
+    def leaves(obj) -> int:
+        return sum(map(leaves, obj.values())) if isinstance(obj, dict) else 1
+
+    p = load_params(ROOT / "params.yaml")
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+    def resolve(path: str) -> str:
+        for key in ("retrofit.calibration.name", "retrofit.name"):
+            sec = raw
+            for part in key.split("."):
+                sec = sec[part]
+            path = path.replace("${" + key + "}", sec)
+        return path
+
+    files = [resolve(next(iter(m))) for st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
+             for m in st.get("metrics", [])]
+    assert "data/metrics.json" in files and all("${" not in f for f in files)
+    pooled = [{"benchmark": "all", "context_length": 0, "condition": c, "em": 1.0, "expected_mismatches": 0}
+              for c in p.conditions.names]
+    counts = {"data/metrics.json": leaves(headline_metrics(pooled, {"jaccard_td_final": 1.0}))}
+    import json
+
+    counts |= {f: leaves(json.loads((ROOT / f).read_text())) for f in files if f != "data/metrics.json"}
+    assert sum(counts.values()) <= 40, counts

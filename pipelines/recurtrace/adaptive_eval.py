@@ -124,11 +124,13 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
 def headline_metrics(summary: list[dict], best: str) -> dict:
     """data/retrofit/<retrofit.name>/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
     fixed depth (under the key ``best_fixed``, so the columns stay when another depth wins; its mean
-    loops is that depth) and of each adaptive method. The other fixed depths, NLL, wall time,
-    McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary views."""
+    loops is that depth) and of the learned halting head, the comparison the stage is for. The other
+    methods (ACT, PonderNet, confidence, stability, the oracle), the other fixed depths, NLL, wall
+    time, McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary
+    views."""
     from wise.halting import tables
 
-    pooled = [r for r in summary if r["benchmark"] == tables.ALL and (r["kind"] != "fixed" or r["method"] == best)]
+    pooled = [r for r in summary if r["benchmark"] == tables.ALL and r["method"] in (best, "halting")]
     name = {best: "best_fixed"}
     return {k: {name.get(r["method"], r["method"]): r[k] for r in pooled} for k in ("accuracy", "mean_loops")}
 
