@@ -136,12 +136,12 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
 
 
 def test_bad_real_wise_params_are_refused_by_key():
+    from pipelines.config.library_checks import check_against_library
     from pipelines.config.params import ParamsError, parse
     from pipelines.config.validate import validate
 
-    def check(**changes):
-        p = parse({"real_wise": changes}, complete=False)
-        validate(p)
+    def check(**changes):  # the validate stage's checks: the values, then against the library
+        check_against_library(validate(parse({"real_wise": changes}, complete=False)))
 
     with pytest.raises(ParamsError, match=r"real_wise.settings = \[8, 8, 1\]"):
         check(settings=[[8, 8, 1]])

@@ -91,7 +91,8 @@ def validate(p):
     t = p.timing
     require(all(_is_pow2(b) and 16 <= b <= 128 for b in t.block_sizes), "timing.block_sizes",
             list(t.block_sizes), "each must be one of 16, 32, 64, 128")
-    require(all(n > 0 for n in t.context_lengths), "timing.context_lengths", list(t.context_lengths), "must be positive")
+    require(all(n > 0 for n in t.context_lengths), "timing.context_lengths", list(t.context_lengths),
+            "must be positive")
     require(t.heads % t.kv_heads == 0, "timing.kv_heads", t.kv_heads, f"must divide timing.heads ({t.heads})")
     require(t.head_dim in (64, 96, 128), "timing.head_dim", t.head_dim, "must be 64, 96 or 128")
     require(all(0 < d <= 1 for d in t.densities), "timing.densities", list(t.densities), "each must be in (0, 1]")
