@@ -1,5 +1,7 @@
-"""The columns benchmarks.bench measures, by name only (no imports): the timing stage's Parquet
-schema (pipelines.config.schemas) is built from these lists, so the bench and the schema cannot drift."""
+"""The columns benchmarks.bench measures, by name only (no imports). The timing stage's Parquet
+schema (pipelines.config.schemas.TIMING_MEASURED) lists the same names, in this order, without
+importing this module (parsing params imports no benchmark code); tests/test_timing_stage.py checks
+that the two lists are equal."""
 
 # Every measured column, NaN until measured (planned rows hold exactly these, plus the metadata).
 MEASURED_KEYS = [

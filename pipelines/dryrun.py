@@ -28,6 +28,7 @@ import torch
 
 from pipelines.cohorts import cohort_row, generation_reserve
 from pipelines.config.run_spec import wise_settings
+from pipelines.config.library_checks import check_model_source
 from pipelines.config.params import load_params
 from pipelines.compute.pool import ModelWorker
 from pipelines.compute.tasks.contexts import ConditionsContext, TraceContext
@@ -80,7 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the measurements here")
     args = ap.parse_args(argv)
 
-    p = load_params(args.params, check_model=args.source is None)
+    p = load_params(args.params)
+    if args.source is None:
+        check_model_source(p)
     p = dataclasses.replace(p, model=dataclasses.replace(
         p.model, source=args.source or p.model.source,
         device=p.model.device if args.device == "auto" else args.device))

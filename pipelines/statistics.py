@@ -167,7 +167,7 @@ def run_statistics(p: Params) -> None:
     from pipelines.cohorts import model_text
     from pipelines.supports import iter_trace_masses
     from pipelines.reports.expected import oracle_for
-    from pipelines.config.validate import model_facts
+    from pipelines.config.library_checks import model_facts
     from pipelines.reports.report import write_report
     from pipelines.gpu_study import gpu_study_markdown
     from pipelines.reports.study import (context_scaling, convergence_tables, query_rows, stability_tables,

@@ -11,10 +11,10 @@ from pipelines.config import paths, schemas
 from pipelines.store.artifacts import read_parquet, write_parquet
 from pipelines.cohorts import model_text
 from pipelines.reports.expected import oracle_for, settings_of
-from pipelines.config.params import Params, ParamsError, adaptive_rule
+from pipelines.config.params import Params, ParamsError
 from pipelines.compute.pool import WorkerPool
 from pipelines.compute.tasks.contexts import SweepContext
-from pipelines.config.run_spec import run_spec, wise_settings
+from pipelines.config.run_spec import adaptive_rule, run_spec, wise_settings
 from wise.engine.conditions import ADAPTIVE
 from wise.analysis.metrics import answer_change, exact_match, f1
 

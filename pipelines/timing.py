@@ -23,7 +23,8 @@ import torch
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import read_parquet, write_parquet
 from pipelines.config.params import Params
-from pipelines.config.validate import KERNEL_BLOCK_SIZES, model_facts
+from pipelines.config.library_checks import model_facts
+from pipelines.config.validate import KERNEL_BLOCK_SIZES
 from wise.engine.support import unpack_layout
 
 

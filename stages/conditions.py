@@ -2,7 +2,8 @@
 import sys
 
 from pipelines.config.cli import stage_main
+from pipelines.config.library_checks import check_against_library
 from pipelines.conditions import run_condition_stage
 
 if __name__ == "__main__":
-    sys.exit(stage_main("conditions", run_condition_stage))
+    sys.exit(stage_main("conditions", run_condition_stage, check=check_against_library))

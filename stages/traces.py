@@ -2,7 +2,8 @@
 import sys
 
 from pipelines.config.cli import stage_main
+from pipelines.config.library_checks import check_against_library
 from pipelines.traces import run_traces
 
 if __name__ == "__main__":
-    sys.exit(stage_main("traces", run_traces))
+    sys.exit(stage_main("traces", run_traces, check=check_against_library))

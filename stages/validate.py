@@ -6,8 +6,9 @@ so DVC runs this one first whenever params.yaml changed, and a bad value stops `
 naming the key, with every file under data/ untouched. The stamp is a persistent output (DVC never
 deletes it) and its content is constant, so a params edit reruns only the stages that read the
 edited keys. Checked: every section and key of pipelines.config.params (present, typed, in range, the
-relations between keys), the model's positions and the kernel backend where the model can be read
-now (the calibration model is checked from `calibration:`, which builds it later), `train:`
+relations between keys), the names and rules the library defines (pipelines.config.library_checks:
+conditions, benchmarks, the adaptive and exit rules), the model's positions and the kernel backend
+where the model can be read now (the calibration model is checked from `calibration:`, which builds it later), `train:`
 (every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
 (every key of pipelines.recurtrace.params.RetrofitParams, as the RecurTrace stages read it), and before
 any work (pipelines.config.preflight): the compute request against this machine, the model's weight files
@@ -21,9 +22,9 @@ import yaml
 
 from pipelines.config import paths
 from pipelines.store.artifacts import write_text
-from pipelines.config.params import ParamsError, load_params
-from pipelines.config.preflight import (check_compute_here, check_context_lengths, check_weights,
-                                 prompt_tokenizer)
+from pipelines.config.library_checks import check_context_lengths, check_params_file, prompt_tokenizer
+from pipelines.config.params import ParamsError
+from pipelines.config.preflight import check_compute_here, check_weights
 from pipelines.recurtrace.params import parse_retrofit
 from wise.training import TrainConfig
 
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
         name = ((raw.get("retrofit") or {}).get("name") if isinstance(raw, dict) else None) or ""
         built = {paths.CALIBRATION_MODEL, *(Path("data/models") / f"{name}-{v}" for v in ("lma", "plain"))}
         check_model = source is not None and Path(str(source)) not in built
-        params = load_params(args.params, check_model=check_model)
+        params = check_params_file(args.params, check_model=check_model)
         check_train(raw, args.params)
         check_retrofit(raw, args.params)
         check_compute_here(params)

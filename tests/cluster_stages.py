@@ -100,7 +100,7 @@ def main(workdir: Path) -> None:
     from pipelines.traces import run_traces
     from stages import build_calibration, cohorts
 
-    build_calibration.run(load_params("params.yaml", check_model=False))
+    build_calibration.run(load_params("params.yaml"))
     p = load_params("params.yaml")
     cohorts.run(p)
     local = dataclasses.replace(p, compute=dataclasses.replace(p.compute, executor="local"))

@@ -84,7 +84,7 @@ def main(workdir: Path) -> None:
     from stages import build_calibration, cohorts
 
     t0 = time.monotonic()
-    build_calibration.run(load_params("params.yaml", check_model=False))
+    build_calibration.run(load_params("params.yaml"))
     p = load_params("params.yaml")
     assert p.compute.num_workers == 0 and p.compute.gpus_per_worker == 1 and p.model.device == "auto", p.compute
     cohorts.run(p)

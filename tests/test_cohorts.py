@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def params(**cohorts):
     # the trained embedded model's preset: the BPE tokenizer and the synthhop / syntharith benchmarks
-    p = load_params(ROOT / "params" / "wise-small.yaml", check_model=False)
+    p = load_params(ROOT / "params" / "wise-small.yaml")
     p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=str(ROOT / p.model.source)))
     return dataclasses.replace(p, cohorts=dataclasses.replace(p.cohorts, **cohorts))
 

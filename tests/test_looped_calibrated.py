@@ -232,3 +232,14 @@ def test_calibrated_metrics_are_seed_means_and_missing_points_are_a_sentence(tmp
     assert lines["loops_mixed"] == "![loops_mixed](figures/accuracy_vs_loops_mixed.png)"
     assert lines["loops_bimodal"].startswith("Accuracy vs mean loops (bimodal items): no halting points")
     assert sorted(p.name for p in folder.iterdir()) == ["accuracy_vs_T.png", "accuracy_vs_loops_mixed.png"]
+
+
+def test_wise_reuse_keys_are_wise_settings_keys():
+    """retrofit.*.wise names, types and defaults are WiseSettings' (written out so parsing imports no engine)."""
+    import dataclasses
+
+    from wise.engine.runner import WiseSettings
+
+    engine = {f.name: (f.type, f.default) for f in dataclasses.fields(WiseSettings)}
+    reuse = {f.name: (f.type, f.default) for f in dataclasses.fields(WiseReuse)}
+    assert reuse == {k: engine[k] for k in ("discovery_step", "window", "block_size", "eta")}

@@ -78,7 +78,7 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     from pipelines.config.params import load_params
     from pipelines.recurtrace.params import load_retrofit_params
 
-    load_params("params.yaml", check_model=False)  # `retrofit:` is an allowed section
+    load_params("params.yaml")  # `retrofit:` is an allowed section
     p = load_retrofit_params("params.yaml")
     assert p.base == "data/models/recurtrace-base" and p.train.loops_max == 8
     # the defaults are params.yaml's section, so a params file with only `retrofit: {name: recurtrace}`
@@ -86,8 +86,8 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     assert p == RetrofitParams.from_dict({"name": "recurtrace"})
     q = load_retrofit_params("params/recurtrace-qwen3.yaml")
     assert q.base == "Qwen/Qwen3-0.6B" and q.dtype == "bfloat16"
-    load_params("params/recurtrace-qwen3.yaml", check_model=False)
-    load_params("params/recurtrace-embedded.yaml", check_model=False)
+    load_params("params/recurtrace-qwen3.yaml")
+    load_params("params/recurtrace-embedded.yaml")
     # the presets keep the committed embedded checkpoints: same recipes as params.yaml
     raw = {f: yaml.safe_load(open(f)) for f in ("params.yaml", "params/recurtrace-qwen3.yaml",
                                                "params/recurtrace-embedded.yaml")}

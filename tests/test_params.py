@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.config.library_checks import check_model_source, check_params_file
 from pipelines.config.params import load_params, parse
 from pipelines.config.validate import ParamsError, validate
 
@@ -28,7 +29,7 @@ def write(tmp_path, edit) -> Path:
 
 
 def test_default_params_are_valid():
-    p = load_params(ROOT / "params.yaml", check_model=False)
+    p = load_params(ROOT / "params.yaml")
     assert p.wise.eta == 0.95 and p.recurrence.steps == 32 and "full" in p.conditions.names
 
 
@@ -83,8 +84,9 @@ def test_default_params_are_valid():
     (lambda r: r["real_model"].update(test_fraction=0.6, heldout_fraction=0.5), "real_model.test_fraction"),
 ])
 def test_bad_values_name_the_key(tmp_path, edit, key):
+    """What the validate stage checks: the values, the library's names and rules, the model."""
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
-        load_params(write(tmp_path, edit))
+        check_params_file(write(tmp_path, edit))
 
 
 def test_a_bad_exit_criterion_names_its_place_in_the_list(tmp_path):
@@ -92,7 +94,7 @@ def test_a_bad_exit_criterion_names_its_place_in_the_list(tmp_path):
         r["exit_criteria"]["criteria"][3].update(name="klx")
 
     with pytest.raises(ParamsError, match=r"exit_criteria\.criteria\[3\] = .*exit criterion name 'klx'"):
-        load_params(write(tmp_path, edit))
+        check_params_file(write(tmp_path, edit))
 
 
 def test_unknown_section_is_named(tmp_path):
@@ -173,7 +175,7 @@ def test_calibration_model_positions_come_from_the_calibration_section():
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_every_preset_is_complete_and_valid(preset):
-    p = load_params(preset, check_model=False)
+    p = load_params(preset)
     assert p.recurrence.steps >= 2 and "full" in p.conditions.names  # T=8 for the looped presets
     from stages.validate import check_retrofit, check_train
 
@@ -187,13 +189,14 @@ def test_errors_name_the_params_file(tmp_path):
     path = tmp_path / "preset.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ParamsError, match=rf"^{path}: wise\.eta = 2\.0"):
-        load_params(path, check_model=False)
+        load_params(path)
 
 
 def test_context_beyond_model_positions_is_rejected():
-    p = parse({"cohorts": {"context_lengths": [512, 8192]}}, complete=False)
+    p = parse({"model": {"source": str(ROOT / "data/models/wise-tiny-random")},
+               "cohorts": {"context_lengths": [512, 8192]}}, complete=False)
     with pytest.raises(ParamsError, match="exceed the model's 4096 positions"):
-        validate(p, max_positions=4096)
+        check_model_source(p)
 
 
 def test_stage_exits_nonzero_and_keeps_existing_outputs(tmp_path):
@@ -220,7 +223,7 @@ def test_kernel_backend_needs_a_supported_head_dim(tmp_path):
     (model / "config.json").write_text(json.dumps(RecurrentConfig(head_dim=32).to_dict()))
     edit = lambda r: (r["conditions"].update(backend="kernel"), r["model"].update(source=str(model)))
     with pytest.raises(ParamsError, match="head_dim"):
-        load_params(write(tmp_path, edit))
+        check_params_file(write(tmp_path, edit))
 
 
 def test_kernel_backend_without_cuda_or_interpreter_is_refused(tmp_path, monkeypatch):
@@ -230,7 +233,7 @@ def test_kernel_backend_without_cuda_or_interpreter_is_refused(tmp_path, monkeyp
         pytest.skip("a CUDA device is present")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ParamsError, match="needs a CUDA device"):
-        load_params(write(tmp_path, lambda r: r["conditions"].update(backend="kernel")))
+        check_params_file(write(tmp_path, lambda r: r["conditions"].update(backend="kernel")))
 
 
 def test_presets_carry_the_train_section_of_params_yaml():
@@ -239,3 +242,17 @@ def test_presets_carry_the_train_section_of_params_yaml():
     main = yaml.safe_load(Path("params.yaml").read_text())["train"]
     for preset in sorted(Path("params").glob("*.yaml")):
         assert yaml.safe_load(preset.read_text()).get("train") == main, preset
+
+
+def test_the_params_defaults_the_engine_also_defines_are_the_engines():
+    """pipelines.config.params writes these out (parsing imports no engine code); they must not drift."""
+    import dataclasses
+
+    from pipelines.config import params
+    from wise.engine.conditions import ALL_CONDITIONS
+    from wise.engine.diagnostics import THRESHOLD_SETTINGS
+    from wise.engine.discovery_depth import AdaptiveDiscovery
+
+    assert params.CONDITION_NAMES == ALL_CONDITIONS
+    assert params.ADAPTIVE_RULE == dataclasses.asdict(AdaptiveDiscovery())
+    assert params.THRESHOLDS == THRESHOLD_SETTINGS

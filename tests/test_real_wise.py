@@ -220,12 +220,13 @@ def test_real_wise_reads_b_eta_backend_and_conditions_from_the_pipelines_keys():
 
 
 def test_bad_real_wise_params_are_refused_by_key():
+    from pipelines.config.library_checks import check_against_library
     from pipelines.config.params import ParamsError, parse
     from pipelines.config.validate import validate
 
-    def check(conditions=None, **changes):
+    def check(conditions=None, **changes):  # the validate stage's checks: the values, then against the library
         p = parse({"real_wise": changes, **({"conditions": conditions} if conditions else {})}, complete=False)
-        validate(p)
+        check_against_library(validate(p))
 
     with pytest.raises(ParamsError, match=r"real_wise.settings = \[8, 8, 1\]"):
         check(settings=[[8, 8, 1]])

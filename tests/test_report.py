@@ -22,11 +22,11 @@ FIGURES = {k: f"figures/{k}.png" for k in ("fraction", "context", "speedup", "de
 
 
 def preset(name: str):
-    return load_params(ROOT / "params" / name, check_model=False)
+    return load_params(ROOT / "params" / name)
 
 
 def test_paper_comparisons_follow_model_family_benchmark_and_settings():
-    default = load_params(ROOT / "params.yaml", check_model=False)  # the calibration model on synthchain
+    default = load_params(ROOT / "params.yaml")  # the calibration model on synthchain
     cmp = paper_comparisons(default, "wise-chain")
     assert all(any("model wise-chain" in m for m in why) for why in cmp.values()), cmp
     huginn = preset("huginn-paper.yaml")  # HotpotQA + 2Wiki, the paper's settings
@@ -160,7 +160,7 @@ def test_a_measurement_with_no_rows_is_a_sentence_not_an_empty_figure(tmp_path, 
     from pipelines.reports.report import write_report
 
     monkeypatch.chdir(tmp_path)
-    p = load_params(ROOT / "params.yaml", check_model=False)
+    p = load_params(ROOT / "params.yaml")
     p = dataclasses.replace(p, statistics=dataclasses.replace(p.statistics, bootstrap_resamples=100))
     stale = tmp_path / "data/report/figures"
     stale.mkdir(parents=True)

@@ -1,5 +1,5 @@
 """The timing stage times a model's own supports in the model's own attention geometry."""
-from pipelines.config.validate import model_facts
+from pipelines.config.library_checks import model_facts
 from pipelines.timing import model_geometry
 
 
@@ -85,3 +85,12 @@ def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(m
     assert [(r["source"], r["block_size"], r["status"]) for r in rows] == [
         ("random", 32, "ok"),
         ("model_supports", 256, "skipped: the kernel supports block sizes [16, 32, 64, 128], not wise.block_size")]
+
+
+def test_the_timing_schema_lists_the_columns_the_bench_measures():
+    """The schema writes the bench's column names out (parsing imports no benchmark code); a column
+    added to one list and not the other would fail every timing write."""
+    from benchmarks.columns import MEASURED_KEYS, PREPARED_KEYS
+    from pipelines.config.schemas import TIMING_MEASURED
+
+    assert TIMING_MEASURED == tuple(MEASURED_KEYS + PREPARED_KEYS)

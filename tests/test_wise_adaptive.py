@@ -131,7 +131,8 @@ def test_the_library_and_cli_defaults_are_the_params_files():
     rule the default pipeline runs (params.yaml wise.adaptive)."""
     import dataclasses
 
-    from pipelines.config.params import adaptive_rule, load_params
+    from pipelines.config.params import load_params
+    from pipelines.config.run_spec import adaptive_rule
 
-    assert adaptive_rule(load_params(check_model=False)) == AdaptiveDiscovery()
-    assert dataclasses.asdict(RULE) == load_params(check_model=False).wise.adaptive
+    assert adaptive_rule(load_params()) == AdaptiveDiscovery()
+    assert dataclasses.asdict(RULE) == load_params().wise.adaptive

@@ -61,7 +61,7 @@ def prepare(params_file: Path, work: Path, examples: int, context: int):
     os.chdir(work)
     (work / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     if raw["model"]["source"] == "data/models/wise-chain":
-        build_calibration.run(load_params("params.yaml", check_model=False))
+        build_calibration.run(load_params("params.yaml"))
     p = load_params("params.yaml")
     cohorts.run(p)
     local = dataclasses.replace(p, compute=dataclasses.replace(p.compute, executor="local"))

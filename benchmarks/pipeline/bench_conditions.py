@@ -43,6 +43,7 @@ from benchmarks.pipeline.bench_agreement import (agreement, agreement_table, per
 from pipelines.cohorts import build_cohort
 from pipelines.config.run_spec import wise_settings
 from pipelines.dryrun import DEFAULT_TOKENIZER, build_example
+from pipelines.config.library_checks import check_model_source
 from pipelines.config.params import load_params
 from pipelines.compute.pool import ModelWorker
 from wise.engine.conditions import ADAPTIVE
@@ -115,7 +116,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: --state-gain must be > 0, got {args.state_gain}")
     if args.plant_density is not None and not 0 < args.plant_density <= 1:
         raise SystemExit(f"error: --plant-density must be in (0, 1], got {args.plant_density}")
-    p = load_params(args.params, check_model=args.source is None)
+    p = load_params(args.params)
+    if args.source is None:
+        check_model_source(p)
     if args.source:
         p = dataclasses.replace(p, model=dataclasses.replace(p.model, source=args.source))
     if args.conditions:

@@ -16,12 +16,20 @@ from typing import Any
 
 import yaml
 
-from pipelines.config.validate import ParamsError, check_backend, model_facts, validate
-from wise.engine.conditions import ALL_CONDITIONS
-from wise.engine.discovery_depth import AdaptiveDiscovery
-from wise.engine.diagnostics import THRESHOLD_SETTINGS
-from wise.models.checkpoint import is_hub_id
+from pipelines.config.validate import ParamsError, validate
 from wise.typed_params import from_mapping
+
+# wise.engine.conditions.ALL_CONDITIONS
+CONDITION_NAMES = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate", "wise_adaptive")
+# wise.engine.discovery_depth.AdaptiveDiscovery()
+ADAPTIVE_RULE = {"criterion": "jaccard_min", "threshold": 1.0, "min_step": 3, "max_step": 24, "window": 3}
+# wise.engine.diagnostics.THRESHOLD_SETTINGS
+THRESHOLDS = {"very_loose": {"S": 0.80, "A": 0.10, "H": 0.10, "O": 0.10},
+              "loose": {"S": 0.85, "A": 0.075, "H": 0.075, "O": 0.075},
+              "default": {"S": 0.90, "A": 0.05, "H": 0.05, "O": 0.05},
+              "strict": {"S": 0.95, "A": 0.025, "H": 0.025, "O": 0.025},
+              "very_strict": {"S": 0.98, "A": 0.01, "H": 0.01, "O": 0.01},
+              "asymmetric": {"S": 0.98, "A": 0.01, "H": 0.075, "O": 0.075}}
 
 
 @dataclass(frozen=True)
@@ -62,12 +70,12 @@ class WiseParams:
     eta: float = 0.95
     # condition wise_adaptive's settling rule: criterion, threshold, min_step, max_step, window
     # (wise.engine.discovery_depth.AdaptiveDiscovery; checked key by key in validate_adaptive)
-    adaptive: dict = field(default_factory=lambda: dataclasses.asdict(AdaptiveDiscovery()))
+    adaptive: dict = field(default_factory=lambda: dict(ADAPTIVE_RULE))
 
 
 @dataclass(frozen=True)
 class ConditionParams:
-    names: tuple[str, ...] = ALL_CONDITIONS
+    names: tuple[str, ...] = CONDITION_NAMES
     max_new_tokens: int = 8
     backend: str = "reference"  # late attention: reference | gather | kernel | flex
     generation: str = "cached"  # cached (K/V cache per step and layer) | rerun (the paper's)
@@ -117,7 +125,7 @@ class DiagnosticsParams:
     early_transitions: int = 4  # A/H/O thresholds scale with the median of the first few finite values
     default_setting: str = "default"
     # name -> {S: Jaccard threshold (>=), A/H/O: factor of the early median (<)}
-    thresholds: dict = field(default_factory=lambda: {k: dict(v) for k, v in THRESHOLD_SETTINGS.items()})
+    thresholds: dict = field(default_factory=lambda: {k: dict(v) for k, v in THRESHOLDS.items()})
     stability_thresholds: tuple[float, ...] = (0.90, 0.95)
 
 
@@ -276,11 +284,6 @@ def _coerce(section: str, cls: type, raw: Any, complete: bool) -> Any:
         raise ParamsError(f"params.yaml: {exc}") from None
 
 
-def adaptive_rule(p: Params, **changes) -> AdaptiveDiscovery:
-    """wise.adaptive as the engine's rule (after validate), with `changes` (a sweep's value)."""
-    return AdaptiveDiscovery(**{**p.wise.adaptive, "threshold": float(p.wise.adaptive["threshold"]), **changes})
-
-
 def sweep_default(p: Params, axis: str):
     """The params value a sweep axis varies (sweeps.<axis> values are compared with it)."""
     return p.wise.adaptive["threshold"] if axis == "adaptive_threshold" else getattr(p.wise, axis)
@@ -319,17 +322,13 @@ def read_params_file(path: str | Path) -> Any:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from exc
 
 
-def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> Params:
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Every section parsed and its values checked (``pipelines.config.validate``); the checks
+    against the library and the model are the ``validate`` stage's (``library_checks``)."""
     path = Path(path)
     raw = read_params_file(path)
     try:
-        params = parse(raw, complete=True)
-        facts = model_facts(params.model.source) if check_model else None
-        if check_model and facts is None and not is_hub_id(params.model.source):
-            raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
-        validate(params, facts.get("max_positions") if facts else None)
-        if check_model:
-            check_backend(params, facts)
+        params = validate(parse(raw, complete=True))
     except ParamsError as exc:
         if path.name == "params.yaml":
             raise

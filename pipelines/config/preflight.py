@@ -1,6 +1,7 @@
 """Checks made before any work, beyond the ranges of the params themselves: the compute request
-against what this machine (or the Ray cluster) offers, the model's weight files, and the context
-lengths against the benchmarks' prompts. Each failure is a ``ParamsError`` naming the key.
+against what this machine (or the Ray cluster) offers and the model's weight files (the context
+lengths against the benchmarks' prompts: ``library_checks.check_context_lengths``, run by the
+``validate`` stage). Each failure is a ``ParamsError`` naming the key.
 
 Why each one: a Ray actor that asks for more CPUs or GPUs than exist is never scheduled, so the
 stage waited forever with no output; a truncated ``model.safetensors`` failed inside every Ray
@@ -77,42 +78,3 @@ def check_weights(source: str) -> None:
         if size != 8 + n + end:
             raise ParamsError(f"params.yaml: model.source = {source!r}: {f}: truncated or damaged "
                               f"({size} bytes, its header describes {8 + n + end})")
-
-
-def prompt_tokenizer(p: Params):
-    """The tokenizer the cohorts stage will use, when it can be had without a download: the
-    calibration model's (built from code; its folder may not exist yet) or a local folder's."""
-    from pipelines.config.paths import CALIBRATION_MODEL
-
-    if Path(p.model.source) == CALIBRATION_MODEL:
-        from wise.data.synthchain import build_tokenizer
-
-        return build_tokenizer()
-    path = Path(p.model.source) / "tokenizer.json"
-    if path.is_file():
-        from wise.data.tokenizer import load_tokenizer
-
-        return load_tokenizer(path)
-    return None
-
-
-def check_context_lengths(p: Params, tok) -> None:
-    """Each of ``cohorts.context_lengths`` must fit at least one prompt of each generated
-    benchmark (public benchmarks load in the cohorts stage, which makes the same check)."""
-    from wise.data import build_cohort_variants, load_examples, public_benchmarks
-
-    c = p.cohorts
-
-    def count_tokens(text: str) -> int:
-        return 1 + len(tok.encode(text, add_special_tokens=False).ids)  # + BOS
-
-    for bench in c.benchmarks:
-        if bench in public_benchmarks.SPLIT_NAMES:
-            continue
-        examples = load_examples(bench, c.split, c.examples_per_benchmark, c.seed, **dict(c.sources.get(bench, {})))
-        variants = build_cohort_variants(examples, list(c.context_lengths), count_tokens, c.seed, style=c.prompt_style)
-        empty = [n for n in c.context_lengths if not any(n in cv.variants for cv in variants)]
-        if empty:
-            raise ParamsError(f"params.yaml: cohorts.context_lengths = {list(c.context_lengths)}: {empty} fit no "
-                              f"{bench} prompt of this cohort (a prompt keeps its question and all its gold "
-                              "evidence, never cut)")

@@ -24,13 +24,19 @@ from typing import Any
 
 import yaml
 
-from pipelines.config.params import Params, adaptive_rule
-from wise.models.checkpoint import resolve_model_source
-from wise.fingerprint import weights_id as folder_weights_id
+from pipelines.config.params import Params
+from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.engine.runner import WiseSettings
+from wise.fingerprint import weights_id as folder_weights_id
+from wise.models.checkpoint import resolve_model_source
 
 # Worker-side columns; rows built without a worker (the supports stage) leave them out.
 WORKER_COLUMNS = ("device", "device_name", "dtype")
+
+
+def adaptive_rule(p: Params, **changes) -> AdaptiveDiscovery:
+    """wise.adaptive as the engine's rule (after validate), with `changes` (a sweep's value)."""
+    return AdaptiveDiscovery(**{**p.wise.adaptive, "threshold": float(p.wise.adaptive["threshold"]), **changes})
 
 
 def wise_settings(p: Params) -> WiseSettings:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from benchmarks.columns import MEASURED_KEYS, PREPARED_KEYS
-
 STR, INT, FLOAT, BOOL, BYTES = pa.string(), pa.int64(), pa.float64(), pa.bool_(), pa.binary()
 
 
@@ -71,8 +69,21 @@ SWEEPS = _schema(RUN_SPEC, [
      ("expected_discovery_step", INT)])
 
 # benchmarks.bench rows: its metadata, then every measured column (NaN until measured), then what
-# the timing stage adds.
-TIMING_MEASURED = tuple(MEASURED_KEYS + PREPARED_KEYS)
+# the timing stage adds. The measured columns are benchmarks.columns' MEASURED_KEYS + PREPARED_KEYS,
+# written out so that parsing and the schemas import no benchmark code (tests/test_timing_stage.py
+# checks that the two lists are equal).
+TIMING_MEASURED = (
+    "density", "active_blocks", "useful_gflop", "dense_gflop", "flash_ms", "cudnn_ms", "kernel_ms",
+    "kernel_graph_ms", "build_ms", "build_graph_ms", "reuse20_ms", "flash20_ms", "cudnn20_ms",
+    "traj32_flash_ms", "traj32_cudnn_ms", "full_kernel_ms", "flex_ms", "flex_build_ms", "call_vs_flash",
+    "call_vs_cudnn", "reuse20_vs_flash", "reuse20_vs_cudnn", "traj32_vs_flash", "traj32_vs_cudnn",
+    "full_vs_wise_same_backend", "full_vs_flash", "flex_vs_flash", "kernel_vs_flex", "flash_tflops",
+    "cudnn_tflops", "kernel_tflops", "full_kernel_tflops", "flex_tflops", "rel_err_kernel", "rel_err_full",
+    "rel_err_flex", "kernel_global_ms", "group_vs_global", "timing_spread", "prep_ms", "kernel_cap_ms",
+    "prep_build_ms", "prep_build_cap_ms", "prep_reuse20_ms", "prep_reuse20_cap_ms", "prep_call_vs_flash",
+    "prep_call_vs_cudnn", "prep_reuse20_vs_flash", "prep_reuse20_vs_cudnn", "prep_reuse20_cap_vs_flash",
+    "prep_reuse20_cap_vs_cudnn", "prep_traj32_vs_flash", "prep_traj32_vs_cudnn", "cap_vs_sorted_kernel",
+    "prep_fast_calls", "rel_err_prepared", "rel_err_prepared_cap")
 TIMING = _schema([("label", STR), ("status", STR), ("gpu", STR)],
                  _ints("n", "block_size", "heads", "kv_heads", "head_dim"), [("dtype", STR), ("layers", INT),
                  ("kernel_config", STR), ("flex_options", STR), ("head_group", INT)],

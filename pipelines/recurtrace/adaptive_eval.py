@@ -91,9 +91,9 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
     """WISE under adaptive depth for every rule that reads only the state (halting head, ACT,
     PonderNet); each Full continuation must decide as the rule's table row."""
     from wise.halting.online import wise_adaptive
-    from wise.engine.runner import state_seed
+    from wise.engine.runner import WiseSettings, state_seed
 
-    settings = ad.wise.settings(h.t_max)
+    settings = WiseSettings(steps=h.t_max, backend="reference", **dataclasses.asdict(ad.wise))
     out = []
     for rule in (r for r in rules if r.kind == "adaptive" and not r.needs_readout):
         for row in rows:
@@ -124,13 +124,15 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
 def headline_metrics(summary: list[dict], best: str, wall: dict[str, float] | None = None) -> dict:
     """data/retrofit/<retrofit.name>/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
     fixed depth (under the key ``best_fixed``, so the columns stay when another depth wins; its mean
-    loops is that depth) and of each adaptive method. The other fixed depths, NLL, wall time,
-    McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary views.
-    ``wall_ms``: each of those methods' wall time per example in the online runs (`wall`), here and
-    nowhere else, because it is a measurement: the tables and the page stay byte-identical between runs."""
+    loops is that depth) and of the learned halting head, the comparison the stage is for. The other
+    methods (ACT, PonderNet, confidence, stability, the oracle), the other fixed depths, NLL, wall
+    time, McNemar and WISE under adaptive depth are in the adaptive_summary and adaptive_wise_summary
+    views.
+    ``wall_ms``: those methods' wall time per example in the online runs (`wall`), here and nowhere
+    else, because it is a measurement: the tables and the page stay byte-identical between runs."""
     from wise.halting import tables
 
-    pooled = [r for r in summary if r["benchmark"] == tables.ALL and (r["kind"] != "fixed" or r["method"] == best)]
+    pooled = [r for r in summary if r["benchmark"] == tables.ALL and r["method"] in (best, "halting")]
     name = {best: "best_fixed"}
     out = {k: {name.get(r["method"], r["method"]): r[k] for r in pooled} for k in ("accuracy", "mean_loops")}
     if wall:

@@ -279,12 +279,12 @@ def wise_rows(p: CellParams, latched, items, rows) -> list[dict]:
     """Full- and WISE-adaptive at the oracle's depth on the first p.wise_n items, with expected values."""
     from wise.halting.online import wise_adaptive
     from wise.data.synthchain import build_tokenizer
-    from wise.engine.runner import state_seed
+    from wise.engine.runner import WiseSettings, state_seed
 
     tok = build_tokenizer()
     items, rows = items[:p.wise_n], rows[:p.wise_n]
     rule = OracleDepth({it.example_id: (it.depth if it.reachable else p.t_min) for it in items})
-    settings = p.wise.settings(p.t_max)
+    settings = WiseSettings(steps=p.t_max, backend="reference", **asdict(p.wise))
     out = []
     for it, row in zip(items, rows):
         res = wise_adaptive(latched, row, rule, p.t_max, "last", settings, state_seed(row.example_id, p.seed))

@@ -91,7 +91,7 @@ def main() -> int:
     from pipelines.config.params import load_params
     from wise.data.synthchain import build_tokenizer
 
-    p = load_params(check_model=False)
+    p = load_params()
     cohort, tok = read_parquet(paths.COHORT).to_pylist(), build_tokenizer()
     for c, n, em in expected_table(p, cohort, tok):
         print(f"{c:13s} {n:4d}  {em:.3f}")
