@@ -24,8 +24,9 @@ DVC_YAML = ROOT / "dvc.yaml"
 
 
 def is_code(dep: str) -> bool:
-    """A path inside one of the project's code packages (a module or a folder of them)."""
-    return dep.split("/", 1)[0] in PACKAGES
+    """A path inside one of the project's code packages (a module or a folder of them); committed
+    benchmark results (benchmarks/results/) are data."""
+    return dep.split("/", 1)[0] in PACKAGES and not dep.startswith("benchmarks/results/")
 
 
 def stage_module(cmd: str) -> str:
