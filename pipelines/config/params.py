@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from pipelines.config.model_source import check_model_source
 from pipelines.config.validate import ParamsError, check_backend, model_facts, validate
 from wise.engine.conditions import ALL_CONDITIONS
 from wise.engine.discovery_depth import AdaptiveDiscovery
@@ -322,6 +323,8 @@ def load_params(path: str | Path = "params.yaml", check_model: bool = True) -> P
     raw = read_params_file(path)
     try:
         params = parse(raw, complete=True)
+        if check_model:
+            check_model_source(params.model.source)
         facts = model_facts(params.model.source) if check_model else None
         if check_model and facts is None and not is_hub_id(params.model.source):
             raise ParamsError(f"params.yaml: model.source = {params.model.source!r}: no such folder or preset")
