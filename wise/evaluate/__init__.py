@@ -37,7 +37,6 @@ import argparse
 import inspect
 from typing import Sequence
 
-from wise.evaluate.flags import add_shared_flags
 from wise.evaluate.modes import MODES
 
 PROG = "python -m wise.evaluate"
@@ -69,8 +68,7 @@ def parser() -> argparse.ArgumentParser:
     for name, (add_flags, run) in MODES.items():
         doc = inspect.cleandoc(run.__doc__)
         p = modes.add_parser(name, help=doc.split("\n")[0], description=doc, formatter_class=DefaultsHelpFormatter)
-        add_shared_flags(p)
-        add_flags(p)
+        add_flags(p)  # each mode's own, the shared ones first
         p.set_defaults(run=run)
     return ap
 
