@@ -132,7 +132,8 @@ class WiseLM(TemplateLM):
         unknown = sorted(k for k in kwargs if k not in ("max_batch_size",))  # lm-eval's own extras
         if unknown:
             raise ValueError(f"--model_args: unknown key(s) {', '.join(unknown)}")
-        self.condition, self.source, self.base, self.device_name, self.dtype = condition, pretrained, base, device, dtype
+        self.condition, self.source, self.base = condition, pretrained, base
+        self.device_name, self.dtype = device, dtype
         if base is None:
             self.model = load_checkpoint(pretrained, dtype=DTYPES[dtype], device=device, revision=revision)
         else:

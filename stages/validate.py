@@ -11,8 +11,8 @@ now (the calibration model is checked from `calibration:`, which builds it later
 (every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
 (every key of pipelines.recurtrace.params.RetrofitParams, as the RecurTrace stages read it), and before
 any work: model.source a local folder with config.json and tokenizer.json (a preset or a hub id has
-none; pipelines.config.model_source), and (pipelines.config.preflight) the compute request against this machine, the model's weight files
-(not truncated), and every context length against the generated benchmarks' prompts.
+none; pipelines.config.model_source), and (pipelines.config.preflight) the compute request against
+this machine, the model's weight files (not truncated), and every context length against the generated benchmarks' prompts.
 """
 import argparse
 import sys

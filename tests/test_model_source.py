@@ -85,7 +85,8 @@ def test_the_validate_stage_refuses_a_source_dvc_cannot_run_in_one_line_touching
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "no-tokenizer").mkdir()
-    (tmp_path / "no-tokenizer/config.json").write_bytes((ROOT / "data/models/wise-tiny-random/config.json").read_bytes())
+    config = (ROOT / "data/models/wise-tiny-random/config.json").read_bytes()
+    (tmp_path / "no-tokenizer/config.json").write_bytes(config)
     (tmp_path / "data").mkdir()
     (tmp_path / "data/params.validated").write_text("an earlier stamp\n")
     (tmp_path / "data/earlier.parquet").write_bytes(b"an earlier output")

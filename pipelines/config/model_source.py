@@ -61,7 +61,8 @@ def _check_folder_source(source: str) -> None:
         if name == CHAIN_PRESET:
             instead = "name data/models/wise-chain, which stage build_calibration writes"
         elif name in PRESETS:
-            instead = (f"write one (python -m wise.models.make_random --preset {name} --seed {seed} --out data/models/{name}) "
+            instead = (f"write one (python -m wise.models.make_random --preset {name} --seed {seed} "
+                       f"--out data/models/{name}) "
                        f"or run the preset outside DVC (python -m pipelines.dryrun --source {source})")
         else:
             raise plain_decoder_error(source)

@@ -1,12 +1,13 @@
 """The flags of `python -m wise.evaluate`, each defined once and added to the modes that take it.
 
 ``add_model_flags``: every mode's (the checkpoint, device and dtype); ``add_shared_flags``: those
-and the generated test world's (its seeds and how its prompts are asked), for every mode but text. ``add_settings_flags``: the WISE settings, generated from the fields
-and defaults of ``WiseSettings`` (wise.engine.runner) and of the rule it holds, wise_adaptive's
+and the generated test world's (its seeds and how its prompts are asked), for every mode but text.
+``add_settings_flags``: the WISE settings, generated from the fields and defaults of
+``WiseSettings`` (wise.engine.runner) and of the rule it holds, wise_adaptive's
 ``AdaptiveDiscovery`` (wise.engine.discovery_depth, as ``--adaptive-<field>``), so a field or a
-default changed there reaches the command line by itself; ``settings_from`` builds the settings
-back from the parsed flags. A field typed other than int, float, str or a dataclass (an optional
-object, say) has no flag and keeps its default. Only the help texts are written here.
+default changed there reaches the command line by itself; ``settings_from`` builds the settings back
+from the parsed flags. A field typed other than int, float, str or a dataclass (an optional object,
+say) has no flag and keeps its default. Only the help texts are written here.
 """
 from __future__ import annotations
 
