@@ -102,3 +102,35 @@ def test_a_model_that_is_not_a_retrofit_is_refused_before_loading(tmp_path):
 
 def test_default_loops_double_up_to_twice_the_trained_depth():
     assert default_loops(4) == [1, 2, 4, 8] and default_loops(1) == [1, 2]
+
+
+def test_on_smollm2_text_nll_reproduces_real_evals_committed_curve(request, monkeypatch):
+    """The real LMA retrofit on real_eval's own held-out windows: text_nll gives the stage's committed
+    NLL per loop count (data/real/curves.parquet), on the converted base (stage real_base's folder,
+    else converted here as the stage does)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pipelines.real_model import load_corpus, load_tokenizer, split_windows
+    from wise.fingerprint import base_fingerprint
+    from wise.looped.text_task import text_nll
+    from wise.models.looped.checkpoint import load_retrofit
+    from wise.packaged_gguf import PACKAGED
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    retrofit = root / "data/models/smollm2-135m-lma"
+    staged = root / PACKAGED["smollm2-135m-instruct"].folder
+    pinned = json.loads((retrofit / "config.json").read_text())["base_sha256"]
+    base = staged if (staged / "model.safetensors").is_file() and base_fingerprint(staged) == pinned \
+        else request.getfixturevalue("smollm2_converted")
+    window = __import__("yaml").safe_load((root / "params.yaml").read_text())["real_model"]["window_tokens"]
+    rows = [r for r in pq.read_table(root / "data/real/curves.parquet").to_pylist()
+            if r["variant"] == "lma" and r["task"] == "text"]
+    windows = split_windows(load_tokenizer(base), load_corpus(), "test", window, rows[0]["n"])  # real_eval's
+    model = load_retrofit(retrofit, base=base)
+    nll, scored = text_nll(model, [t for w in windows for t in w], [r["T"] for r in rows], window)
+    assert scored == len(windows) * (window - 1)
+    for r in rows:
+        assert nll[r["T"]] == pytest.approx(r["mean_nll"], abs=1e-4), r["T"]
