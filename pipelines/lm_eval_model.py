@@ -1,12 +1,20 @@
 """The project's engine as an lm-evaluation-harness model, registered as ``wise``.
 
     wise-lm-eval run --model wise \\
-        --model_args source=data/models/wise-chain,condition=wise,steps=32,discovery_step=12,window=4 \\
+        --model_args pretrained=data/models/wise-chain,condition=wise,steps=32,discovery_step=12,window=4 \\
         --tasks <task> --include_path <dir> --output_path out --log_samples
 
-A RecurTrace retrofit of a real decoder takes its base folder too, whose tokenizer it uses
-(``source=data/models/smollm2-135m-lma,base=data/models/smollm2-135m-instruct``; the base's
+``pretrained`` is the checkpoint (lm-eval's own key for it: lm-eval names the results folder under
+``--output_path`` from it, e.g. ``out/data__models__wise-chain/``). A RecurTrace retrofit of a real
+decoder reads its base where its config points and uses the base's tokenizer
+(``pretrained=data/models/smollm2-135m-lma``); ``base=`` reads the base from another folder (its
 fingerprint must be the one the retrofit was trained on).
+
+Settings not given come from the model: ``steps`` is its config's ``mean_recurrence`` (its default
+depth; a retrofit's trained depth), ``discovery_step`` and ``window`` the paper's proportions of it
+(``WiseSettings``' 12 and 4 of 32, rounded half up, 1 <= w <= t_d < T), ``block_size`` and ``eta``
+``WiseSettings``' defaults. The run spec (``config.wise_run_spec``) names each derived setting and
+its rule under ``derived``.
 
 ``wise-lm-eval`` (or ``python -m pipelines.lm_eval_model``) is lm-eval's own command line with
 this model registered: lm-eval 0.4 finds third-party models only when their module has been
@@ -48,7 +56,7 @@ from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.engine.exit_criteria import parse_exit
 from wise.engine.routing import BACKENDS
 from wise.engine.runner import WiseSettings, state_seed
-from wise.models.checkpoint import load_checkpoint
+from wise.models.checkpoint import LOOPED_MODEL_TYPE, TOKENIZER_NAME, load_checkpoint
 from wise.models.dtypes import DTYPES
 
 _DEFAULT = WiseSettings()
@@ -64,12 +72,25 @@ def _arg(kwargs: dict, key: str, kind, default):
         raise ValueError(f"--model_args {key}={value!r}: not a {kind.__name__}") from None
 
 
+def depth_settings(steps: int) -> tuple[int, int]:
+    """(t_d, w) for T = `steps` in the paper's proportions (``WiseSettings``' defaults: t_d 12 and w 4
+    of T 32), rounded half up, with 1 <= w <= t_d < T (t_d = T = 1 at one loop: every condition Full)."""
+    def share(part: int) -> int:  # round(steps * part / 32), halves up
+        return (2 * steps * part + _DEFAULT.steps) // (2 * _DEFAULT.steps)
+
+    discovery = max(1, min(steps - 1, share(_DEFAULT.discovery_step))) if steps > 1 else 1
+    return discovery, max(1, min(discovery, share(_DEFAULT.window)))
+
+
 @register_model("wise")
 class WiseLM(TemplateLM):
     """One condition of the WISE engine on one checkpoint (model_args: see ``__init__``)."""
 
-    def __init__(self, source: str = "data/models/wise-chain", condition: str = "full", **kwargs) -> None:
+    def __init__(self, pretrained: str = "data/models/wise-chain", condition: str = "full", **kwargs) -> None:
         super().__init__()
+        if "source" in kwargs:
+            raise ValueError("--model_args source=...: name the checkpoint pretrained=... (lm-eval's key, "
+                             "from which it names the results folder)")
         if condition not in ALL_CONDITIONS:
             raise ValueError(f"--model_args condition={condition!r}: one of {', '.join(ALL_CONDITIONS)}")
         device = kwargs.pop("device", "auto")
@@ -93,43 +114,71 @@ class WiseLM(TemplateLM):
         revision = kwargs.pop("revision", None)
         base = kwargs.pop("base", None)  # a retrofit's base folder, when not where its config points
         tokenizer = kwargs.pop("tokenizer", None) or base  # a retrofit has its base's tokenizer
+        # given settings, typed now; the depth ones left out follow the model's depth (below)
+        depth = {k: _arg(kwargs, k, int, None) if k in kwargs else None for k in ("steps", "discovery_step", "window")}
+        given = dict(block_size=_arg(kwargs, "block_size", int, _DEFAULT.block_size),
+                     eta=_arg(kwargs, "eta", float, _DEFAULT.eta), backend=backend,
+                     adaptive=AdaptiveDiscovery(threshold=_arg(kwargs, "adaptive_threshold", float, _RULE.threshold),
+                                                min_step=_arg(kwargs, "adaptive_min_step", int, _RULE.min_step),
+                                                max_step=_arg(kwargs, "adaptive_max_step", int, _RULE.max_step),
+                                                window=_arg(kwargs, "adaptive_window", int, _RULE.window)))
         try:
-            self.settings = WiseSettings(
-                steps=_arg(kwargs, "steps", int, _DEFAULT.steps),
-                discovery_step=_arg(kwargs, "discovery_step", int, _DEFAULT.discovery_step),
-                window=_arg(kwargs, "window", int, _DEFAULT.window),
-                block_size=_arg(kwargs, "block_size", int, _DEFAULT.block_size),
-                eta=_arg(kwargs, "eta", float, _DEFAULT.eta), backend=backend,
-                adaptive=AdaptiveDiscovery(threshold=_arg(kwargs, "adaptive_threshold", float, _RULE.threshold),
-                                           min_step=_arg(kwargs, "adaptive_min_step", int, _RULE.min_step),
-                                           max_step=_arg(kwargs, "adaptive_max_step", int, _RULE.max_step),
-                                           window=_arg(kwargs, "adaptive_window", int, _RULE.window)),
-                exit_criterion=parse_exit(kwargs.pop("exit", None), kwargs.pop("exit_threshold", None),
-                                          kwargs.pop("exit_min_step", None)))
+            given["exit_criterion"] = parse_exit(kwargs.pop("exit", None), kwargs.pop("exit_threshold", None),
+                                                 kwargs.pop("exit_min_step", None))
         except ValueError as exc:
             raise ValueError(f"--model_args: {exc}") from None
-        if self.settings.exit_criterion is not None and self.generation != "cached":
+        if given["exit_criterion"] is not None and self.generation != "cached":
             raise ValueError("--model_args exit=...: exit criteria run only with generation=cached")
         unknown = sorted(k for k in kwargs if k not in ("max_batch_size",))  # lm-eval's own extras
         if unknown:
             raise ValueError(f"--model_args: unknown key(s) {', '.join(unknown)}")
-        self.condition, self.source, self.base, self.device_name, self.dtype = condition, source, base, device, dtype
+        self.condition, self.source, self.base = condition, pretrained, base
+        self.device_name, self.dtype = device, dtype
         if base is None:
-            self.model = load_checkpoint(source, dtype=DTYPES[dtype], device=device, revision=revision)
+            self.model = load_checkpoint(pretrained, dtype=DTYPES[dtype], device=device, revision=revision)
         else:
             from wise.models.looped.checkpoint import load_retrofit
 
-            self.model = load_retrofit(source, dtype=DTYPES[dtype], device=device, base=base)
+            self.model = load_retrofit(pretrained, dtype=DTYPES[dtype], device=device, base=base)
+        if not hasattr(self.model, "core_step"):  # a plain decoder (e.g. preset:smollm2-135m-instruct)
+            raise ValueError(f"--model_args pretrained={pretrained}: a decoder without loops; the wise model "
+                             "runs looped models (a RecurTrace retrofit of it, e.g. data/models/smollm2-135m-lma)")
+        self.settings, self.derived = self._settings(depth, given)
         if tokenizer is not None:
             path = Path(tokenizer)
             self.tokenizer = load_tokenizer(path / "tokenizer.json" if path.is_dir() else path)
-            cfg = self.model.config
-            self._bos, self._stops = cfg.bos_token_id, (cfg.eos_token_id, *cfg.extra_eos_token_ids)
-            self._max_length = cfg.max_positions
+        elif getattr(self.model.config, "model_type", None) == LOOPED_MODEL_TYPE and \
+                not (Path(pretrained) / TOKENIZER_NAME).is_file():  # a retrofit whose folder has no tokenizer copy
+            from wise.models.looped.checkpoint import base_folder
+
+            self.tokenizer = load_tokenizer(base_folder(self.model.config, pretrained) / TOKENIZER_NAME)
         else:
-            text = model_text(source, revision)
-            self.tokenizer, self._bos, self._stops = text.tokenizer, text.bos_id, text.stop_ids
-            self._max_length = text.max_positions
+            text = model_text(pretrained, revision)
+            self.tokenizer = text.tokenizer
+        cfg = self.model.config
+        self._bos, self._stops = cfg.bos_token_id, (cfg.eos_token_id, *cfg.extra_eos_token_ids)
+        self._max_length = cfg.max_positions
+
+    def _settings(self, depth: dict, given: dict) -> tuple[WiseSettings, dict[str, str]]:
+        """The settings: those given, the depth ones left out from the model (T: its config's
+        mean_recurrence; t_d, w: ``depth_settings``), and what was derived, by rule."""
+        steps, discovery, window = depth["steps"], depth["discovery_step"], depth["window"]
+        derived = {}
+        if steps is None:
+            steps = self.model.config.mean_recurrence
+            derived["steps"] = f"the model config's mean_recurrence ({steps})"
+        proportional = depth_settings(steps)
+        if discovery is None:
+            discovery = proportional[0] if window is None else max(proportional[0], window)
+            derived["discovery_step"] = f"{_DEFAULT.discovery_step}/{_DEFAULT.steps} of steps, rounded ({discovery})"
+        if window is None:
+            window = min(proportional[1], discovery)
+            derived["window"] = f"{_DEFAULT.window}/{_DEFAULT.steps} of steps, rounded, <= discovery_step ({window})"
+        try:
+            settings = WiseSettings(steps=steps, discovery_step=discovery, window=window, **given)
+        except ValueError as exc:
+            raise ValueError(f"--model_args: {exc}") from None
+        return settings, derived
 
     # --- what lm-eval asks of a model ---------------------------------------------------------
     @property
@@ -154,7 +203,7 @@ class WiseLM(TemplateLM):
         s = self.settings
         return {"wise_run_spec": {
             "source": self.source, "base": self.base, "weights_id": weights_id(self.source),
-            "condition": self.condition,
+            "condition": self.condition, "derived": self.derived,
             "steps": s.steps, "discovery_step": s.discovery_step, "window": s.window, "block_size": s.block_size,
             "eta": s.eta, "backend": s.backend, "generation": self.generation, "init_seed": self.init_seed,
             "dtype": self.dtype, "device": self.device_name, "exit": self._exit_info(),

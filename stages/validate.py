@@ -11,8 +11,9 @@ conditions, benchmarks, the adaptive and exit rules), the model's positions and 
 where the model can be read now (the calibration model is checked from `calibration:`, which builds it later), `train:`
 (every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
 (every key of pipelines.recurtrace.params.RetrofitParams, as the RecurTrace stages read it), and before
-any work (pipelines.config.preflight): the compute request against this machine, the model's weight files
-(not truncated), and every context length against the generated benchmarks' prompts.
+any work: model.source a local folder with config.json and tokenizer.json (a preset or a hub id has
+none; pipelines.config.model_source), and (pipelines.config.preflight) the compute request against
+this machine, the model's weight files (not truncated), and every context length against the generated benchmarks' prompts.
 """
 import argparse
 import sys
@@ -25,6 +26,7 @@ from pipelines.store.artifacts import write_text
 from pipelines.config.library_checks import check_context_lengths, check_params_file, prompt_tokenizer
 from pipelines.config.params import ParamsError
 from pipelines.config.preflight import check_compute_here, check_weights
+from pipelines.config.model_source import validate_dvc_model_source
 from pipelines.recurtrace.params import parse_retrofit
 from wise.training import TrainConfig
 
@@ -59,6 +61,8 @@ def main(argv=None) -> int:
         built = {paths.CALIBRATION_MODEL, *(Path("data/models") / f"{name}-{v}" for v in ("lma", "plain"))}
         check_model = source is not None and Path(str(source)) not in built
         params = check_params_file(args.params, check_model=check_model)
+        if check_model:  # a folder, as dvc.yaml's ${model.source} dependencies need (no preset, no hub id)
+            validate_dvc_model_source(params.model.source, args.params)
         check_train(raw, args.params)
         check_retrofit(raw, args.params)
         check_compute_here(params)

@@ -223,8 +223,8 @@ def test_the_report_table_puts_criteria_beside_fixed_depths(model, cases):
 def test_the_lm_eval_model_takes_an_exit_criterion_and_reports_its_mean_steps(tmp_path, cases):
     chain = write_chain_checkpoint(tmp_path / "wise-chain")
     with pytest.raises(ValueError, match="--model_args: exit criterion name 'klx'"):
-        WiseLM(source=str(chain), device="cpu", exit="klx")
-    lm = WiseLM(source=str(chain), device="cpu", steps=16, discovery_step=4, window=2, block_size=16,
+        WiseLM(pretrained=str(chain), device="cpu", exit="klx")
+    lm = WiseLM(pretrained=str(chain), device="cpu", steps=16, discovery_step=4, window=2, block_size=16,
                 exit="kl", exit_threshold="5e-4", exit_min_step="3")
     examples = load_examples("synthchain", "test", 20, 11, max_hops=5, follow_hops=5, max_refine=4)
     docs = [examples[i] for i in PICK[:2]]  # L2 = 2, 5: kl stops at steps 3 and 6

@@ -15,6 +15,7 @@ import pytest
 from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
+from lm_eval.utils import sanitize_model_name
 
 import pipelines.lm_eval_model  # noqa: F401  (registers the `wise` model)
 from pipelines.cohorts import model_text
@@ -62,7 +63,7 @@ def measured_per_doc(results: dict) -> list[float]:
                                        "wise_adaptive"])
 def test_every_condition_scores_the_local_task_as_the_construction_predicts(chain, docs, condition, monkeypatch):
     monkeypatch.chdir(ROOT)  # the task's data_files path is relative to the repository root
-    lm = WiseLM(source=str(chain), condition=condition, device="cpu", batch_size=LIMIT)
+    lm = WiseLM(pretrained=str(chain), condition=condition, device="cpu", batch_size=LIMIT)
     results = simple_evaluate(model=lm, tasks=[TASK], task_manager=TaskManager(include_path=str(TASKS)),
                               limit=LIMIT, log_samples=True)
     expected = expected_per_doc(chain, docs, condition, lm)
@@ -76,12 +77,17 @@ def test_the_cli_runs_the_local_task_and_two_runs_pair_through_sql(chain, docs, 
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     for condition in ("full", "wise"):
         cmd = [sys.executable, "-m", "pipelines.lm_eval_model", "run", "--model", "wise",
-               "--model_args", f"source={chain},condition={condition}", "--device", "cpu",
+               "--model_args", f"pretrained={chain},condition={condition}", "--device", "cpu",
                "--batch_size", str(LIMIT), "--tasks", TASK, "--include_path", str(TASKS), "--limit", str(LIMIT),
                "--log_samples", "--output_path", str(tmp_path / "data" / "lm_eval" / condition)]
         done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
-    lm = WiseLM(source=str(chain), condition="wise", device="cpu")
+        # lm-eval names the results folder from `pretrained` (not a random name), and has no
+        # `pretrained=None` to warn about
+        assert [p.name for p in (tmp_path / "data" / "lm_eval" / condition).iterdir()] == \
+            [sanitize_model_name(str(chain))]
+        assert "pretrained=None" not in done.stderr, done.stderr[-3000:]
+    lm = WiseLM(pretrained=str(chain), condition="wise", device="cpu")
     full, wise = expected_per_doc(chain, docs, "full", lm), expected_per_doc(chain, docs, "wise", lm)
     assert full != wise  # the comparison below has something to find
 
@@ -109,7 +115,7 @@ def test_the_cli_runs_the_local_task_and_two_runs_pair_through_sql(chain, docs, 
 
 
 def test_loglikelihoods_are_the_engines_teacher_forced_scores(chain, docs):
-    lm = WiseLM(source=str(chain), condition="wise", device="cpu")
+    lm = WiseLM(pretrained=str(chain), condition="wise", device="cpu")
     reqs = [Instance("loglikelihood", {}, (d["prompt"], " " + d["answer"]), i) for i, d in enumerate(docs[:3])]
     got = lm.loglikelihood(reqs, disable_tqdm=True)
     for (context, continuation), (logprob, greedy) in zip([r.args for r in reqs], got):
@@ -128,16 +134,18 @@ def test_loglikelihoods_are_the_engines_teacher_forced_scores(chain, docs):
 
 def test_bad_model_args_are_refused_naming_the_key(chain):
     with pytest.raises(ValueError, match="condition='nope'"):
-        WiseLM(source=str(chain), condition="nope", device="cpu")
+        WiseLM(pretrained=str(chain), condition="nope", device="cpu")
+    with pytest.raises(ValueError, match="source=...: name the checkpoint pretrained="):
+        WiseLM(source=str(chain), device="cpu")
     with pytest.raises(ValueError, match="unknown key.*stepz"):
-        WiseLM(source=str(chain), device="cpu", stepz="8")
+        WiseLM(pretrained=str(chain), device="cpu", stepz="8")
     with pytest.raises(ValueError, match="steps='x'"):
-        WiseLM(source=str(chain), device="cpu", steps="x")
+        WiseLM(pretrained=str(chain), device="cpu", steps="x")
     with pytest.raises(ValueError, match="window <= discovery_step"):
-        WiseLM(source=str(chain), device="cpu", discovery_step="2", window="4")
+        WiseLM(pretrained=str(chain), device="cpu", discovery_step="2", window="4")
     if not __import__("torch").cuda.is_available():
         with pytest.raises(ValueError, match="--device cpu"):
-            WiseLM(source=str(chain), device="cuda:0")
-    lm = WiseLM(source=str(chain), device="cpu")
+            WiseLM(pretrained=str(chain), device="cuda:0")
+    lm = WiseLM(pretrained=str(chain), device="cpu")
     with pytest.raises(ValueError, match="greedily"):
         lm.generate_until([Instance("generate_until", {}, ("x", {"do_sample": True}), 0)])

@@ -67,7 +67,7 @@ def engine_score(engine: dict, lm: WiseLM, context: str, continuation: str) -> d
 def test_lm_eval_loglikelihoods_on_smollm2_are_the_engines_teacher_forced_scores(base, engine, condition,
                                                                                   monkeypatch):
     monkeypatch.chdir(ROOT)  # the task's data_files path is relative to the repository root
-    lm = WiseLM(source=str(RETROFIT), base=str(base), condition=condition, device="cpu", batch_size=16,
+    lm = WiseLM(pretrained=str(RETROFIT), base=str(base), condition=condition, device="cpu", batch_size=16,
                 **SETTINGS)
     assert type(lm.model).__name__ == "LoopedModel" and lm.settings.block_size == 8
     results = simple_evaluate(model=lm, tasks=[TASK], task_manager=TaskManager(include_path=str(TASKS)),

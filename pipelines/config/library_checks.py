@@ -179,7 +179,11 @@ def check_real_wise(r) -> None:
 
 def check_model_source(p) -> dict | None:
     """The configured model exists (a folder, a preset, or a hub id to download), its positions hold
-    every context length, and the kernel backend can serve it; its facts (None for a hub id)."""
+    every context length, and the kernel backend can serve it; its facts (None for a hub id). An
+    unknown preset or a malformed source is refused first, in one line listing what is known."""
+    from pipelines.config.model_source import check_model_source as check_source_form
+
+    check_source_form(p.model.source)
     facts = model_facts(p.model.source)
     if facts is None and not is_hub_id(p.model.source):
         raise ParamsError(f"params.yaml: model.source = {p.model.source!r}: no such folder or preset")

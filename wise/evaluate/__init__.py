@@ -1,5 +1,5 @@
-"""Answer quality of a checkpoint on a fresh generated test world: greedy, Full attention unless a
-condition is asked. The first argument is the mode:
+"""A checkpoint's answer quality on a fresh generated test world (greedy, Full attention unless a
+condition is asked), or a looped retrofit on your own text. The first argument is the mode:
 
     python -m wise.evaluate cell --benchmark synthhop --context 512 --steps 32 --n 200 --seed 123
     python -m wise.evaluate cell --by-type --by-source    # EM per question type; where wrong answers come from
@@ -7,9 +7,13 @@ condition is asked. The first argument is the mode:
     python -m wise.evaluate table                         # benchmark x context length x T
     python -m wise.evaluate table --update-card           # into <model>/quality.json, then the card
     python -m wise.evaluate lens                          # where in the recurrence the answer appears
+    python -m wise.evaluate text --model data/models/smollm2-135m-lma --loops 1 2 4 8 --text FILE
+                                                          # a retrofit on your text: NLL per loop count
     python -m wise.evaluate MODE --help                   # the mode's flags and their defaults
 
-The last line printed is ``EM=<float> F1=<float> n=<int>``: of the cell (cell; lens: at --steps,
+``text`` (wise/evaluate/text.py) runs a looped retrofit on the user's own text (NLL per loop count)
+and prompt (greedy continuation at each loop count); the other modes ask a generated test world.
+Their last line printed is ``EM=<float> F1=<float> n=<int>``: of the cell (cell; lens: at --steps,
 Full) or of the table's first cell at T=32 (table). Examples are the first n of the test split for
 --seed, their context variants are built exactly as the cohorts stage builds them (BOS counted,
 same seed), and the answers come from the pipeline's own generation engine
@@ -37,7 +41,6 @@ import argparse
 import inspect
 from typing import Sequence
 
-from wise.evaluate.flags import add_shared_flags
 from wise.evaluate.modes import MODES
 
 PROG = "python -m wise.evaluate"
@@ -69,8 +72,7 @@ def parser() -> argparse.ArgumentParser:
     for name, (add_flags, run) in MODES.items():
         doc = inspect.cleandoc(run.__doc__)
         p = modes.add_parser(name, help=doc.split("\n")[0], description=doc, formatter_class=DefaultsHelpFormatter)
-        add_shared_flags(p)
-        add_flags(p)
+        add_flags(p)  # each mode's own, the shared ones first
         p.set_defaults(run=run)
     return ap
 

@@ -1,12 +1,13 @@
 """The flags of `python -m wise.evaluate`, each defined once and added to the modes that take it.
 
-``add_shared_flags``: every mode's (the checkpoint, device and dtype; the test world, its seeds and
-how its prompts are asked). ``add_settings_flags``: the WISE settings, generated from the fields
-and defaults of ``WiseSettings`` (wise.engine.runner) and of the rule it holds, wise_adaptive's
+``add_model_flags``: every mode's (the checkpoint, device and dtype); ``add_shared_flags``: those
+and the generated test world's (its seeds and how its prompts are asked), for every mode but text.
+``add_settings_flags``: the WISE settings, generated from the fields and defaults of
+``WiseSettings`` (wise.engine.runner) and of the rule it holds, wise_adaptive's
 ``AdaptiveDiscovery`` (wise.engine.discovery_depth, as ``--adaptive-<field>``), so a field or a
-default changed there reaches the command line by itself; ``settings_from`` builds the settings
-back from the parsed flags. A field typed other than int, float, str or a dataclass (an optional
-object, say) has no flag and keeps its default. Only the help texts are written here.
+default changed there reaches the command line by itself; ``settings_from`` builds the settings back
+from the parsed flags. A field typed other than int, float, str or a dataclass (an optional object,
+say) has no flag and keeps its default. Only the help texts are written here.
 """
 from __future__ import annotations
 
@@ -44,14 +45,20 @@ SETTINGS_TITLES = {
 CLI_DEFAULTS = {"backend": "auto"}
 
 
-def add_shared_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser, model_help: str | None = None) -> None:
+    """The checkpoint, device and dtype. `model_help`: --model is required, with this help."""
     model = p.add_argument_group("checkpoint and device")
-    model.add_argument("--model", default=None,
-                       help=f"checkpoint folder with tokenizer.json (default: {CALIBRATION_MODEL} for "
-                            f"synthchain, else {DEFAULT_MODEL})")
+    model.add_argument("--model", default=None, required=model_help is not None,
+                       help=model_help or f"checkpoint folder with tokenizer.json (default: {CALIBRATION_MODEL} "
+                                          f"for synthchain, else {DEFAULT_MODEL})")
     model.add_argument("--device", default="auto", help="auto | cpu | cuda")
     model.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                        help="weights and activations (the kernel backend needs float16 or bfloat16 on CUDA)")
+
+
+def add_shared_flags(p: argparse.ArgumentParser) -> None:
+    """The checkpoint flags and the generated test world's (every mode but text)."""
+    add_model_flags(p)
     world = p.add_argument_group("test world (prompts built as the cohorts stage builds them)")
     world.add_argument("--n", type=int, default=200, help="test examples (the first n of the split)")
     world.add_argument("--seed", type=int, default=123, help="test-world seed (also orders distractors)")

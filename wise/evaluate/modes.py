@@ -9,9 +9,10 @@ from pathlib import Path
 from wise.analysis.lens import answer_lens, lens_table
 from wise.analysis.scoring import Score, depth_lines, expected_line, kinds_line, score_cell, sources_line
 from wise.engine.conditions import ALL_CONDITIONS
-from wise.evaluate.flags import (add_breakdown_flags, add_settings_flags, context_n, default_model,
-                                 settings_from)
+from wise.evaluate.flags import (add_breakdown_flags, add_settings_flags, add_shared_flags, context_n,
+                                 default_model, settings_from)
 from wise.evaluate.model_folder import open_model, resolve_device
+from wise.evaluate.text import text, text_flags
 from wise.training.card import QUALITY, RECIPE, write_card
 from wise.training.quality import bars_report, markdown_table, merge_scores, write_scores
 
@@ -30,6 +31,7 @@ def print_result(folder, prompts, score: Score, settings) -> None:
 
 
 def cell_flags(p: argparse.ArgumentParser) -> None:
+    add_shared_flags(p)
     p.add_argument("--benchmark", default="synthhop", help="generated benchmark (synthhop, syntharith, synthchain)")
     p.add_argument("--context", type=int, default=512, help="prompt token budget")
     p.add_argument("--condition", default="full", choices=ALL_CONDITIONS,
@@ -71,6 +73,7 @@ def cell(args: argparse.Namespace) -> int:
 
 
 def table_flags(p: argparse.ArgumentParser) -> None:
+    add_shared_flags(p)
     p.add_argument("--benchmarks", nargs="+", default=list(TABLE_BENCHMARKS), help="generated benchmarks")
     p.add_argument("--contexts", nargs="+", type=int, default=list(TABLE_CONTEXTS),
                    help="prompt token budgets, measured in this order (the first matter most)")
@@ -147,6 +150,7 @@ def table(args: argparse.Namespace) -> int:
 
 
 def lens_flags(p: argparse.ArgumentParser) -> None:
+    add_shared_flags(p)
     p.add_argument("--benchmark", default="synthhop", help="generated benchmark (synthhop, syntharith, synthchain)")
     p.add_argument("--context", type=int, default=512, help="prompt token budget")
     add_settings_flags(p, only=("steps",))
@@ -174,4 +178,5 @@ def lens(args: argparse.Namespace) -> int:
     return 0
 
 
-MODES = {"cell": (cell_flags, cell), "table": (table_flags, table), "lens": (lens_flags, lens)}
+MODES = {"cell": (cell_flags, cell), "table": (table_flags, table), "lens": (lens_flags, lens),
+         "text": (text_flags, text)}

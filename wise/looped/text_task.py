@@ -3,6 +3,7 @@ batches it trains on (``wise.data.real_text`` gives the text and the needle-fact
 
     row = needle_row(tokenizer, item)          # chat prompt + prefilled lead -> PromptRow
     nll = window_nll(model, windows, depths)   # [windows, depths] mean next-token NLL
+    nll, n = text_nll(model, ids, depths, 1024)  # one text of any length: {T: NLL}, tokens scored
     stream = TextBatches(rows, windows, spec)  # training batches, batch i a function of (seed, i)
 
 A needle item is asked through the model's own chat template (``apply_chat_template`` with the
@@ -60,6 +61,26 @@ def window_nll(model, windows: torch.Tensor, depths: Sequence[int], batch_rows: 
                 out[start:start + ids.shape[0], column] = (-gold.double().mean(1)).cpu()
                 column += 1
     return out
+
+
+def text_nll(model, ids: Sequence[int], depths: Sequence[int], window: int,
+             batch_rows: int = 8) -> tuple[dict[int, float], int]:
+    """A token sequence's mean next-token NLL after T loops, for T in `depths`: cut into consecutive
+    windows of `window` tokens (the last may be shorter), each scored from its own first token as
+    ``window_nll`` scores them, averaged over every scored token. Returns ({T: NLL}, tokens scored)."""
+    if window < 2:
+        raise ValueError(f"window must be >= 2 tokens, got {window}")
+    chunks = [list(ids[i:i + window]) for i in range(0, len(ids), window)]
+    chunks = [c for c in chunks if len(c) >= 2]
+    if not chunks:
+        raise ValueError(f"the text has {len(ids)} token(s): NLL needs at least 2")
+    depths = sorted(set(int(d) for d in depths))
+    total = torch.zeros(len(depths), dtype=torch.float64)
+    for length in sorted({len(c) for c in chunks}):  # full windows batch together, the last alone
+        rows = torch.tensor([c for c in chunks if len(c) == length])
+        total += window_nll(model, rows, depths, batch_rows).sum(0) * (length - 1)
+    scored = sum(len(c) - 1 for c in chunks)
+    return {t: float(v) for t, v in zip(depths, total / scored)}, scored
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from wise.atomic_files import atomic_path, write_bytes_atomic
-from wise.models.config import RecurrentConfig
+from wise.models.config import CHAIN_PRESET, PRESET_PREFIX, PRESETS, RecurrentConfig, parse_preset
 from wise.fingerprint import INDEX_NAME, WEIGHTS_NAME, weight_files
+from wise.models.looped.base import SUPPORTED_FAMILIES as PLAIN_DECODER_TYPES, load_base  # a retrofit's bases
 from wise.models.hf_configs import RAVEN_MODEL_TYPE, config_from_raven
 from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.models.state_dict_map import to_project_names
@@ -148,20 +149,28 @@ def resolve_model_source(source: str, revision: str | None = None) -> Path:
 
 
 def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", revision: str | None = None) -> RecurrentDepthModel:
+                    device: str | torch.device = "cpu", revision: str | None = None) -> torch.nn.Module:
     """Load a checkpoint folder / hub id (at ``revision``), or build ``preset:<name>`` with seeded
     random weights (``preset:tiny-random@seed``); ``preset:wise-chain@seed`` is the constructed
-    calibration model. A retrofit folder gives a ``wise.models.looped.LoopedModel``."""
-    if source.startswith("preset:"):
-        name, _, seed = source[len("preset:"):].partition("@")
-        if name == "wise-chain":  # the calibration model: weights computed, not random
+    calibration model. A retrofit folder gives a ``wise.models.looped.LoopedModel`` (``model(ids,
+    loops=T)``). A packaged pretrained decoder (``preset:smollm2-135m-instruct``: its converted
+    folder) or any plain Llama / Qwen3 folder gives the frozen transformers model, which does not loop."""
+    if source.startswith(PRESET_PREFIX):
+        name, seed = parse_preset(source)  # one line naming every preset when the name is unknown
+        if name == CHAIN_PRESET:  # the calibration model: weights computed, not random
             from wise.models.construct import ChainSpec, build_chain_model
 
-            model = build_chain_model(ChainSpec(seed=int(seed or 0)))[0]
-        else:
-            model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), int(seed or 0))
+            model = build_chain_model(ChainSpec(seed=seed))[0]
+        elif name in PRESETS:
+            model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), seed)
+        else:  # packaged: the folder stage real_base converted (a one-line error naming the stage if not yet)
+            from wise.packaged_gguf import resolve
+
+            return _load_plain_decoder(resolve(source), dtype, device)
         return model.to(device=device, dtype=dtype).eval()
     folder = resolve_model_source(source, revision)
+    if _model_type(folder) in PLAIN_DECODER_TYPES:
+        return _load_plain_decoder(folder, dtype, device)
     config = load_config(folder)
     if getattr(config, "model_type", None) == LOOPED_MODEL_TYPE:
         from wise.models.looped.checkpoint import load_retrofit
@@ -176,3 +185,13 @@ def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _model_type(folder: Path) -> str | None:
+    path = folder / CONFIG_NAME
+    return json.loads(path.read_text()).get("model_type") if path.is_file() else None
+
+
+def _load_plain_decoder(folder: Path, dtype: torch.dtype, device: str | torch.device) -> torch.nn.Module:
+    """A non-looped transformers decoder (a retrofit's base), frozen, through the looped family's loader."""
+    return load_base(folder, dtype=dtype, device=device)

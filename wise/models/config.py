@@ -125,3 +125,34 @@ PRESETS: dict[str, RecurrentConfig] = {
         bos_token_id=128000, eos_token_id=128001, pad_token_id=128001, name="recurrent-llama-3.2",
     ),
 }
+
+
+# ``preset:<name>[@<seed>]`` names a model without a folder of its own: an architecture above (seeded
+# random weights), the constructed calibration model, or a pretrained decoder that a pip package ships
+# (wise.packaged_gguf; it loads from its converted folder and takes no seed).
+PRESET_PREFIX = "preset:"
+CHAIN_PRESET = "wise-chain"  # wise.models.construct.NAME: weights computed from ChainSpec(seed)
+
+
+def preset_names() -> list[str]:
+    """Every name ``preset:<name>`` takes."""
+    from wise.packaged_gguf import PACKAGED
+
+    return sorted({*PRESETS, CHAIN_PRESET, *PACKAGED})
+
+
+def parse_preset(source: str) -> tuple[str, int]:
+    """(name, seed) of ``preset:<name>[@<seed>]``; a one-line ValueError naming every preset when the
+    name is unknown, or saying what is wrong with the seed."""
+    from wise.packaged_gguf import PACKAGED
+
+    name, at, seed = source[len(PRESET_PREFIX):].partition("@")
+    known = preset_names()
+    if name not in known:
+        raise ValueError(f"unknown preset {name!r} in {source!r}; known presets: "
+                         f"{', '.join(PRESET_PREFIX + n for n in known)}")
+    if at and name in PACKAGED:
+        raise ValueError(f"{source!r}: {PRESET_PREFIX}{name} is a packaged pretrained model and takes no @seed")
+    if at and not (seed.isascii() and seed.isdigit()):
+        raise ValueError(f"{source!r}: the seed after '@' must be a non-negative integer")
+    return name, int(seed or 0)

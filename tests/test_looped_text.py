@@ -1,0 +1,136 @@
+"""A looped retrofit on the user's own text, from the docs: ``load_checkpoint(folder)(ids, loops=T)``,
+``text_nll`` (NLL per loop count of any text), ``generate`` (greedy at T loops) and the command
+``python -m wise.evaluate text``, checked on a tiny Llama retrofit (mean_recurrence 8, its gates
+open so loops matter) against plain forward passes."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from wise.engine.generate import generate
+from wise.evaluate import main
+from wise.evaluate.text import default_loops
+from wise.looped.text_task import text_nll
+from wise.models.checkpoint import load_checkpoint
+from test_looped_pipeline import make_retrofit  # noqa: E402  (a tiny Llama retrofit with a tokenizer)
+
+TEXT = ("Loop memory attention lets each layer of the repeated block read its own outputs of the last "
+        "loops at the same position. The block input is injected again at every loop after the first. ") * 3
+
+
+@pytest.fixture(scope="module")
+def retrofit(tmp_path_factory):
+    return make_retrofit(tmp_path_factory.mktemp("looped-text"))
+
+
+@pytest.fixture(scope="module")
+def model(retrofit):
+    return load_checkpoint(str(retrofit))
+
+
+def forward_nll(model, ids: list[int], loops: int) -> tuple[float, int]:
+    """Summed next-token NLL of one window by a plain forward pass at `loops` loops."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids]), loops=loops)[0, :-1].double(), -1)
+    return float(-logp.gather(-1, torch.tensor(ids[1:])[:, None]).sum()), len(ids) - 1
+
+
+def test_text_nll_is_the_token_weighted_nll_of_its_windows_at_each_loop_count(model):
+    ids = list(range(3, 3 + 150))  # 150 tokens: windows of 64, 64 and 22
+    nll, scored = text_nll(model, ids, [4, 1, 2], window=64)
+    assert scored == 63 + 63 + 21 and sorted(nll) == [1, 2, 4]
+    for t in (1, 2, 4):
+        parts = [forward_nll(model, ids[i:i + 64], t) for i in (0, 64, 128)]
+        want = sum(s for s, _ in parts) / sum(n for _, n in parts)
+        assert nll[t] == pytest.approx(want, rel=1e-6, abs=1e-6), t
+    assert len({round(v, 6) for v in nll.values()}) == 3  # the loop count changes the NLL here
+    with pytest.raises(ValueError, match="at least 2"):
+        text_nll(model, [5], [1], window=64)
+
+
+def test_generate_is_greedy_decoding_by_plain_forward_passes(model):
+    prompt = list(range(10, 40))
+    for loops in (1, 3):
+        got = generate(model, prompt, loops=loops, max_new_tokens=6, stop_ids=set())
+        seq = list(prompt)
+        for _ in range(6):
+            with torch.no_grad():
+                seq.append(int(model(torch.tensor([seq]), loops=loops)[0, -1].argmax()))
+        assert got == seq[len(prompt):], loops
+    with pytest.raises(ValueError, match="loops must be >= 1"):
+        generate(model, prompt, loops=0, max_new_tokens=2)
+
+
+def test_the_text_command_prints_nll_per_loop_count_and_generations(retrofit, model, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "mine.txt"
+    path.write_text(TEXT)
+    assert main(["text", "--model", str(retrofit), "--device", "cpu", "--loops", "1", "2", "4", "--text", str(path),
+                 "--window", "64", "--prompt", "The block input is", "--max-new-tokens", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    tok = AutoTokenizer.from_pretrained(str(retrofit))
+    ids = tok(TEXT, add_special_tokens=False).input_ids
+    want, scored = text_nll(model, ids, [1, 2, 4], window=64)
+    assert out[0] == f"{retrofit} on {path}: {scored} tokens scored, windows of up to 64 tokens"
+    for line, t in zip(out[1:4], (1, 2, 4)):
+        assert line.startswith(f"T={t} ") and math.isclose(float(line.split()[2]), want[t], abs_tol=5e-5), line
+    prompt = tok("The block input is", add_special_tokens=False).input_ids
+    assert out[4] == f"{retrofit}, prompt of {len(prompt)} tokens:"
+    for line, t in zip(out[5:8], (1, 2, 4)):
+        text = tok.decode(generate(model, prompt, loops=t, max_new_tokens=5), skip_special_tokens=True)
+        assert line == f"T={t:<3} " + __import__("json").dumps(text, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--loops", "2"], "give --text FILE, --prompt TEXT or both"),
+    (["--text", "nosuch.txt"], "--text nosuch.txt: no such file"),
+    (["--prompt", "x", "--loops", "0"], "--loops 0: each must be >= 1"),
+])
+def test_bad_text_flags_are_one_line(retrofit, argv, why, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["text", "--model", str(retrofit), *argv])
+    assert str(exc.value) == f"error: {why}"
+
+
+def test_a_model_that_is_not_a_retrofit_is_refused_before_loading(tmp_path):
+    with pytest.raises(SystemExit, match="is not a RecurTrace retrofit"):
+        main(["text", "--model", "data/models/wise-tiny-random", "--prompt", "x"])
+
+
+def test_default_loops_double_up_to_twice_the_trained_depth():
+    assert default_loops(4) == [1, 2, 4, 8] and default_loops(1) == [1, 2]
+
+
+def test_on_smollm2_text_nll_reproduces_real_evals_committed_curve(request, monkeypatch):
+    """The real LMA retrofit on real_eval's own held-out windows: text_nll gives the stage's committed
+    NLL per loop count (data/real/curves.parquet), on the converted base (stage real_base's folder,
+    else converted here as the stage does)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pipelines.real_model import load_corpus, load_tokenizer, split_windows
+    from wise.fingerprint import base_fingerprint
+    from wise.looped.text_task import text_nll
+    from wise.models.looped.checkpoint import load_retrofit
+    from wise.packaged_gguf import PACKAGED
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    retrofit = root / "data/models/smollm2-135m-lma"
+    staged = root / PACKAGED["smollm2-135m-instruct"].folder
+    pinned = json.loads((retrofit / "config.json").read_text())["base_sha256"]
+    base = staged if (staged / "model.safetensors").is_file() and base_fingerprint(staged) == pinned \
+        else request.getfixturevalue("smollm2_converted")
+    window = __import__("yaml").safe_load((root / "params.yaml").read_text())["real_model"]["window_tokens"]
+    rows = [r for r in pq.read_table(root / "data/real/curves.parquet").to_pylist()
+            if r["variant"] == "lma" and r["task"] == "text"]
+    windows = split_windows(load_tokenizer(base), load_corpus(), "test", window, rows[0]["n"])  # real_eval's
+    model = load_retrofit(retrofit, base=base)
+    nll, scored = text_nll(model, [t for w in windows for t in w], [r["T"] for r in rows], window)
+    assert scored == len(windows) * (window - 1)
+    for r in rows:
+        assert nll[r["T"]] == pytest.approx(r["mean_nll"], abs=1e-4), r["T"]
