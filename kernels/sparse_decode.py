@@ -1,0 +1,255 @@
+"""Block-sparse decode attention: a few new query rows per sequence against a cached K/V, reading
+only each (row, head)'s kept key blocks, split across those blocks for occupancy (flash-decoding).
+
+    ids, counts = decode_block_lists(blocks)                # bool [R, Hq, r, M] -> CSR-like lists
+    m, l, acc = decode_partials(q, k, v, ids, counts, B, splits)
+    out = combine_partials([(m, l, acc), (m_tail, l_tail, acc_tail)])
+
+Each program handles one (row, query head, query row) and one split: the split's contiguous
+share of the row's kept blocks (``ceil(count / splits)`` entries, so the grid is static while the
+counts change from token to token, as a CUDA graph needs). It returns the partial softmax state
+(max in base 2, sum of exp2, unnormalised accumulator) in fp32; ``combine_partials`` joins the
+splits and any partials computed elsewhere (the new rows' own tail of keys) into one softmax.
+A row with Freeze-A weights (``frozen``) reads those weights at its kept positions instead of
+scoring keys: its partials are (0, Σ w, Σ w·v) over the fresh V, so the same combine gives
+Σ w v / Σ w, the weights renormalised on the support.
+
+A decode row is one query vector, so the scores are a [keys, d] product reduced over d in fp32
+(no tensor-core tile to fill); the kernel is bound by the K/V bytes it reads. GQA: query head h
+reads kv head h // (Hq // Hkv); heads of a group that keep the same blocks hit them in L2.
+Shapes: q [R, Hq, r, d], k/v [R, Hkv, n, d] (a stride of 0 on R shares one cache between rows),
+d in {64, 96, 128} (96 is padded to 128 by masked loads), fp16/bf16 on CUDA, fp32 on the CPU
+interpreter. The cache covers positions < n; blocks reaching past n (the partial last block)
+are cut at n.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 96, 128)
+NO_MAX = -1.0e30  # the max of a split with no keys: finite, so exp2(NO_MAX - m) is 0, never NaN
+
+
+@triton.jit
+def _decode_partials(
+    Q, K, V, W, Ids, Counts, Rows, M_out, L_out, Acc_out,
+    stride_qr, stride_qh, stride_qj,
+    stride_kr, stride_kh, stride_kn,
+    stride_vr, stride_vh, stride_vn,
+    stride_wi, stride_wh, stride_wj,
+    stride_ir, stride_ih, stride_ij,
+    stride_cr, stride_ch, stride_cj,
+    n_ctx, heads, q_rows, group, qk_scale,
+    B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr,
+    SPLITS: tl.constexpr, FROZEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    j = pid % q_rows
+    h = (pid // q_rows) % heads
+    i = pid // (q_rows * heads)  # index into Rows (and into W's rows when FROZEN)
+    row = tl.load(Rows + i).to(tl.int64)
+    count = tl.load(Counts + row * stride_cr + h * stride_ch + j * stride_cj)
+    per = tl.cdiv(count, SPLITS)
+    lo = split * per
+    hi = tl.minimum(lo + per, count)
+
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_D
+    offs_e = tl.arange(0, KB)
+    offs_t = tl.arange(0, B)
+    kv = (h // group).to(tl.int64)
+    k_base = K + row * stride_kr + kv * stride_kh
+    v_base = V + row * stride_vr + kv * stride_vh
+    ids_base = Ids + row * stride_ir + h * stride_ih + j * stride_ij
+    if FROZEN:
+        w_base = W + i.to(tl.int64) * stride_wi + h * stride_wh + j * stride_wj
+    else:
+        q = tl.load(Q + row * stride_qr + h * stride_qh + j * stride_qj + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    m_i = tl.max(tl.full([B], NO_MAX, tl.float32), 0)
+    l_i = tl.sum(tl.zeros([B], tl.float32), 0)
+    acc = tl.zeros([D_PAD], tl.float32)
+    for e0 in range(lo, hi, KB):
+        e = e0 + offs_e
+        e_ok = e < hi
+        blk = tl.load(ids_base + e, mask=e_ok, other=0)
+        kidx = tl.reshape(blk[:, None] * B + offs_t[None, :], [KB * B])
+        ok = tl.reshape(tl.broadcast_to(e_ok[:, None], [KB, B]), [KB * B]) & (kidx < n_ctx)
+        vals = tl.load(v_base + kidx[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
+                       mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        if FROZEN:
+            p = tl.load(w_base + kidx, mask=ok, other=0.0)
+            l_i += tl.sum(p, 0)
+            acc += tl.sum(p[:, None] * vals, 0)
+        else:
+            keys = tl.load(k_base + kidx[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
+                           mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            s = tl.where(ok, tl.sum(q[None, :] * keys, 1) * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = acc * alpha + tl.sum(p[:, None] * vals, 0)
+            m_i = m_new
+    if FROZEN:
+        m_i = m_i * 0.0  # frozen weights are probabilities already: no max to carry
+    slot = ((row * heads + h) * q_rows + j) * SPLITS + split
+    tl.store(M_out + slot, m_i)
+    tl.store(L_out + slot, l_i)
+    tl.store(Acc_out + slot * HEAD_D + offs_d, acc, mask=d_ok)
+
+
+def decode_block_lists(blocks: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Kept key blocks of each decode row as lists: bool [..., M] -> (ids int32 [..., M], kept
+    blocks first in key order, then padding; counts int32 [...]). On the blocks' device, no host
+    synchronisation; `out` (two int32 buffers of those shapes) is filled in place, as a captured
+    CUDA graph's static inputs must be."""
+    if blocks.dtype != torch.bool:
+        raise ValueError(f"decode block support must be bool [..., M], got {blocks.dtype}")
+    ids = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    counts = blocks.sum(-1, dtype=torch.int32)
+    if out is None:
+        return ids, counts
+    out[0].copy_(ids)
+    out[1].copy_(counts)
+    return out
+
+
+def default_splits(programs: int, max_blocks: int, device) -> int:
+    """Splits per (row, head, query row) so that about four programs per SM run, each with at
+    least four key blocks: one static number for a decoder's lifetime."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return max(1, min(2, max_blocks))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    want = math.ceil(4 * sms / max(1, programs))
+    return max(1, min(want, math.ceil(max_blocks / 4)))
+
+
+def _blocks_per_iter(block_size: int) -> int:
+    return max(1, 64 // block_size)  # 64 keys per iteration: [64, d] fp32 K and V tiles in registers
+
+
+def _check(q, k, v, ids, counts, block_size, splits, rows, frozen):
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"decode needs q [R, Hq, r, d] and k, v [R, Hkv, n, d]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    R, hq, r, d = q.shape
+    if k.shape[0] != R or k.shape[3] != d:
+        raise ValueError(f"k, v must be [{R}, Hkv, n, {d}] for q {tuple(q.shape)}; got {tuple(k.shape)}")
+    if k.shape[1] == 0 or hq % k.shape[1]:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({k.shape[1]})")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one dtype of fp16/bf16/fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if block_size not in (16, 32, 64, 128):
+        raise ValueError(f"block_size must be one of 16, 32, 64, 128, got {block_size}")
+    M = math.ceil(k.shape[2] / block_size)
+    if ids.dtype != torch.int32 or counts.dtype != torch.int32 or ids.shape[:3] != (R, hq, r) \
+            or counts.shape != (R, hq, r) or ids.shape[3] > M:
+        raise ValueError(f"block lists must be int32 ids [{R}, {hq}, {r}, <= {M}] and counts [{R}, {hq}, {r}]; "
+                         f"got {ids.dtype} {tuple(ids.shape)} and {counts.dtype} {tuple(counts.shape)}")
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or ids.stride(-1) != 1:
+        raise ValueError("q, k, v and the block ids need a contiguous last dimension")
+    devices = {x.device for x in (q, k, v, ids, counts)}
+    if len(devices) != 1:
+        raise ValueError(f"q, k, v and the block lists must be on one device; got {sorted(map(str, devices))}")
+    if frozen is not None:
+        if rows is None or frozen.dtype != torch.float32 or frozen.dim() != 4 \
+                or frozen.shape[:3] != (rows.shape[0], hq, r) or frozen.shape[3] < k.shape[2] or frozen.stride(-1) != 1:
+            raise ValueError(f"frozen weights must be fp32 [len(rows), {hq}, {r}, >= {k.shape[2]}] with a contiguous "
+                             f"last dim, given with rows; got {None if frozen is None else tuple(frozen.shape)}")
+
+
+def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
+                    block_size: int, splits: int, *, scale: float | None = None, rows: torch.Tensor | None = None,
+                    frozen: torch.Tensor | None = None, out: tuple | None = None):
+    """Partial softmax states of decode rows over their kept key blocks.
+
+    q [R, Hq, r, d]; k, v [R, Hkv, n, d] (Hq % Hkv == 0; a 0 stride on R shares one cache);
+    ids int32 [R, Hq, r, <= ceil(n/B)], counts int32 [R, Hq, r] (``decode_block_lists``);
+    rows: int32 [R'] the rows to compute (default all R); frozen: fp32 [R', Hq, r, >= n] Freeze-A
+    weights of those rows (then they are not scored: partials (0, Σ w, Σ w v));
+    out: (m, l, acc) buffers to fill (the rows not in `rows` are left as they are).
+    Returns (m [R, Hq, r, S] base-2 max of scaled scores, l [R, Hq, r, S], acc [R, Hq, r, S, d]), fp32.
+    """
+    _check(q, k, v, ids, counts, block_size, splits, rows, frozen)
+    R, hq, r, d = q.shape
+    if out is None:
+        m = torch.empty(R, hq, r, splits, dtype=torch.float32, device=q.device)
+        out = (m, torch.empty_like(m), torch.empty(R, hq, r, splits, d, dtype=torch.float32, device=q.device))
+    elif out[0].shape != (R, hq, r, splits) or out[2].shape != (R, hq, r, splits, d) \
+            or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
+        raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, {splits}] (x2) and [..., {d}]")
+    if rows is None:
+        rows = torch.arange(R, dtype=torch.int32, device=q.device)
+    if rows.numel() == 0:
+        return out
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    w = frozen if frozen is not None else q  # W is not read unless FROZEN
+    ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
+    grid = (rows.shape[0] * hq * r, splits)
+    _decode_partials[grid](
+        q, k, v, w, ids, counts, rows, *out,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *ws, ids.stride(0), ids.stride(1), ids.stride(2),
+        counts.stride(0), counts.stride(1), counts.stride(2),
+        k.shape[2], hq, r, hq // k.shape[1], scale * LOG2E,
+        B=block_size, KB=_blocks_per_iter(block_size), HEAD_D=d, D_PAD=triton.next_power_of_2(d),
+        SPLITS=splits, FROZEN=frozen is not None, num_warps=4 if q.is_cuda else 1)
+    return out
+
+
+def combine_partials(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """One softmax from partial states [(m [..., S_i], l [..., S_i], acc [..., S_i, d]), ...] in
+    base 2 (``decode_partials``'s, or a tail's computed the same way) -> out [..., d] fp32."""
+    m = torch.cat([p[0] for p in parts], -1)
+    l_ = torch.cat([p[1] for p in parts], -1)
+    acc = torch.cat([p[2] for p in parts], -2)
+    w = torch.exp2(m - m.amax(-1, keepdim=True))
+    return (w[..., None] * acc).sum(-2) / (w * l_).sum(-1)[..., None]
+
+
+def dense_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                   scale: float | None = None, frozen: torch.Tensor | None = None):
+    """The partial state of rows q [R, Hq, r, d] over a few dense keys k, v [R, Hkv, t, d] with an
+    additive bias [R, Hq, r, t] (0 / -inf), in fp32 and base 2, for ``combine_partials`` (the new
+    rows' own tail). frozen [R, Hq, r, t]: weights used instead of the softmax (max 0)."""
+    R, hq, r, d = q.shape
+    g = hq // k.shape[1]
+    vv = v.float().repeat_interleave(g, dim=1)
+    if frozen is not None:
+        return torch.zeros(R, hq, r, 1, device=q.device), frozen.sum(-1, keepdim=True), (frozen @ vv)[..., None, :]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    s = (q.float() @ k.float().repeat_interleave(g, dim=1).transpose(-1, -2)) * (scale * LOG2E) + bias
+    m = s.amax(-1, keepdim=True).clamp_min(NO_MAX)
+    p = torch.exp2(s - m)
+    return m, p.sum(-1, keepdim=True), (p @ vv)[..., None, :]
+
+
+def decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block_size: int,
+                     scale: float | None = None, frozen: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition in fp32: softmax(q kᵀ·scale + R) v over the cache with R = -inf outside each
+    row's kept blocks bool [R, Hq, r, M]; with frozen [R, Hq, r, >= n], Σ w v / Σ w on the kept keys.
+    q [R, Hq, r, d], k/v [R, Hkv, n, d] -> [R, Hq, r, d] fp32."""
+    R, hq, r, d = q.shape
+    n = k.shape[2]
+    g = hq // k.shape[1]
+    keep = blocks.repeat_interleave(block_size, dim=-1)[..., :n]
+    if keep.shape[-1] < n:
+        keep = torch.nn.functional.pad(keep, (0, n - keep.shape[-1]))
+    vv = v.float().repeat_interleave(g, dim=1)
+    if frozen is not None:
+        w = frozen[..., :n] * keep
+        return (w @ vv) / w.sum(-1, keepdim=True)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    s = (q.float() @ k.float().repeat_interleave(g, dim=1).transpose(-1, -2)) * scale
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vv
