@@ -46,16 +46,17 @@ def _decode_partials(
     stride_cr, stride_ch, stride_cj,
     n_ctx, heads, q_rows, group, qk_scale,
     B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr,
-    SPLITS: tl.constexpr, FROZEN: tl.constexpr,
+    FROZEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    splits = tl.num_programs(1)  # a launch argument, not a constexpr: one compile serves every split count
     j = pid % q_rows
     h = (pid // q_rows) % heads
     i = pid // (q_rows * heads)  # index into Rows (and into W's rows when FROZEN)
     row = tl.load(Rows + i).to(tl.int64)
     count = tl.load(Counts + row * stride_cr + h * stride_ch + j * stride_cj)
-    per = tl.cdiv(count, SPLITS)
+    per = tl.cdiv(count, splits)
     lo = split * per
     hi = tl.minimum(lo + per, count)
 
@@ -98,7 +99,7 @@ def _decode_partials(
             m_i = m_new
     if FROZEN:
         m_i = m_i * 0.0  # frozen weights are probabilities already: no max to carry
-    slot = ((row * heads + h) * q_rows + j) * SPLITS + split
+    slot = ((row * heads + h) * q_rows + j) * splits + split
     tl.store(M_out + slot, m_i)
     tl.store(L_out + slot, l_i)
     tl.store(Acc_out + slot * HEAD_D + offs_d, acc, mask=d_ok)
@@ -204,7 +205,7 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torc
         counts.stride(0), counts.stride(1), counts.stride(2),
         k.shape[2], hq, r, hq // k.shape[1], scale * LOG2E,
         B=block_size, KB=_blocks_per_iter(block_size), HEAD_D=d, D_PAD=triton.next_power_of_2(d),
-        SPLITS=splits, FROZEN=frozen is not None, num_warps=4 if q.is_cuda else 1)
+        FROZEN=frozen is not None, num_warps=4 if q.is_cuda else 1)
     return out
 
 
