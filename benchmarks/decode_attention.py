@@ -16,7 +16,7 @@ between calls, so a cache that fits in L2 is not read from it), medians in ms.
 Supports: per (sequence, query head) the sink block, the last two blocks and random blocks, kept
 with the probability that gives ``--density`` of the blocks (density: the measured mean);
 ``--gqa-support shared`` draws one support per kv head for all its query heads, ``independent``
-one per query head (the kernel then reads each head's blocks; the bytes count their union).
+one per query head (the kernel reads the union of a kv head's query heads' blocks once).
 Bytes: dense = K and V of the whole cache; sparse = K and V of the union of a kv head's kept
 blocks, plus the fp32 partials written and read back. bw_gbs: a 1 GiB device copy in the same run
 (read + write bytes / time). floor_ms = bytes / bw; ratio = dense_ms / sparse_ms; ideal = dense
@@ -89,12 +89,12 @@ def decode_row(config: RecurrentConfig, n: int, batch: int, density: float, shar
     blocks = decode_support(batch, hq, hkv, M, density, shared, gen)
     q = torch.randn(batch, hq, 1, d, generator=gen, device=device).to(dtype)
     k, v = (torch.randn(batch, hkv, n, d, generator=gen, device=device, dtype=dtype) for _ in range(2))
-    ids, counts = decode_block_lists(blocks)
-    splits = default_splits(batch * hq, M, device)
-    parts = decode_partials(q, k, v, ids, counts, block_size, splits)
+    lists = decode_block_lists(blocks, hkv)
+    splits = default_splits(batch * hkv, M, device)
+    parts = decode_partials(q, k, v, lists, block_size, splits)
 
     def sparse():
-        decode_partials(q, k, v, ids, counts, block_size, splits, out=parts)
+        decode_partials(q, k, v, lists, block_size, splits, out=parts)
         return combine_partials([parts])
 
     elem = torch.finfo(dtype).bits // 8

@@ -1,12 +1,13 @@
 """Block-sparse decode attention: a few new query rows per sequence against a cached K/V, reading
 only each (row, head)'s kept key blocks, split across those blocks for occupancy (flash-decoding).
 
-    ids, counts = decode_block_lists(blocks)                # bool [R, Hq, r, M] -> CSR-like lists
-    m, l, acc = decode_partials(q, k, v, ids, counts, B, splits)
+    lists = decode_block_lists(blocks, kv_heads)             # bool [R, Hq, r, M] -> per kv head lists
+    m, l, acc = decode_partials(q, k, v, lists, B, splits)
     out = combine_partials([(m, l, acc), (m_tail, l_tail, acc_tail)])
 
-Each program handles one (row, query head, query row) and one split: the split's contiguous
-share of the row's kept blocks (``ceil(count / splits)`` entries, so the grid is static while the
+Each program handles one (row, kv head, query row) and one split: the split's contiguous share of
+the union of the kv head's query heads' kept blocks (each block read once for the group, each
+query head masking the blocks it does not keep) (``ceil(count / splits)`` entries, so the grid is static while the
 counts change from token to token, as a CUDA graph needs). It returns the partial softmax state
 (max in base 2, sum of exp2, unnormalised accumulator) in fp32; ``combine_partials`` joins the
 splits and any partials computed elsewhere (the new rows' own tail of keys) into one softmax.
@@ -14,9 +15,9 @@ A row with Freeze-A weights (``frozen``) reads those weights at its kept positio
 scoring keys: its partials are (0, Σ w, Σ w·v) over the fresh V, so the same combine gives
 Σ w v / Σ w, the weights renormalised on the support.
 
-A decode row is one query vector, so the scores are a [keys, d] product reduced over d in fp32
-(no tensor-core tile to fill); the kernel is bound by the K/V bytes it reads. GQA: query head h
-reads kv head h // (Hq // Hkv); heads of a group that keep the same blocks hit them in L2.
+A decode row is one query vector per head, so the scores are a [group, keys, d] product reduced
+over d in fp32 (no tensor-core tile worth filling); the kernel is bound by the K/V bytes it
+reads. GQA: query head h reads kv head h // (Hq // Hkv).
 Shapes: q [R, Hq, r, d], k/v [R, Hkv, n, d] (a stride of 0 on R shares one cache between rows),
 d in {64, 96, 128} (96 is padded to 128 by masked loads), fp16/bf16 on CUDA, fp32 on the CPU
 interpreter. The cache covers positions < n; blocks reaching past n (the partial last block)
@@ -37,92 +38,106 @@ NO_MAX = -1.0e30  # the max of a split with no keys: finite, so exp2(NO_MAX - m)
 
 @triton.jit
 def _decode_partials(
-    Q, K, V, W, Ids, Counts, Rows, M_out, L_out, Acc_out,
+    Q, K, V, W, Keep, Ids, Counts, Rows, M_out, L_out, Acc_out,
     stride_qr, stride_qh, stride_qj,
     stride_kr, stride_kh, stride_kn,
     stride_vr, stride_vh, stride_vn,
     stride_wi, stride_wh, stride_wj,
+    stride_pr, stride_ph, stride_pj,
     stride_ir, stride_ih, stride_ij,
     stride_cr, stride_ch, stride_cj,
-    n_ctx, heads, q_rows, group, qk_scale,
-    B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr,
+    n_ctx, heads, kv_heads, q_rows, group, qk_scale,
+    B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
     FROZEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)  # a launch argument, not a constexpr: one compile serves every split count
     j = pid % q_rows
-    h = (pid // q_rows) % heads
-    i = pid // (q_rows * heads)  # index into Rows (and into W's rows when FROZEN)
+    kvh = (pid // q_rows) % kv_heads
+    i = pid // (q_rows * kv_heads)  # index into Rows (and into W's rows when FROZEN)
     row = tl.load(Rows + i).to(tl.int64)
-    count = tl.load(Counts + row * stride_cr + h * stride_ch + j * stride_cj)
+    count = tl.load(Counts + row * stride_cr + kvh * stride_ch + j * stride_cj)
     per = tl.cdiv(count, splits)
     lo = split * per
     hi = tl.minimum(lo + per, count)
 
+    offs_g = tl.arange(0, G_PAD)
+    g_ok = offs_g < group
+    hs = kvh * group + offs_g  # the query heads of this kv head
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_D
     offs_e = tl.arange(0, KB)
     offs_t = tl.arange(0, B)
-    kv = (h // group).to(tl.int64)
-    k_base = K + row * stride_kr + kv * stride_kh
-    v_base = V + row * stride_vr + kv * stride_vh
-    ids_base = Ids + row * stride_ir + h * stride_ih + j * stride_ij
+    k_base = K + row * stride_kr + kvh.to(tl.int64) * stride_kh
+    v_base = V + row * stride_vr + kvh.to(tl.int64) * stride_vh
+    ids_base = Ids + row * stride_ir + kvh * stride_ih + j * stride_ij
+    keep_base = Keep + row * stride_pr + hs * stride_ph + j * stride_pj  # [G_PAD]
     if FROZEN:
-        w_base = W + i.to(tl.int64) * stride_wi + h * stride_wh + j * stride_wj
+        w_base = W + i.to(tl.int64) * stride_wi + hs * stride_wh + j * stride_wj  # [G_PAD]
     else:
-        q = tl.load(Q + row * stride_qr + h * stride_qh + j * stride_qj + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    m_i = tl.max(tl.full([B], NO_MAX, tl.float32), 0)
-    l_i = tl.sum(tl.zeros([B], tl.float32), 0)
-    acc = tl.zeros([D_PAD], tl.float32)
+        q = tl.load(Q + row * stride_qr + hs[:, None] * stride_qh + j * stride_qj + offs_d[None, :],
+                    mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [G_PAD, D_PAD]
+    m_i = tl.full([G_PAD], NO_MAX, tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for e0 in range(lo, hi, KB):
+        # KB blocks of the kv head's list (the union of its query heads' blocks), read once for the group
         e = e0 + offs_e
         e_ok = e < hi
         blk = tl.load(ids_base + e, mask=e_ok, other=0)
         kidx = tl.reshape(blk[:, None] * B + offs_t[None, :], [KB * B])
         ok = tl.reshape(tl.broadcast_to(e_ok[:, None], [KB, B]), [KB * B]) & (kidx < n_ctx)
+        kept = tl.load(keep_base[:, None] + blk[None, :], mask=g_ok[:, None] & e_ok[None, :], other=0) != 0
+        kept = tl.reshape(tl.broadcast_to(kept[:, :, None], [G_PAD, KB, B]), [G_PAD, KB * B]) & ok[None, :]
         vals = tl.load(v_base + kidx[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
-                       mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                       mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [N, D_PAD]
         if FROZEN:
-            p = tl.load(w_base + kidx, mask=ok, other=0.0)
-            l_i += tl.sum(p, 0)
-            acc += tl.sum(p[:, None] * vals, 0)
+            p = tl.load(w_base[:, None] + kidx[None, :], mask=kept, other=0.0)  # [G_PAD, N]
+            l_i += tl.sum(p, 1)
+            acc += tl.sum(p[:, :, None] * vals[None, :, :], 1)
         else:
             keys = tl.load(k_base + kidx[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
                            mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            s = tl.where(ok, tl.sum(q[None, :] * keys, 1) * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
+            s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale  # [G_PAD, N]
+            s = tl.where(kept, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            acc = acc * alpha + tl.sum(p[:, None] * vals, 0)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vals[None, :, :], 1)
             m_i = m_new
     if FROZEN:
         m_i = m_i * 0.0  # frozen weights are probabilities already: no max to carry
-    slot = ((row * heads + h) * q_rows + j) * splits + split
-    tl.store(M_out + slot, m_i)
-    tl.store(L_out + slot, l_i)
-    tl.store(Acc_out + slot * HEAD_D + offs_d, acc, mask=d_ok)
+    slot = ((row * heads + hs) * q_rows + j) * splits + split  # [G_PAD]
+    tl.store(M_out + slot, m_i, mask=g_ok)
+    tl.store(L_out + slot, l_i, mask=g_ok)
+    tl.store(Acc_out + slot[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
 
 
-def decode_block_lists(blocks: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """Kept key blocks of each decode row as lists: bool [..., M] -> (ids int32 [..., M], kept
-    blocks first in key order, then padding; counts int32 [...]). On the blocks' device, no host
-    synchronisation; `out` (two int32 buffers of those shapes) is filled in place, as a captured
-    CUDA graph's static inputs must be."""
-    if blocks.dtype != torch.bool:
-        raise ValueError(f"decode block support must be bool [..., M], got {blocks.dtype}")
-    ids = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    counts = blocks.sum(-1, dtype=torch.int32)
+def decode_block_lists(blocks: torch.Tensor, kv_heads: int, out: tuple | None = None):
+    """Kept key blocks of decode rows, bool [R, Hq, r, M] -> (keep uint8 [R, Hq, r, M], the blocks
+    as bytes; ids int32 [R, Hkv, r, M], each kv head's union of its query heads' blocks first in key
+    order, then padding; counts int32 [R, Hkv, r]). On the blocks' device, no host
+    synchronisation; `out` (three buffers of those shapes and dtypes) is filled in place, as a
+    captured CUDA graph's static inputs must be."""
+    if blocks.dtype != torch.bool or blocks.dim() != 4:
+        raise ValueError(f"decode block support must be bool [R, Hq, r, M], got {blocks.dtype} {tuple(blocks.shape)}")
+    R, hq, r, M = blocks.shape
+    if kv_heads < 1 or hq % kv_heads:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({kv_heads})")
+    union = blocks.view(R, kv_heads, hq // kv_heads, r, M).any(2)
+    ids = torch.argsort((~union).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    found = (blocks.to(torch.uint8), ids, union.sum(-1, dtype=torch.int32))
     if out is None:
-        return ids, counts
-    out[0].copy_(ids)
-    out[1].copy_(counts)
+        return found
+    for buf, x in zip(out, found):
+        buf.copy_(x)
     return out
 
 
 def default_splits(programs: int, max_blocks: int, device) -> int:
-    """Splits per (row, head, query row) so that about four programs per SM run, each with at
+    """Splits per (row, kv head, query row) so that about four programs per SM run, each with at
     least four key blocks: one static number for a decoder's lifetime."""
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -132,19 +147,27 @@ def default_splits(programs: int, max_blocks: int, device) -> int:
     return max(1, min(want, math.ceil(max_blocks / 4)))
 
 
-def _blocks_per_iter(block_size: int) -> int:
-    return max(1, 64 // block_size)  # 64 keys per iteration: [64, d] fp32 K and V tiles in registers
+TILE_ELEMENTS = 8192  # the [group, keys, d] fp32 products of one iteration: 64 values a thread at 4 warps
 
 
-def _check(q, k, v, ids, counts, block_size, splits, rows, frozen):
+def tile_shape(block_size: int, head_dim: int, group: int) -> tuple[int, int, int]:
+    """(key blocks per iteration, padded group, warps): as many keys per iteration as keep the
+    group's [group, keys, d] products within TILE_ELEMENTS (at least one block; twice the warps past it)."""
+    g_pad, d_pad = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+    kb = max(1, TILE_ELEMENTS // (g_pad * block_size * d_pad))
+    return kb, g_pad, 4 if g_pad * kb * block_size * d_pad <= TILE_ELEMENTS else 8
+
+
+def _check(q, k, v, keep, ids, counts, block_size, splits, rows, frozen):
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         raise ValueError(f"decode needs q [R, Hq, r, d] and k, v [R, Hkv, n, d]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     R, hq, r, d = q.shape
+    hkv = k.shape[1]
     if k.shape[0] != R or k.shape[3] != d:
         raise ValueError(f"k, v must be [{R}, Hkv, n, {d}] for q {tuple(q.shape)}; got {tuple(k.shape)}")
-    if k.shape[1] == 0 or hq % k.shape[1]:
-        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({k.shape[1]})")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -152,15 +175,17 @@ def _check(q, k, v, ids, counts, block_size, splits, rows, frozen):
     if block_size not in (16, 32, 64, 128):
         raise ValueError(f"block_size must be one of 16, 32, 64, 128, got {block_size}")
     M = math.ceil(k.shape[2] / block_size)
-    if ids.dtype != torch.int32 or counts.dtype != torch.int32 or ids.shape[:3] != (R, hq, r) \
-            or counts.shape != (R, hq, r) or ids.shape[3] > M:
-        raise ValueError(f"block lists must be int32 ids [{R}, {hq}, {r}, <= {M}] and counts [{R}, {hq}, {r}]; "
-                         f"got {ids.dtype} {tuple(ids.shape)} and {counts.dtype} {tuple(counts.shape)}")
+    if keep.dtype != torch.uint8 or ids.dtype != torch.int32 or counts.dtype != torch.int32 \
+            or keep.shape[:3] != (R, hq, r) or ids.shape[:3] != (R, hkv, r) or counts.shape != (R, hkv, r) \
+            or not ids.shape[3] <= min(M, keep.shape[3]):
+        raise ValueError(f"block lists must be uint8 keep [{R}, {hq}, {r}, M], int32 ids [{R}, {hkv}, {r}, <= M] "
+                         f"and counts [{R}, {hkv}, {r}] (decode_block_lists), M <= {M}; got {keep.dtype} "
+                         f"{tuple(keep.shape)}, {ids.dtype} {tuple(ids.shape)}, {counts.dtype} {tuple(counts.shape)}")
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or ids.stride(-1) != 1:
-        raise ValueError("q, k, v and the block ids need a contiguous last dimension")
-    devices = {x.device for x in (q, k, v, ids, counts)}
+    if any(x.stride(-1) != 1 for x in (q, k, v, keep, ids)):
+        raise ValueError("q, k, v and the block lists need a contiguous last dimension")
+    devices = {x.device for x in (q, k, v, keep, ids, counts)}
     if len(devices) != 1:
         raise ValueError(f"q, k, v and the block lists must be on one device; got {sorted(map(str, devices))}")
     if frozen is not None:
@@ -170,20 +195,24 @@ def _check(q, k, v, ids, counts, block_size, splits, rows, frozen):
                              f"last dim, given with rows; got {None if frozen is None else tuple(frozen.shape)}")
 
 
-def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor,
-                    block_size: int, splits: int, *, scale: float | None = None, rows: torch.Tensor | None = None,
+def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tuple, block_size: int, splits: int,
+                    *, scale: float | None = None, rows: torch.Tensor | None = None,
                     frozen: torch.Tensor | None = None, out: tuple | None = None):
     """Partial softmax states of decode rows over their kept key blocks.
 
     q [R, Hq, r, d]; k, v [R, Hkv, n, d] (Hq % Hkv == 0; a 0 stride on R shares one cache);
-    ids int32 [R, Hq, r, <= ceil(n/B)], counts int32 [R, Hq, r] (``decode_block_lists``);
+    lists: (keep, ids, counts) of ``decode_block_lists`` for these rows (blocks within ceil(n/B));
     rows: int32 [R'] the rows to compute (default all R); frozen: fp32 [R', Hq, r, >= n] Freeze-A
     weights of those rows (then they are not scored: partials (0, Σ w, Σ w v));
     out: (m, l, acc) buffers to fill (the rows not in `rows` are left as they are).
     Returns (m [R, Hq, r, S] base-2 max of scaled scores, l [R, Hq, r, S], acc [R, Hq, r, S, d]), fp32.
+    One program per (row, kv head, query row, split): the kv head's blocks are read once for its
+    query heads.
     """
-    _check(q, k, v, ids, counts, block_size, splits, rows, frozen)
+    keep, ids, counts = lists
+    _check(q, k, v, keep, ids, counts, block_size, splits, rows, frozen)
     R, hq, r, d = q.shape
+    hkv = k.shape[1]
     if out is None:
         m = torch.empty(R, hq, r, splits, dtype=torch.float32, device=q.device)
         out = (m, torch.empty_like(m), torch.empty(R, hq, r, splits, d, dtype=torch.float32, device=q.device))
@@ -197,15 +226,16 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ids: torc
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     w = frozen if frozen is not None else q  # W is not read unless FROZEN
     ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
-    grid = (rows.shape[0] * hq * r, splits)
+    kb, g_pad, warps = tile_shape(block_size, d, hq // hkv)
+    grid = (rows.shape[0] * hkv * r, splits)
     _decode_partials[grid](
-        q, k, v, w, ids, counts, rows, *out,
+        q, k, v, w, keep, ids, counts, rows, *out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *ws, ids.stride(0), ids.stride(1), ids.stride(2),
-        counts.stride(0), counts.stride(1), counts.stride(2),
-        k.shape[2], hq, r, hq // k.shape[1], scale * LOG2E,
-        B=block_size, KB=_blocks_per_iter(block_size), HEAD_D=d, D_PAD=triton.next_power_of_2(d),
-        FROZEN=frozen is not None, num_warps=4 if q.is_cuda else 1)
+        v.stride(0), v.stride(1), v.stride(2), *ws, keep.stride(0), keep.stride(1), keep.stride(2),
+        ids.stride(0), ids.stride(1), ids.stride(2), counts.stride(0), counts.stride(1), counts.stride(2),
+        k.shape[2], hq, hkv, r, hq // hkv, scale * LOG2E,
+        B=block_size, KB=kb, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=g_pad,
+        FROZEN=frozen is not None, num_warps=warps if q.is_cuda else 1)
     return out
 
 

@@ -28,11 +28,10 @@ def case(R, hq, hkv, r, n, d, B, density, seed, dtype=torch.float32, device=DEV)
 
 
 def run(q, k, v, blocks, B, splits, **kw):
-    ids, counts = decode_block_lists(blocks)
-    return combine_partials([decode_partials(q, k, v, ids, counts, B, splits, **kw)])
+    return combine_partials([decode_partials(q, k, v, decode_block_lists(blocks, k.shape[1]), B, splits, **kw)])
 
 
-@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1), (6, 2)])  # MHA, 4:1 (as 32/8), 3:1 (as 9/3)
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1), (6, 2)])  # MHA, 4:1 (as 32/8), 3:1 (as 9/3, padded group)
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_matches_reference(hq, hkv, d, splits):
@@ -55,11 +54,11 @@ def test_frozen_weights_on_the_support_with_fresh_values():
     """Freeze-A rows: Σ w v / Σ w over their kept keys; the other rows of the launch are scored."""
     q, k, v, blocks = case(3, 4, 2, 1, 90, 96, 32, 0.6, seed=7)
     w = torch.rand(1, 4, 1, 90, generator=torch.Generator().manual_seed(1)).to(DEV)
-    ids, counts = decode_block_lists(blocks)
+    lists = decode_block_lists(blocks, 2)
     plain = torch.tensor([0, 2], dtype=torch.int32, device=DEV)
     frozen_row = torch.tensor([1], dtype=torch.int32, device=DEV)
-    parts = decode_partials(q, k, v, ids, counts, 32, 2, rows=plain)
-    decode_partials(q, k, v, ids, counts, 32, 2, rows=frozen_row, frozen=w, out=parts)
+    parts = decode_partials(q, k, v, lists, 32, 2, rows=plain)
+    decode_partials(q, k, v, lists, 32, 2, rows=frozen_row, frozen=w, out=parts)
     out = combine_partials([parts])
     assert relative_error(out[1:2], decode_reference(q[1:2], k[1:2], v[1:2], blocks[1:2], 32, frozen=w)) < 1e-5
     for i in (0, 2):
@@ -76,8 +75,8 @@ def test_tail_partial_and_shared_cache():
     bias = torch.zeros(3, 2, 1, 5, device=DEV)
     bias[..., 3:] = float("-inf")  # tail positions not yet written
     bias[1, 0, 0, :] = float("-inf")  # a row whose tail is all masked
-    ids, counts = decode_block_lists(blocks)
-    out = combine_partials([decode_partials(q, k1, v1, ids, counts, 32, 2), dense_partials(q, tk, tv, bias)])
+    lists = decode_block_lists(blocks, 2)
+    out = combine_partials([decode_partials(q, k1, v1, lists, 32, 2), dense_partials(q, tk, tv, bias)])
     keep = torch.cat([blocks.repeat_interleave(32, -1)[..., :70], bias == 0], -1)
     kk, vv = torch.cat([k1, tk], 2), torch.cat([v1, tv], 2)
     s = (q @ kk.transpose(-1, -2)) / 8.0
@@ -86,21 +85,23 @@ def test_tail_partial_and_shared_cache():
 
 
 def test_block_lists_and_argument_errors():
-    blocks = torch.tensor([[False, True, False, True]])
-    ids, counts = decode_block_lists(blocks)
-    assert counts.tolist() == [2] and ids[0, :2].tolist() == [1, 3]
+    blocks = torch.tensor([[False, True, False, True], [False, False, True, False]]).view(1, 2, 1, 4)
+    keep, ids, counts = decode_block_lists(blocks, 1)  # one kv head: the union of both heads' blocks
+    assert counts.tolist() == [[[3]]] and ids[0, 0, 0, :3].tolist() == [1, 2, 3] and keep.dtype == torch.uint8
     q, k, v, blocks = case(1, 2, 1, 1, 64, 64, 32, 0.5, seed=0, device="cpu")
-    ids, counts = decode_block_lists(blocks)
+    lists = decode_block_lists(blocks, 1)
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        decode_partials(q, k.expand(1, 3, -1, -1), v.expand(1, 3, -1, -1), ids, counts, 32, 1)
+        decode_partials(q, k.expand(1, 3, -1, -1), v.expand(1, 3, -1, -1), lists, 32, 1)
     with pytest.raises(ValueError, match="head_dim"):
-        decode_partials(q[..., :32], k[..., :32], v[..., :32], ids, counts, 32, 1)
+        decode_partials(q[..., :32], k[..., :32], v[..., :32], lists, 32, 1)
     with pytest.raises(ValueError, match="block lists"):
-        decode_partials(q, k, v, ids.long(), counts, 32, 1)
+        decode_partials(q, k, v, (lists[0], lists[1].long(), lists[2]), 32, 1)
     with pytest.raises(ValueError, match="frozen weights"):
-        decode_partials(q, k, v, ids, counts, 32, 1, frozen=torch.ones(1, 2, 1, 64))
+        decode_partials(q, k, v, lists, 32, 1, frozen=torch.ones(1, 2, 1, 64))
     with pytest.raises(ValueError, match="block support must be bool"):
-        decode_block_lists(torch.ones(2, 3))
+        decode_block_lists(torch.ones(2, 3), 1)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        decode_block_lists(blocks, 3)
     assert default_splits(10, 1, "cpu") == 1
 
 
@@ -109,14 +110,14 @@ def test_block_lists_and_argument_errors():
 @pytest.mark.parametrize("hq,hkv,d", [(55, 55, 96), (32, 8, 64), (9, 3, 128)])
 def test_decode_gpu(dtype, hq, hkv, d):
     q, k, v, blocks = case(4, hq, hkv, 1, 4000, d, 32, 0.13, seed=d, dtype=dtype)
-    ids, counts = decode_block_lists(blocks)
-    splits = default_splits(4 * hq, blocks.shape[-1], "cuda")
+    lists = decode_block_lists(blocks, hkv)
+    splits = default_splits(4 * hkv, blocks.shape[-1], "cuda")
     assert splits > 1
-    out = combine_partials([decode_partials(q, k, v, ids, counts, 32, splits)])
+    out = combine_partials([decode_partials(q, k, v, lists, 32, splits)])
     assert relative_error(out, decode_reference(q, k, v, blocks, 32)) <= 1e-3
     w = torch.rand(2, hq, 1, 4000, device="cuda")
     rows = torch.tensor([1, 3], dtype=torch.int32, device="cuda")
-    fz = combine_partials([decode_partials(q, k, v, ids, counts, 32, splits, rows=rows, frozen=w)])
+    fz = combine_partials([decode_partials(q, k, v, lists, 32, splits, rows=rows, frozen=w)])
     ref = decode_reference(q[1::2], k[1::2], v[1::2], blocks[1::2], 32, frozen=w)
     assert relative_error(fz[1::2], ref) <= 1e-3
 
@@ -125,14 +126,14 @@ def test_decode_gpu(dtype, hq, hkv, d):
 def test_decode_gpu_lists_replay_in_a_cuda_graph():
     """Static grid: a captured launch follows new lists written into the same buffers."""
     q, k, v, blocks = case(2, 8, 2, 1, 2048, 64, 32, 0.2, seed=1, dtype=torch.bfloat16)
-    ids, counts = decode_block_lists(blocks)
-    parts = decode_partials(q, k, v, ids, counts, 32, 4)  # compile outside the capture
+    lists = decode_block_lists(blocks, 2)
+    parts = decode_partials(q, k, v, lists, 32, 4)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_partials(q, k, v, ids, counts, 32, 4, out=parts)
+        decode_partials(q, k, v, lists, 32, 4, out=parts)
     other = torch.rand(blocks.shape, device="cuda") < 0.5
     other[..., 0] = True
-    decode_block_lists(other, out=(ids, counts))
+    decode_block_lists(other, 2, out=lists)
     graph.replay()
     assert relative_error(combine_partials([parts]), decode_reference(q, k, v, other, 32)) <= 1e-3

@@ -74,7 +74,8 @@ class CoreRows:
         """A late step through the decode kernel: the prompt's cache on the rows' blocks, the tail dense."""
         if self.sparse is None:
             freeze = self.freeze.tolist()  # host copy once per extension, before the late steps
-            self.sparse = SparseLateRows(self.g, self.allowed_keys().shape[1], q.shape[1], self.r, freeze, q.device)
+            self.sparse = SparseLateRows(self.g, self.allowed_keys().shape[1], q.shape[1], k.shape[1], self.r, freeze,
+                                         q.device)
         if layer not in self._listed:
             self.sparse.set_support(layer, self.allowed_blocks[:, layer])
             self._listed.add(layer)

@@ -96,7 +96,7 @@ class StaticDecoder:
         self.frozen = {l: torch.zeros(len(self.freeze), c.heads, 1, width, device=dev) for l in range(c.n_core)} \
             if len(self.freeze) and not group.truncate else {}
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
-        self.sparse = SparseLateRows(group, c.n_core, c.heads, 1, self.freeze.tolist(), dev) \
+        self.sparse = SparseLateRows(group, c.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
         self.passes = 0
         self._graphs: tuple | None = None

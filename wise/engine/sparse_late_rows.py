@@ -30,16 +30,18 @@ def sparse_decode_enabled(settings, device) -> bool:
 
 
 class SparseLateRows:
-    """Block lists per core layer [R, H, r, Mp] (Mp = the prompt's blocks) for a row group's late
+    """Block lists per core layer (``decode_block_lists``; Mp = the prompt's blocks) for a row group's late
     steps, with the row lists each cache part launches (Freeze-A rows apart) made once."""
 
-    def __init__(self, group, n_layers: int, heads: int, r: int, freeze: list[int], device):
+    def __init__(self, group, n_layers: int, heads: int, kv_heads: int, r: int, freeze: list[int], device):
         B = group.s.block_size
         R, self.n0, self.B, self.r = len(group.lates), group.n, B, r
         self.Mp = math.ceil(self.n0 / B)
-        self.ids = {l: torch.zeros(R, heads, r, self.Mp, dtype=torch.int32, device=device) for l in range(n_layers)}
-        self.counts = {l: torch.zeros(R, heads, r, dtype=torch.int32, device=device) for l in range(n_layers)}
-        self.splits = default_splits(R * heads * r, self.Mp, device)
+        self.kv_heads = kv_heads
+        self.lists = {l: (torch.zeros(R, heads, r, self.Mp, dtype=torch.uint8, device=device),
+                          torch.zeros(R, kv_heads, r, self.Mp, dtype=torch.int32, device=device),
+                          torch.zeros(R, kv_heads, r, dtype=torch.int32, device=device)) for l in range(n_layers)}
+        self.splits = default_splits(R * kv_heads * r, self.Mp, device)
         self.freeze, self.device = sorted(freeze), device
         self.freeze_idx = torch.tensor(self.freeze, dtype=torch.long, device=device)
         # made here, not while a CUDA graph is captured (a host-to-device copy cannot be captured)
@@ -61,7 +63,7 @@ class SparseLateRows:
     def set_support(self, layer: int, blocks: torch.Tensor) -> None:
         """Each row's late blocks bool [R, H, r, M] (M >= Mp; blocks past the prompt are the tail's,
         which the bias covers) into the layer's lists, in place."""
-        decode_block_lists(blocks[..., :self.Mp], out=(self.ids[layer], self.counts[layer]))
+        decode_block_lists(blocks[..., :self.Mp], self.kv_heads, out=self.lists[layer])
 
     def attend(self, q, cache, tk, tv, tail_bias, layer: int, frozen: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of new rows q [R, H, r, d] over their blocks of `cache` (its late parts, the
@@ -71,14 +73,14 @@ class SparseLateRows:
         m = torch.empty(R, H, r, self.splits, dtype=torch.float32, device=q.device)
         l_, acc = torch.empty_like(m), torch.empty(R, H, r, self.splits, d, dtype=torch.float32, device=q.device)
         a = 0
-        ids, counts = self.ids[layer], self.counts[layer]
+        lists = self.lists[layer]
         for k, v, rows, shared in cache.parts:
             plain, fz, first, nf = self.launch_rows(a, a + rows)
             if shared:  # one example's cache read by each of its rows (stride 0)
                 k, v = k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)
             part = slice(a, a + rows)
             out = (m[part], l_[part], acc[part])
-            args = (q[part], k, v, ids[part], counts[part], self.B, self.splits)
+            args = (q[part], k, v, tuple(x[part] for x in lists), self.B, self.splits)
             decode_partials(*args, rows=plain, out=out)
             if nf:
                 decode_partials(*args, rows=fz, frozen=frozen[first:first + nf], out=out)
