@@ -242,9 +242,8 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
 def combine_partials(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """One softmax from partial states [(m [..., S_i], l [..., S_i], acc [..., S_i, d]), ...] in
     base 2 (``decode_partials``'s, or a tail's computed the same way) -> out [..., d] fp32."""
-    m = torch.cat([p[0] for p in parts], -1)
-    l_ = torch.cat([p[1] for p in parts], -1)
-    acc = torch.cat([p[2] for p in parts], -2)
+    m, l_, acc = parts[0] if len(parts) == 1 else (torch.cat([p[i] for p in parts], -1 if i < 2 else -2)
+                                                   for i in range(3))
     w = torch.exp2(m - m.amax(-1, keepdim=True))
     return (w[..., None] * acc).sum(-2) / (w * l_).sum(-1)[..., None]
 
