@@ -95,7 +95,7 @@ def decode_row(config: RecurrentConfig, n: int, batch: int, density: float, shar
 
     def sparse():
         decode_partials(q, k, v, lists, block_size, splits, out=parts)
-        return combine_partials([parts])
+        return combine_partials(*parts, dtype=dtype)
 
     elem = torch.finfo(dtype).bits // 8
     union = blocks.view(batch, hkv, hq // hkv, M).any(2)  # blocks a kv head must supply

@@ -2,13 +2,14 @@
 only each (row, head)'s kept key blocks, split across those blocks for occupancy (flash-decoding).
 
     lists = decode_block_lists(blocks, kv_heads)             # bool [R, Hq, r, M] -> per kv head lists
-    m, l, acc = decode_partials(q, k, v, lists, B, splits)
-    out = combine_partials([(m, l, acc), (m_tail, l_tail, acc_tail)])
+    m, l, acc = decode_partials(q, k, v, lists, B, splits, out=partial_buffers(R, Hq, r, splits + 1, d, dev))
+    m[..., -1:], l[..., -1:], acc[..., -1:, :] = dense_partials(q, k_tail, v_tail, bias)   # the new rows' tail
+    out = combine_partials(m, l, acc, q.dtype)
 
-Each program handles one (row, kv head, query row) and one split: the split's contiguous share of
-the union of the kv head's query heads' kept blocks (each block read once for the group, each
-query head masking the blocks it does not keep) (``ceil(count / splits)`` entries, so the grid is static while the
-counts change from token to token, as a CUDA graph needs). It returns the partial softmax state
+Each program handles one (row, kv head, query row) and one split: the split's contiguous share
+(``ceil(count / splits)`` entries) of the union of the kv head's query heads' kept blocks, each
+block read once for the group and each query head masking the blocks it does not keep. The grid
+is static while the counts change from token to token, as a CUDA graph needs. It returns the partial softmax state
 (max in base 2, sum of exp2, unnormalised accumulator) in fp32; ``combine_partials`` joins the
 splits and any partials computed elsewhere (the new rows' own tail of keys) into one softmax.
 A row with Freeze-A weights (``frozen``) reads those weights at its kept positions instead of
@@ -46,7 +47,7 @@ def _decode_partials(
     stride_pr, stride_ph, stride_pj,
     stride_ir, stride_ih, stride_ij,
     stride_cr, stride_ch, stride_cj,
-    n_ctx, heads, kv_heads, q_rows, group, qk_scale,
+    n_ctx, heads, kv_heads, q_rows, group, qk_scale, slots,
     B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
     FROZEN: tl.constexpr,
 ):
@@ -109,7 +110,7 @@ def _decode_partials(
             m_i = m_new
     if FROZEN:
         m_i = m_i * 0.0  # frozen weights are probabilities already: no max to carry
-    slot = ((row * heads + hs) * q_rows + j) * splits + split  # [G_PAD]
+    slot = ((row * heads + hs) * q_rows + j) * slots + split  # [G_PAD]; slots >= splits (room for a tail's)
     tl.store(M_out + slot, m_i, mask=g_ok)
     tl.store(L_out + slot, l_i, mask=g_ok)
     tl.store(Acc_out + slot[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
@@ -205,7 +206,9 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
     rows: int32 [R'] the rows to compute (default all R); frozen: fp32 [R', Hq, r, >= n] Freeze-A
     weights of those rows (then they are not scored: partials (0, Σ w, Σ w v));
     out: (m, l, acc) buffers to fill (the rows not in `rows` are left as they are).
-    Returns (m [R, Hq, r, S] base-2 max of scaled scores, l [R, Hq, r, S], acc [R, Hq, r, S, d]), fp32.
+    Returns (m [R, Hq, r, S] base-2 max of scaled scores, l [R, Hq, r, S], acc [R, Hq, r, S, d]), fp32;
+    given `out` with more slots than splits (m [R, Hq, r, slots]), the slots past the splits are left
+    for partials computed elsewhere (``combine_partials`` reads every slot).
     One program per (row, kv head, query row, split): the kv head's blocks are read once for its
     query heads.
     """
@@ -214,11 +217,10 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
     R, hq, r, d = q.shape
     hkv = k.shape[1]
     if out is None:
-        m = torch.empty(R, hq, r, splits, dtype=torch.float32, device=q.device)
-        out = (m, torch.empty_like(m), torch.empty(R, hq, r, splits, d, dtype=torch.float32, device=q.device))
-    elif out[0].shape != (R, hq, r, splits) or out[2].shape != (R, hq, r, splits, d) \
-            or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
-        raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, {splits}] (x2) and [..., {d}]")
+        out = partial_buffers(R, hq, r, splits, d, q.device)
+    elif out[0].shape[:3] != (R, hq, r) or out[0].shape[3] < splits or out[1].shape != out[0].shape \
+            or out[2].shape != (*out[0].shape, d) or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
+        raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, >= {splits}] (x2) and [..., {d}]")
     if rows is None:
         rows = torch.arange(R, dtype=torch.int32, device=q.device)
     if rows.numel() == 0:
@@ -233,17 +235,52 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *ws, keep.stride(0), keep.stride(1), keep.stride(2),
         ids.stride(0), ids.stride(1), ids.stride(2), counts.stride(0), counts.stride(1), counts.stride(2),
-        k.shape[2], hq, hkv, r, hq // hkv, scale * LOG2E,
+        k.shape[2], hq, hkv, r, hq // hkv, scale * LOG2E, out[0].shape[3],
         B=block_size, KB=kb, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=g_pad,
         FROZEN=frozen is not None, num_warps=warps if q.is_cuda else 1)
     return out
 
 
-def combine_partials(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """One softmax from partial states [(m [..., S_i], l [..., S_i], acc [..., S_i, d]), ...] in
-    base 2 (``decode_partials``'s, or a tail's computed the same way) -> out [..., d] fp32."""
-    m, l_, acc = parts[0] if len(parts) == 1 else (torch.cat([p[i] for p in parts], -1 if i < 2 else -2)
-                                                   for i in range(3))
+def partial_buffers(R: int, heads: int, r: int, slots: int, head_dim: int, device):
+    """Empty (m, l, acc) partial states [R, heads, r, slots] (x2) and [..., head_dim], fp32."""
+    m = torch.empty(R, heads, r, slots, dtype=torch.float32, device=device)
+    return m, torch.empty_like(m), torch.empty(R, heads, r, slots, head_dim, dtype=torch.float32, device=device)
+
+
+@triton.jit
+def _combine(M_in, L_in, Acc_in, Out, slots, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):
+    p = tl.program_id(0).to(tl.int64)  # one (row, head, new row)
+    offs_s = tl.arange(0, S_PAD)
+    s_ok = offs_s < slots
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_D
+    m = tl.load(M_in + p * slots + offs_s, mask=s_ok, other=NO_MAX)
+    l_ = tl.load(L_in + p * slots + offs_s, mask=s_ok, other=0.0)
+    acc = tl.load(Acc_in + (p * slots + offs_s)[:, None] * HEAD_D + offs_d[None, :],
+                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))
+    out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l_, 0)
+    tl.store(Out + p * HEAD_D + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
+
+
+def combine_partials(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """One softmax from the partial states in every slot, m and l [..., slots], acc [..., slots, d]
+    (base 2: ``decode_partials``'s splits and any tail written the same way) -> [..., d] in `dtype`."""
+    slots, d = m.shape[-1], acc.shape[-1]
+    if not (m.is_contiguous() and l_.is_contiguous() and acc.is_contiguous()) or l_.shape != m.shape \
+            or acc.shape != (*m.shape, d) or not all(x.dtype == torch.float32 for x in (m, l_, acc)):
+        raise ValueError(f"partials must be contiguous fp32 m, l [..., slots] and acc [..., slots, d]; got "
+                         f"{tuple(m.shape)}, {tuple(l_.shape)}, {tuple(acc.shape)}")
+    out = torch.empty(acc.shape[:-2] + (d,), dtype=dtype, device=acc.device)
+    if out.numel():
+        _combine[(m.numel() // slots,)](m, l_, acc, out, slots, HEAD_D=d, D_PAD=triton.next_power_of_2(d),
+                                        S_PAD=triton.next_power_of_2(slots), num_warps=4 if acc.is_cuda else 1)
+    return out
+
+
+def combine_reference(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``combine_partials`` in PyTorch over several partial states [(m, l, acc), ...] (fp32)."""
+    m, l_, acc = (torch.cat([p[i] for p in parts], -1 if i < 2 else -2) for i in range(3))
     w = torch.exp2(m - m.amax(-1, keepdim=True))
     return (w[..., None] * acc).sum(-2) / (w * l_).sum(-1)[..., None]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernels.reference import relative_error
-from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, decode_reference,
-                                   default_splits, dense_partials)
+from kernels.sparse_decode import (combine_partials, combine_reference, decode_block_lists, decode_partials,
+                                   decode_reference, default_splits, dense_partials, partial_buffers)
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -28,7 +28,7 @@ def case(R, hq, hkv, r, n, d, B, density, seed, dtype=torch.float32, device=DEV)
 
 
 def run(q, k, v, blocks, B, splits, **kw):
-    return combine_partials([decode_partials(q, k, v, decode_block_lists(blocks, k.shape[1]), B, splits, **kw)])
+    return combine_partials(*decode_partials(q, k, v, decode_block_lists(blocks, k.shape[1]), B, splits, **kw))
 
 
 @pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1), (6, 2)])  # MHA, 4:1 (as 32/8), 3:1 (as 9/3, padded group)
@@ -59,7 +59,7 @@ def test_frozen_weights_on_the_support_with_fresh_values():
     frozen_row = torch.tensor([1], dtype=torch.int32, device=DEV)
     parts = decode_partials(q, k, v, lists, 32, 2, rows=plain)
     decode_partials(q, k, v, lists, 32, 2, rows=frozen_row, frozen=w, out=parts)
-    out = combine_partials([parts])
+    out = combine_partials(*parts)
     assert relative_error(out[1:2], decode_reference(q[1:2], k[1:2], v[1:2], blocks[1:2], 32, frozen=w)) < 1e-5
     for i in (0, 2):
         assert relative_error(out[i:i + 1], decode_reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], blocks[i:i + 1],
@@ -76,7 +76,11 @@ def test_tail_partial_and_shared_cache():
     bias[..., 3:] = float("-inf")  # tail positions not yet written
     bias[1, 0, 0, :] = float("-inf")  # a row whose tail is all masked
     lists = decode_block_lists(blocks, 2)
-    out = combine_partials([decode_partials(q, k1, v1, lists, 32, 2), dense_partials(q, tk, tv, bias)])
+    m, l_, acc = decode_partials(q, k1, v1, lists, 32, 2, out=partial_buffers(3, 2, 1, 3, 64, DEV))
+    tail = dense_partials(q, tk, tv, bias)
+    m[..., 2:], l_[..., 2:], acc[..., 2:, :] = tail  # the slot past the splits
+    out = combine_partials(m, l_, acc)
+    assert relative_error(out, combine_reference([(m[..., :2], l_[..., :2], acc[..., :2, :]), tail])) < 1e-6
     keep = torch.cat([blocks.repeat_interleave(32, -1)[..., :70], bias == 0], -1)
     kk, vv = torch.cat([k1, tk], 2), torch.cat([v1, tv], 2)
     s = (q @ kk.transpose(-1, -2)) / 8.0
@@ -113,11 +117,11 @@ def test_decode_gpu(dtype, hq, hkv, d):
     lists = decode_block_lists(blocks, hkv)
     splits = default_splits(4 * hkv, blocks.shape[-1], "cuda")
     assert splits > 1
-    out = combine_partials([decode_partials(q, k, v, lists, 32, splits)])
+    out = combine_partials(*decode_partials(q, k, v, lists, 32, splits), dtype=dtype)
     assert relative_error(out, decode_reference(q, k, v, blocks, 32)) <= 1e-3
     w = torch.rand(2, hq, 1, 4000, device="cuda")
     rows = torch.tensor([1, 3], dtype=torch.int32, device="cuda")
-    fz = combine_partials([decode_partials(q, k, v, lists, 32, splits, rows=rows, frozen=w)])
+    fz = combine_partials(*decode_partials(q, k, v, lists, 32, splits, rows=rows, frozen=w))
     ref = decode_reference(q[1::2], k[1::2], v[1::2], blocks[1::2], 32, frozen=w)
     assert relative_error(fz[1::2], ref) <= 1e-3
 
@@ -136,4 +140,4 @@ def test_decode_gpu_lists_replay_in_a_cuda_graph():
     other[..., 0] = True
     decode_block_lists(other, 2, out=lists)
     graph.replay()
-    assert relative_error(combine_partials([parts]), decode_reference(q, k, v, other, 32)) <= 1e-3
+    assert relative_error(combine_partials(*parts), decode_reference(q, k, v, other, 32)) <= 1e-3

@@ -199,7 +199,10 @@ class StaticDecoder:
             raise ValueError(f"static decoder holds {self.C} passes")
         if self.passes == 0:
             self.ids.copy_(torch.tensor(tokens, device=self.device).view(-1, 1))
-        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM:
+        # the decode kernel compiles per variant on its first launch, which must not fall inside a
+        # capture: a decoder with the sparse late steps always runs its first pass eagerly
+        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM \
+                and self.sparse is None:
             # once a decoder has run eagerly on this device (library handles, allocator pools,
             # compiled kernels), capturing needs no warm-up pass: the first pass is a replay too,
             # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group

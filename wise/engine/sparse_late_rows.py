@@ -20,7 +20,8 @@ import math
 import torch
 
 from kernels.schedule import use_triton
-from kernels.sparse_decode import combine_partials, decode_block_lists, decode_partials, default_splits, dense_partials
+from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits, dense_partials,
+                                   partial_buffers)
 
 
 def sparse_decode_enabled(settings, device) -> bool:
@@ -70,8 +71,8 @@ class SparseLateRows:
         rows' own) and their tail tk, tv [R, Hkv, t, d] under tail_bias [R, H, r, t] (0 / -inf);
         frozen: Freeze-A rows' weights [F, H, r, n0 + t] (rows in order). -> [R, H, r, d] in q's dtype."""
         R, H, r, d = q.shape
-        m = torch.empty(R, H, r, self.splits, dtype=torch.float32, device=q.device)
-        l_, acc = torch.empty_like(m), torch.empty(R, H, r, self.splits, d, dtype=torch.float32, device=q.device)
+        S = self.splits
+        m, l_, acc = partial_buffers(R, H, r, S + 1, d, q.device)  # the kernel's splits, then the tail's slot
         a = 0
         lists = self.lists[layer]
         for k, v, rows, shared in cache.parts:
@@ -90,4 +91,7 @@ class SparseLateRows:
             idx = self.freeze_idx
             own = dense_partials(q[idx], tk[idx], tv[idx], None, frozen=frozen[..., self.n0:])
             tail = tuple(x.index_copy(0, idx, y) for x, y in zip(tail, own))
-        return combine_partials([(m, l_, acc), tail]).to(q.dtype)
+        m[..., S:].copy_(tail[0])
+        l_[..., S:].copy_(tail[1])
+        acc[..., S:, :].copy_(tail[2])
+        return combine_partials(m, l_, acc, q.dtype)
