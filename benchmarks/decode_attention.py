@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.reference import relative_error
-from kernels.sparse_decode import combine_partials, decode_block_lists, decode_partials, decode_reference, default_splits
+from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, decode_reference,
+                                   default_splits)
 from wise.models.config import RecurrentConfig
 
 from . import timers

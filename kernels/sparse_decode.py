@@ -219,7 +219,8 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
     if out is None:
         out = partial_buffers(R, hq, r, splits, d, q.device)
     elif out[0].shape[:3] != (R, hq, r) or out[0].shape[3] < splits or out[1].shape != out[0].shape \
-            or out[2].shape != (*out[0].shape, d) or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
+            or out[2].shape != (*out[0].shape, d) \
+            or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
         raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, >= {splits}] (x2) and [..., {d}]")
     if rows is None:
         rows = torch.arange(R, dtype=torch.int32, device=q.device)

@@ -20,8 +20,8 @@ import math
 import torch
 
 from kernels.schedule import use_triton
-from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits, dense_partials,
-                                   partial_buffers)
+from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits,
+                                   dense_partials, partial_buffers)
 
 
 def sparse_decode_enabled(settings, device) -> bool:
