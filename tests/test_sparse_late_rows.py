@@ -26,7 +26,7 @@ def ids_of(n, seed):
 
 
 # 47 prompt tokens + 2 new ones cross a block boundary (16): the new block's rows discover their own
-EXAMPLE = [(ids_of(47, 1), ids_of(2, 11), 5)]
+EXAMPLE = [(ids_of(47, 1), ids_of(3, 11), 5)]  # gold rows: 2 new rows in one pass
 
 
 def decode(model, backend, graphs, max_new=3):
