@@ -79,7 +79,7 @@ def _decode_partials(
     else:
         q = tl.load(Q + row * stride_qr + hs[:, None] * stride_qh + j * stride_qj + offs_d[None, :],
                     mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [G_PAD, D_PAD]
-    m_i = tl.full([G_PAD], NO_MAX, tl.float32)
+    m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # NO_MAX (a jit function reads no plain globals)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for e0 in range(lo, hi, KB):
@@ -148,15 +148,16 @@ def default_splits(programs: int, max_blocks: int, device) -> int:
     return max(1, min(want, math.ceil(max_blocks / 4)))
 
 
-TILE_ELEMENTS = 8192  # the [group, keys, d] fp32 products of one iteration: 64 values a thread at 4 warps
+TILE_ELEMENTS = 8192  # the [group, keys, d] fp32 products of one iteration
 
 
 def tile_shape(block_size: int, head_dim: int, group: int) -> tuple[int, int, int]:
     """(key blocks per iteration, padded group, warps): as many keys per iteration as keep the
-    group's [group, keys, d] products within TILE_ELEMENTS (at least one block; twice the warps past it)."""
+    group's [group, keys, d] products within TILE_ELEMENTS (at least one block)."""
     g_pad, d_pad = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
     kb = max(1, TILE_ELEMENTS // (g_pad * block_size * d_pad))
-    return kb, g_pad, 4 if g_pad * kb * block_size * d_pad <= TILE_ELEMENTS else 8
+    # a warp per 1024 elements: at 4 warps the 8192-element tiles compiled to 255 registers with spills
+    return kb, g_pad, min(16, max(4, g_pad * kb * block_size * d_pad // 1024))
 
 
 def _check(q, k, v, keep, ids, counts, block_size, splits, rows, frozen):
@@ -255,7 +256,7 @@ def _combine(M_in, L_in, Acc_in, Out, slots, HEAD_D: tl.constexpr, D_PAD: tl.con
     s_ok = offs_s < slots
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_D
-    m = tl.load(M_in + p * slots + offs_s, mask=s_ok, other=NO_MAX)
+    m = tl.load(M_in + p * slots + offs_s, mask=s_ok, other=-1.0e30)  # NO_MAX
     l_ = tl.load(L_in + p * slots + offs_s, mask=s_ok, other=0.0)
     acc = tl.load(Acc_in + (p * slots + offs_s)[:, None] * HEAD_D + offs_d[None, :],
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
