@@ -6,7 +6,8 @@ tail, and returns their logits.
 
 Steps 1..t_d attend over the prompt's cache with full (causal) attention and record the new rows'
 own block masses at step 1 and over the discovery window; late steps attend inside each row's late
-support (``wise.engine.appended_rows``), Freeze-A rows with their own step-t_d weights inside it.
+support (``wise.engine.appended_rows``), Freeze-A rows with their own step-t_d weights inside it
+(with the routing backend `kernel`: on the support's blocks only, ``wise.engine.sparse_late_rows``).
 """
 from __future__ import annotations
 
