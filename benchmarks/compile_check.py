@@ -104,7 +104,7 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.sparse_decode import _combine, _decode_partials, tile_shape
+    from kernels.sparse_decode import decode_kernels, tile_shape
 
     kb, g_pad, warps = tile_shape(block_size, head_dim, group)
     d_pad = triton.next_power_of_2(head_dim)
@@ -112,7 +112,7 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
              "Keep": "*u8", "Ids": "*i32", "Counts": "*i32", "Rows": "*i32", "Out": f"*{dtype}", "qk_scale": "fp32"}
     values = dict(B=block_size, KB=kb, HEAD_D=head_dim, D_PAD=d_pad, G_PAD=g_pad, FROZEN=frozen, S_PAD=16)
     out = {}
-    for name, fn in (("partials", _decode_partials), ("combine", _combine)):
+    for name, fn in decode_kernels().items():
         names = list(fn.arg_names)
         sig = {n: "constexpr" if n in values else types.get(n, "*fp32" if n[0].isupper() else "i32") for n in names}
         consts = {(names.index(k),): v for k, v in values.items() if k in names}
@@ -124,7 +124,7 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
                 contextlib.redirect_stdout(log):
             knobs.cache.dir = cache
             knobs.nvidia.dump_ptxas_log = True
-            launch_warps = warps if fn is _decode_partials else 4  # combine_partials launches 4
+            launch_warps = warps if name == "partials" else 4  # combine_partials launches 4
             triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=launch_warps))
         out[name] = _usage_from_log(log.getvalue())
     return dict(arch=arch, block_size=block_size, head_dim=head_dim, group=group, frozen=frozen, warps=warps,

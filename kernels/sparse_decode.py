@@ -116,6 +116,11 @@ def _decode_partials(
     tl.store(Acc_out + slot[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
 
 
+def decode_kernels() -> dict:
+    """The @triton.jit functions by role (what benchmarks.compile_check compiles offline)."""
+    return {"partials": _decode_partials, "combine": _combine}
+
+
 def decode_block_lists(blocks: torch.Tensor, kv_heads: int, out: tuple | None = None):
     """Kept key blocks of decode rows, bool [R, Hq, r, M] -> (keep uint8 [R, Hq, r, M], the blocks
     as bytes; ids int32 [R, Hkv, r, M], each kv head's union of its query heads' blocks first in key
