@@ -2,6 +2,7 @@
 
     python -m benchmarks.compile_check                  # every fixed config, sm_80 and sm_90
     python -m benchmarks.compile_check --arch 90 --config 4,2,4,3,1 --block-size 32 --head-dim 96
+    python -m benchmarks.compile_check --decode         # the decode kernels (kernels.sparse_decode)
 
 Triton's CUDA backend compiles without a device (its wheel carries ptxas), so every config of
 sparse_attention's tables can be checked to compile for an A100 (sm_80) and an H100/H200 (sm_90)
@@ -92,6 +93,44 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
                 shared_bytes=kernel.metadata.shared, **_usage_from_log(log.getvalue()))
 
 
+# (block size, head_dim, query heads per kv head): Huginn 55/55 d 96, Recurrent-Llama 32/8 d 64, 9/3 d 128
+DECODE_SHAPES = ((32, 96, 1), (32, 64, 4), (32, 128, 3), (16, 64, 1), (64, 128, 1))
+
+
+def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arch: int = 90,
+                   dtype: str = "bf16") -> dict:
+    """Compile the decode partials kernel (and the combine) of one shape as sparse_decode launches it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.sparse_decode import decode_kernels, tile_shape
+
+    kb, g_pad, warps = tile_shape(block_size, head_dim, group)
+    d_pad = triton.next_power_of_2(head_dim)
+    types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "W": "*fp32" if frozen else f"*{dtype}",
+             "Keep": "*u8", "Ids": "*i32", "Counts": "*i32", "Rows": "*i32", "Out": f"*{dtype}", "qk_scale": "fp32"}
+    values = dict(B=block_size, KB=kb, HEAD_D=head_dim, D_PAD=d_pad, G_PAD=g_pad, FROZEN=frozen, S_PAD=16)
+    out = {}
+    for name, fn in decode_kernels().items():
+        names = list(fn.arg_names)
+        sig = {n: "constexpr" if n in values else types.get(n, "*fp32" if n[0].isupper() else "i32") for n in names}
+        consts = {(names.index(k),): v for k, v in values.items() if k in names}
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        log = io.StringIO()
+        from triton import knobs
+
+        with tempfile.TemporaryDirectory() as cache, knobs.cache.scope(), knobs.nvidia.scope(), \
+                contextlib.redirect_stdout(log):
+            knobs.cache.dir = cache
+            knobs.nvidia.dump_ptxas_log = True
+            launch_warps = warps if name == "partials" else 4  # combine_partials launches 4
+            triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=launch_warps))
+        out[name] = _usage_from_log(log.getvalue())
+    return dict(arch=arch, block_size=block_size, head_dim=head_dim, group=group, frozen=frozen, warps=warps,
+                kb=kb, **{f"{k}_{name}": v for name, u in out.items() for k, v in u.items()})
+
+
 def table_configs() -> list[tuple[int, int, KernelConfig]]:
     """Every (B, d, config) the kernel uses by default: the per-shape table and the dense packs."""
     rows = [(b, d, cfg) for (b, d), cfg in CONFIGS.items()]
@@ -117,10 +156,13 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=96)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--decode", action="store_true", help="the decode kernels' shapes (DECODE_SHAPES) instead")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: unset TRITON_INTERPRET: the interpreter replaces the kernels", file=sys.stderr)
         return 2
+    if a.decode:
+        return _decode_main(a.arch, a.dtype)
     todo = ([(a.block_size, a.head_dim, parse_config(a.config))] if a.config else table_configs())
     failed = 0
     for arch in a.arch:
@@ -133,6 +175,23 @@ def main(argv=None) -> int:
                          error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
                 failed += 1
             print(_fmt(r), flush=True)
+    return 1 if failed else 0
+
+
+def _decode_main(archs, dtype: str) -> int:
+    failed = 0
+    for arch in archs:
+        for b, d, g in DECODE_SHAPES:
+            for frozen in (False, True):
+                head = f"decode sm_{arch} B={b:<3} d={d:<3} group={g} frozen={int(frozen)}"
+                try:
+                    r = compile_decode(b, d, g, frozen, arch, dtype)
+                except (TritonError, RuntimeError) as e:
+                    failed += 1
+                    print(f"{head}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+                    continue
+                print(f"{head}: warps {r['warps']} kb {r['kb']}  regs {r['registers_partials']}  spills "
+                      f"{r['spill_bytes_partials']} B  combine regs {r['registers_combine']}", flush=True)
     return 1 if failed else 0
 
 

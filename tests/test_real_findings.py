@@ -115,7 +115,7 @@ def test_the_report_shows_the_committed_gpu_study_beside_the_default_run(monkeyp
 
     if latest_run(ROOT / REAL_MODEL[0], REAL_MODEL[1]) is None or latest_run(ROOT / REAL_WISE[0], REAL_WISE[1]) is None:
         pytest.skip("no committed GPU study under benchmarks/results")
-    md = gpu_study_markdown(load_params(ROOT / "params.yaml", check_model=False), ROOT)
+    md = gpu_study_markdown(load_params(ROOT / "params.yaml"), ROOT)
     assert "**Real model, GPU study** (`benchmarks/results/real-h200/" in md
     assert "| LMA retrofit | 32 |" in md and "| LMA retrofit | 128 |" in md  # its n beside its intervals
     assert "**WISE on the real model, GPU study**" in md and "(did not converge)" in md

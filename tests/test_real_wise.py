@@ -144,7 +144,7 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
 def _params(**real_wise):
     from pipelines.config.params import load_params
 
-    p = load_params(ROOT / "params.yaml", check_model=False)
+    p = load_params(ROOT / "params.yaml")
     return dataclasses.replace(p, real_wise=dataclasses.replace(p.real_wise, **real_wise))
 
 

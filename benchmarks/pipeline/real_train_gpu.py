@@ -45,7 +45,7 @@ def split_ids(split: str, params: str):
     from pipelines.real_train import base_config, document_separator, tokens_file
     from wise.looped.token_windows import split_tokens, tokens_from_texts
 
-    p = load_params(params, check_model=False).real_model
+    p = load_params(params).real_model
     folder = base_folder(p)
     export = tokens_file(split)
     if export.is_file():
@@ -130,7 +130,7 @@ def train_command(args) -> None:
     from pipelines.real_train import base_config, train_real
     from wise.looped.token_windows import split_tokens
 
-    p = load_params(args.params, check_model=False).real_model
+    p = load_params(args.params).real_model
     base_dir, out = Path(args.base), Path(args.out)
     block_start = max_steps = None
     if args.match:

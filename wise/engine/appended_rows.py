@@ -14,7 +14,9 @@ prompt's cache (shared by every condition of an example at steps 1..t_d) and aga
 two matrix products whose fp32 scores are joined before one softmax, so no cache is copied to
 append a row, every row of a batch goes through the same few launches, and the probabilities the
 rows' own discovery needs come out of the same pass. Scores and the probability-weighted sums
-accumulate in fp32 from operands in the model's dtype, as a flash kernel does.
+accumulate in fp32 from operands in the model's dtype, as a flash kernel does. With the routing
+backend `kernel`, the late steps of supported rows instead read only their support's blocks of the
+cache (``wise.engine.sparse_late_rows``); the support is the same, built here.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ tail, and returns their logits.
 
 Steps 1..t_d attend over the prompt's cache with full (causal) attention and record the new rows'
 own block masses at step 1 and over the discovery window; late steps attend inside each row's late
-support (``wise.engine.appended_rows``), Freeze-A rows with their own step-t_d weights inside it.
+support (``wise.engine.appended_rows``), Freeze-A rows with their own step-t_d weights inside it
+(with the routing backend `kernel`: on the support's blocks only, ``wise.engine.sparse_late_rows``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from wise.engine.appended_rows import (SUPPORT_FREE, Cache, RowGroup, Tails, att
 from wise.engine.conditions import discovery_steps
 from wise.engine.exit_criteria import ExitCriterion, ExitTest
 from wise.engine.runner import initial_state
+from wise.engine.sparse_late_rows import SparseLateRows, sparse_decode_enabled
 
 
 class _Plain:
@@ -46,6 +48,9 @@ class CoreRows:
         self.masses: dict[int, dict[int, torch.Tensor]] = {}  # step -> layer -> [R, H, r, M] fp16
         self.td_probs: dict[int, torch.Tensor] = {}  # layer -> Freeze-A rows' step-t_d probs
         self.allowed: torch.Tensor | None = None  # bool [R, L, H, r, N]
+        self.allowed_blocks: torch.Tensor | None = None  # bool [R, L, H, r, M], the same support by block
+        self.sparse: SparseLateRows | None = None  # late steps through the block-sparse decode kernel
+        self._listed: set[int] = set()  # layers whose block lists self.sparse holds
         self.bias: dict[int, torch.Tensor] = {}
         self.frozen: dict[int, torch.Tensor] = {}
 
@@ -54,6 +59,8 @@ class CoreRows:
         late = step > s_.discovery_step
         cache = self.g.late(step, layer) if late else self.g.early(step, layer)
         self.new_kv[(step, layer)] = (k, v)
+        if late and self.supported and sparse_decode_enabled(s_, q.device):
+            return self._sparse_late(q, k, v, cache, step, layer)
         bias = self.late_bias(layer) if late and self.supported else None
         probs, n0, tv = attend_rows(q, k, v, cache, self.tails.kv.get((step, layer)), bias)
         if not late and step in self.record:
@@ -63,6 +70,20 @@ class CoreRows:
         if late and len(self.freeze):
             probs = probs.index_copy(0, self.freeze, self.frozen_weights(layer))
         return weighted_sum(probs, cache, tv, n0, q.dtype)
+
+    def _sparse_late(self, q, k, v, cache: Cache, step: int, layer: int) -> torch.Tensor:
+        """A late step through the decode kernel: the prompt's cache on the rows' blocks, the tail dense."""
+        if self.sparse is None:
+            freeze = self.freeze.tolist()  # host copy once per extension, before the late steps
+            self.sparse = SparseLateRows(self.g, self.allowed_keys().shape[1], q.shape[1], k.shape[1], self.r, freeze,
+                                         q.device)
+        if layer not in self._listed:
+            self.sparse.set_support(layer, self.allowed_blocks[:, layer])
+            self._listed.add(layer)
+        tail = self.tails.kv.get((step, layer))
+        tk, tv = (k, v) if tail is None else (torch.cat([tail[0], k], 2), torch.cat([tail[1], v], 2))
+        frozen = self.frozen_weights(layer) if len(self.freeze) else None
+        return self.sparse.attend(q, cache, tk, tv, self.late_bias(layer)[..., cache.n:], layer, frozen)
 
     def allowed_keys(self) -> torch.Tensor:
         """bool [R, L, H, r, N]: the keys each new row may attend in late steps (every causal key for
@@ -96,8 +117,9 @@ class CoreRows:
                 acc[..., :Mp] |= layouts[:, :, :, q]
             self.tails.blocks[q] = acc
             rows_support.append(acc)
-        tokens = torch.stack(rows_support, dim=3).repeat_interleave(B, dim=-1)[..., :N]
-        tokens = tokens | g.free[:, None, None, None, None]
+        blocks = torch.stack(rows_support, dim=3) | g.free[:, None, None, None, None]
+        self.allowed_blocks = blocks
+        tokens = blocks.repeat_interleave(B, dim=-1)[..., :N]
         pos = torch.arange(self.start, N, device=m1.device)
         causal = torch.arange(N, device=m1.device)[None, :] <= pos[:, None]
         self.allowed = tokens & causal

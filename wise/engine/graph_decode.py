@@ -7,6 +7,7 @@ change from token to token, so each token's pass is two graph replays:
 
     A  prelude, initial state, steps 1..t_d   (full attention over the prompts' caches + tail)
        eager: each supported row's own late support (wise.engine.appended_rows) -> bias / Freeze-A buffers
+              (and, with the kernel backend, its block lists: wise.engine.sparse_late_rows)
     B  steps t_d+1..T, coda, lm_head, the greedy choice written back as the next pass's input
 
 Static shapes: the tail of every (step, layer), prelude and coda layer is a buffer of C =
@@ -29,6 +30,7 @@ import torch
 from wise.engine.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
+from wise.engine.sparse_late_rows import SparseLateRows, sparse_decode_enabled
 
 
 def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -93,6 +95,9 @@ class StaticDecoder:
             if self.supported and not group.truncate else {}
         self.frozen = {l: torch.zeros(len(self.freeze), c.heads, 1, width, device=dev) for l in range(c.n_core)} \
             if len(self.freeze) and not group.truncate else {}
+        # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
+        self.sparse = SparseLateRows(group, c.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
+            if self.bias and sparse_decode_enabled(s_, dev) else None
         self.passes = 0
         self._graphs: tuple | None = None
 
@@ -148,6 +153,9 @@ class StaticDecoder:
         def seam(q, k, v, *, step, layer):
             tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
             cache = g.late(step, layer)
+            if self.sparse is not None:
+                frozen = self.frozen[layer] if self.frozen else None
+                return self.sparse.attend(q, cache, tk, tv, self.bias[layer][..., self.n0:], layer, frozen)
             probs = _attend(q, cache, tk, self.bias[layer] if self.bias else tail_bias)
             if self.frozen:
                 probs = probs.index_copy(0, self.freeze, self.frozen[layer])
@@ -182,6 +190,8 @@ class StaticDecoder:
             buf[..., :N].copy_(seam.late_bias(l))
             if self.frozen:
                 self.frozen[l][..., :N].copy_(seam.frozen_weights(l))
+            if self.sparse is not None:
+                self.sparse.set_support(l, seam.allowed_blocks[:, l])
 
     # -- a pass -------------------------------------------------------------------------------
     def step(self, tokens: list[int] | None = None) -> list[tuple[int, float, float]]:
@@ -189,7 +199,10 @@ class StaticDecoder:
             raise ValueError(f"static decoder holds {self.C} passes")
         if self.passes == 0:
             self.ids.copy_(torch.tensor(tokens, device=self.device).view(-1, 1))
-        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM:
+        # the decode kernel compiles per variant on its first launch, which must not fall inside a
+        # capture: a decoder with the sparse late steps always runs its first pass eagerly
+        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM \
+                and self.sparse is None:
             # once a decoder has run eagerly on this device (library handles, allocator pools,
             # compiled kernels), capturing needs no warm-up pass: the first pass is a replay too,
             # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group

@@ -1,0 +1,92 @@
+"""Cached decoding through the block-sparse decode kernel (wise.engine.sparse_late_rows) when the
+routing backend is the kernel: the tokens and log-probabilities of the dense-bias path, pass by
+pass (``extend``) and on static buffers (eagerly on the CPU under the Triton interpreter, replayed
+CUDA graphs on a GPU), for Full, WISE and Freeze-A rows of one group, on a GQA model."""
+import pytest
+import torch
+
+import wise.engine.sparse_late_rows as sparse_late_rows
+from wise.engine.decoding import evaluate_examples
+from wise.engine.runner import WiseSettings
+from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
+
+CONDITIONS = ["full", "wise", "freeze_a"]
+SETTINGS = dict(steps=5, discovery_step=3, window=2, block_size=16, eta=0.6)
+
+
+def gqa_model(device="cpu"):
+    cfg = RecurrentConfig.from_name("tiny-random").replace(hidden=128, heads=2, kv_heads=1, head_dim=64,
+                                                           intermediate=128, mean_recurrence=6,
+                                                           qk_bias=False)  # qk_bias is per query head
+    return init_weights(RecurrentDepthModel(cfg), seed=3).eval().to(device)
+
+
+def ids_of(n, seed):
+    return torch.randint(3, 2048, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# 47 prompt tokens + 2 new ones cross a block boundary (16): the new block's rows discover their own
+EXAMPLE = [(ids_of(47, 1), ids_of(3, 11), 5)]  # gold rows: 2 new rows in one pass
+
+
+def decode(model, backend, graphs, max_new=3):
+    return evaluate_examples(model, EXAMPLE, CONDITIONS, WiseSettings(**SETTINGS, backend=backend), max_new, set(),
+                             "cached", graphs=graphs)[0]
+
+
+class Calls:
+    """Counts the decode kernel's launches and whether a head kept fewer than all blocks (a sparse support)."""
+
+    def __init__(self, monkeypatch):
+        self.n, self.sparse = 0, False
+        orig = sparse_late_rows.decode_partials
+
+        def counted(q, k, v, lists, *a, **kw):
+            self.n += 1
+            keep = lists[0]  # [R, H, r, Mp] blocks of each query head
+            self.sparse |= bool((keep.sum(-1) < keep.shape[-1]).any())
+            return orig(q, k, v, lists, *a, **kw)
+
+        monkeypatch.setattr(sparse_late_rows, "decode_partials", counted)
+
+
+def assert_same(out, ref, tol):
+    for c in CONDITIONS:
+        assert out[c].tokens == ref[c].tokens, c
+        assert len(out[c].tokens) == 3, c
+        assert out[c].token_logprobs == pytest.approx(ref[c].token_logprobs, abs=tol), c
+        assert out[c].gold_logprob == pytest.approx(ref[c].gold_logprob, abs=tol), c
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; GPU: the test below")
+@pytest.mark.parametrize("graphs", [True, False])  # static buffers (eager on CPU) / extend pass by pass
+def test_kernel_decode_gives_the_numbers_of_the_dense_path(monkeypatch, graphs):
+    model = gqa_model()
+    ref = decode(model, "reference", graphs)
+    calls = Calls(monkeypatch)
+    out = decode(model, "kernel", graphs)
+    assert calls.n > 0 and calls.sparse, "the late steps of decoding must run the kernel on sparse lists"
+    assert_same(out, ref, 1e-4)
+
+
+def test_other_backends_keep_the_dense_path(monkeypatch):
+    calls = Calls(monkeypatch)
+    decode(gqa_model(), "gather", graphs=True, max_new=2)
+    assert calls.n == 0
+
+
+@pytest.mark.gpu
+def test_kernel_decode_in_cuda_graphs_gives_the_numbers_of_the_dense_path(monkeypatch):
+    import wise.engine.graph_decode as graph_decode
+
+    model = gqa_model("cuda")
+    ref = decode(model, "reference", graphs=True)
+    captured = []
+    orig = graph_decode.StaticDecoder._capture
+    monkeypatch.setattr(graph_decode.StaticDecoder, "_capture",
+                        lambda self, side: captured.append(orig(self, side)) or captured[-1])
+    calls = Calls(monkeypatch)
+    out = decode(model, "kernel", graphs=True)
+    assert captured and all(c is not None for c in captured), "the sparse decode must be captured"
+    assert calls.n > 0 and calls.sparse
+    assert_same(out, ref, 1e-4)

@@ -1,0 +1,97 @@
+"""Late attention of appended rows that reads only their supports' blocks of the prompt's cache
+(``kernels.sparse_decode``), when the routing backend is the kernel.
+
+The dense path (``wise.engine.appended_rows.attend_rows``) scores every row against the whole
+per-step cache and adds a 0 / -inf bias, so a WISE row reads what a Full row reads. Here each
+(row, head, new row)'s late support over the prompt's blocks becomes a list of key blocks (kept
+in static buffers, so a captured CUDA graph replays it while the lists change from token to
+token); the kernel returns split partial softmax states over those blocks, the new rows' own
+tail (a few positions, dense, with the tail's columns of the same bias) adds one more partial,
+and one combine gives the softmax over the union. Full rows of a mixed group keep every block;
+Freeze-A rows read their frozen weights on the same blocks with fresh V.
+
+Used by the cached decoding's both paths: ``wise.engine.extension.CoreRows`` (pass by pass) and
+``wise.engine.graph_decode.StaticDecoder`` (static buffers, CUDA graphs).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.schedule import use_triton
+from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits,
+                                   dense_partials, partial_buffers)
+
+
+def sparse_decode_enabled(settings, device) -> bool:
+    """Late steps of appended rows go through the block-sparse decode kernel: the routing backend
+    is the kernel and Triton runs on `device` (CUDA, or the CPU interpreter under TRITON_INTERPRET=1)."""
+    return settings.backend == "kernel" and use_triton(torch.device(device))
+
+
+class SparseLateRows:
+    """Block lists per core layer (``decode_block_lists``; Mp = the prompt's blocks) for a row group's late
+    steps, with the row lists each cache part launches (Freeze-A rows apart) made once."""
+
+    def __init__(self, group, n_layers: int, heads: int, kv_heads: int, r: int, freeze: list[int], device):
+        B = group.s.block_size
+        R, self.n0, self.B, self.r = len(group.lates), group.n, B, r
+        self.Mp = math.ceil(self.n0 / B)
+        self.kv_heads = kv_heads
+        self.lists = {l: (torch.zeros(R, heads, r, self.Mp, dtype=torch.uint8, device=device),
+                          torch.zeros(R, kv_heads, r, self.Mp, dtype=torch.int32, device=device),
+                          torch.zeros(R, kv_heads, r, dtype=torch.int32, device=device)) for l in range(n_layers)}
+        self.splits = default_splits(R * kv_heads * r, self.Mp, device)
+        self.freeze, self.device = sorted(freeze), device
+        self.freeze_idx = torch.tensor(self.freeze, dtype=torch.long, device=device)
+        # made here, not while a CUDA graph is captured (a host-to-device copy cannot be captured)
+        self.launches: dict[tuple[int, int], tuple] = {}
+        for i, j in group.runs():
+            self.launch_rows(i, j)
+
+    def launch_rows(self, i: int, j: int) -> tuple:
+        """(plain rows, Freeze-A rows) of the cache part holding rows i..j-1, local to it, and where
+        its Freeze-A rows start in the frozen weights (rows sorted: a part's are consecutive there)."""
+        if (i, j) not in self.launches:
+            frozen = [x - i for x in self.freeze if i <= x < j]
+            plain = [x for x in range(j - i) if x + i not in self.freeze]
+            first = sum(1 for x in self.freeze if x < i)
+            as_rows = lambda xs: torch.tensor(xs, dtype=torch.int32, device=self.device)  # noqa: E731
+            self.launches[(i, j)] = (as_rows(plain), as_rows(frozen), first, len(frozen))
+        return self.launches[(i, j)]
+
+    def set_support(self, layer: int, blocks: torch.Tensor) -> None:
+        """Each row's late blocks bool [R, H, r, M] (M >= Mp; blocks past the prompt are the tail's,
+        which the bias covers) into the layer's lists, in place."""
+        decode_block_lists(blocks[..., :self.Mp], self.kv_heads, out=self.lists[layer])
+
+    def attend(self, q, cache, tk, tv, tail_bias, layer: int, frozen: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of new rows q [R, H, r, d] over their blocks of `cache` (its late parts, the
+        rows' own) and their tail tk, tv [R, Hkv, t, d] under tail_bias [R, H, r, t] (0 / -inf);
+        frozen: Freeze-A rows' weights [F, H, r, n0 + t] (rows in order). -> [R, H, r, d] in q's dtype."""
+        R, H, r, d = q.shape
+        S = self.splits
+        m, l_, acc = partial_buffers(R, H, r, S + 1, d, q.device)  # the kernel's splits, then the tail's slot
+        a = 0
+        lists = self.lists[layer]
+        for k, v, rows, shared in cache.parts:
+            plain, fz, first, nf = self.launch_rows(a, a + rows)
+            if shared:  # one example's cache read by each of its rows (stride 0)
+                k, v = k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)
+            part = slice(a, a + rows)
+            out = (m[part], l_[part], acc[part])
+            args = (q[part], k, v, tuple(x[part] for x in lists), self.B, self.splits)
+            decode_partials(*args, rows=plain, out=out)
+            if nf:
+                decode_partials(*args, rows=fz, frozen=frozen[first:first + nf], out=out)
+            a += rows
+        tail = dense_partials(q, tk, tv, tail_bias)
+        if self.freeze:
+            idx = self.freeze_idx
+            own = dense_partials(q[idx], tk[idx], tv[idx], None, frozen=frozen[..., self.n0:])
+            tail = tuple(x.index_copy(0, idx, y) for x, y in zip(tail, own))
+        m[..., S:].copy_(tail[0])
+        l_[..., S:].copy_(tail[1])
+        acc[..., S:, :].copy_(tail[2])
+        return combine_partials(m, l_, acc, q.dtype)
