@@ -1,6 +1,5 @@
-"""Loop Memory Attention against an independent reference (issue 55 item 1): RecurTrace's looped
-computation written out loop by loop from the paper's equations (docs: DESIGN.md section 8,
-../shared/papers/recurtrace-summary.txt eq. 1-5) on a second copy of a tiny random base, with
+"""Loop Memory Attention against an independent reference: RecurTrace's looped computation written
+out loop by loop from the paper's equations (docs/recurtrace.md; RecurTrace eq. 1-5) on a second copy of a tiny random base, with
 non-trivial gates and slopes, compared with ``LoopedModel.core_step`` at every loop 1..2W; and the
 memory each LMA call reads (how many past loops, their distances, which states) at every loop.
 
