@@ -20,8 +20,10 @@ one per query head (the kernel reads the union of a kv head's query heads' block
 Bytes: dense = K and V of the whole cache; sparse = K and V of the union of a kv head's kept
 blocks, plus the fp32 partials written and read back. bw_gbs: a 1 GiB device copy in the same run
 (read + write bytes / time). floor_ms = bytes / bw; ratio = dense_ms / sparse_ms; ideal = dense
-bytes / sparse bytes. rel_err: the sparse call against the fp32 masked reference on the first
-sequence, checked before timing (a row above 1e-3 says so in its status and is not timed).
+bytes / sparse bytes. rel_err: the sparse call's fp32 result (partials and combine) against the fp32
+masked reference on the first sequence; rel_err_store: its output in the input dtype (what is timed)
+against the reference rounded to that dtype. Both are checked before timing (a row above 1e-3 says
+so in its status and is not timed).
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ DECODE_COLS = [("model", "model", "{}"), ("Hq/Hkv", "heads_label", "{}"), ("d", 
                ("dens", "density", "{:.3f}"), ("S", "splits", "{:d}"), ("dense ms", "dense_ms", "{:.4f}"),
                ("dense floor", "dense_floor_ms", "{:.4f}"), ("sparse ms", "sparse_ms", "{:.4f}"),
                ("sparse floor", "sparse_floor_ms", "{:.4f}"), ("ratio", "ratio", "{:.2f}"),
-               ("ideal", "ideal", "{:.2f}"), ("rel_err", "rel_err", "{:.1e}"), ("status", "status", "{}")]
+               ("ideal", "ideal", "{:.2f}"), ("rel_err", "rel_err", "{:.1e}"), ("store_err", "rel_err_store", "{:.1e}"),
+               ("status", "status", "{}")]
 
 
 def decode_support(batch: int, heads: int, kv_heads: int, blocks: int, density: float, shared: bool,
@@ -110,9 +113,15 @@ def decode_row(config: RecurrentConfig, n: int, batch: int, density: float, shar
                dense_bytes=dense_bytes, sparse_bytes=sparse_bytes, bw_gbs=bw / 1e9,
                dense_floor_ms=dense_bytes / bw * 1e3, sparse_floor_ms=sparse_bytes / bw * 1e3,
                ideal=dense_bytes / sparse_bytes)
-    row["rel_err"] = relative_error(sparse()[:1], decode_reference(q[:1], k[:1], v[:1], blocks[:1], block_size))
-    if not row["rel_err"] <= REL_ERR_MAX:
-        return {**row, "status": f"failed: rel_err {row['rel_err']:.1e} > {REL_ERR_MAX}", "dense_ms": float("nan"),
+    ref = decode_reference(q[:1], k[:1], v[:1], blocks[:1], block_size)
+    out = sparse()[:1]
+    # the kernel's arithmetic (fp32 partials and combine) on bf16 inputs, then its output store: a bf16
+    # store alone is ~1.6e-3 from the fp32 reference, so the store is checked against the reference rounded
+    row["rel_err"] = relative_error(combine_partials(*parts)[:1], ref)
+    row["rel_err_store"] = relative_error(out, ref.to(dtype))
+    worst = max(row["rel_err"], row["rel_err_store"])
+    if not worst <= REL_ERR_MAX:
+        return {**row, "status": f"failed: rel_err {worst:.1e} > {REL_ERR_MAX}", "dense_ms": float("nan"),
                 "sparse_ms": float("nan"), "ratio": float("nan")}
     dense = _graphed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), device)
     medians, spread = timers.interleaved_ms([("dense", dense, None), ("sparse", _graphed(sparse, device), None)])

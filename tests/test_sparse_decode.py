@@ -3,7 +3,8 @@
 On CPU the kernel runs under TRITON_INTERPRET=1 (set by conftest) in fp32 at tiny shapes: GQA
 ratios, head_dims, split counts, several new rows, a partial last block, Freeze-A weights, a
 shared cache (stride 0), rows without any block in a split. Tests marked gpu run bf16/fp16 at
-model shapes (rel <= 1e-3 against the reference on the same inputs).
+model shapes: the fp32 result within 1e-3 of the reference on the same inputs, the stored
+output within 1e-3 of the reference rounded to the output dtype.
 """
 import pytest
 import torch
@@ -11,6 +12,8 @@ import torch
 from kernels.reference import relative_error
 from kernels.sparse_decode import (combine_partials, combine_reference, decode_block_lists, decode_partials,
                                    decode_reference, default_splits, dense_partials, partial_buffers)
+
+from kernel_cases import BOUND
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -133,8 +136,15 @@ def test_decode_gpu(dtype, hq, hkv, d):
     lists = decode_block_lists(blocks, hkv)
     splits = default_splits(4 * hkv, blocks.shape[-1], "cuda")
     assert splits > 1
-    out = combine_partials(*decode_partials(q, k, v, lists, 32, splits), dtype=dtype)
-    assert relative_error(out, decode_reference(q, k, v, blocks, 32)) <= 1e-3
+    parts = decode_partials(q, k, v, lists, 32, splits)
+    ref = decode_reference(q, k, v, blocks, 32)
+    # the bar on bf16/fp16 inputs: the kernel's fp32 partials and combine within 1e-3 of the fp32 reference
+    assert relative_error(combine_partials(*parts), ref) <= 1e-3
+    # the store in the input dtype adds its rounding only (a bf16 store alone is ~1.6e-3 from fp32 values):
+    # within 1e-3 of the reference rounded to that dtype, and within the prefill kernel tests' bound for it
+    out = combine_partials(*parts, dtype=dtype)
+    assert relative_error(out, ref.to(dtype)) <= 1e-3
+    assert relative_error(out, ref) <= BOUND[dtype]
     w = torch.rand(2, hq, 1, 4000, device="cuda")
     rows = torch.tensor([1, 3], dtype=torch.int32, device="cuda")
     fz = combine_partials(*decode_partials(q, k, v, lists, 32, splits, rows=rows, frozen=w))

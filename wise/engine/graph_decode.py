@@ -66,6 +66,8 @@ class StaticDecoder:
     previous pass's choice, already on the device) returns per row (token, log-prob, margin) of
     the next token, as ``wise.engine.decoding._choose``."""
 
+    capture_errors: list[str] = []  # why a capture fell back to eager passes (first line each), for tests
+
     def __init__(self, group: RowGroup, capacity: int, graphs: bool = True):
         if not group.fast:
             raise ValueError("static decoding needs the project's architecture with cached prelude and coda")
@@ -242,6 +244,7 @@ class StaticDecoder:
                     stats = self._late(early)
             torch.cuda.current_stream(self.device).wait_stream(side)
             return graph_a, graph_b, early, stats
-        except RuntimeError:
+        except RuntimeError as e:
             self.graphs = False
+            StaticDecoder.capture_errors.append(f"{type(e).__name__}: {e}".splitlines()[0])
             return None
