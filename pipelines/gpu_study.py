@@ -52,5 +52,5 @@ def gpu_study_markdown(p: Params, root: Path = Path(".")) -> str | None:
         L += [f"**WISE on the real model, GPU study** (`{wise_run.relative_to(root).as_posix()}`, "
               f"{_device(wise_run)}):", ""]
         L += mechanism_lines(mech) + working_set_lines(working)
-        L += condition_lines(summary, trained, [tuple(s) for s in p.real_wise.settings], list(p.real_wise.conditions))
+        L += condition_lines(summary, trained, [tuple(s) for s in p.real_wise.settings], list(p.conditions.names))
     return "\n".join(L)

@@ -104,19 +104,21 @@ def test_default_loops_double_up_to_twice_the_trained_depth():
     assert default_loops(4) == [1, 2, 4, 8] and default_loops(1) == [1, 2]
 
 
-def test_on_smollm2_text_nll_reproduces_real_evals_committed_curve(request, monkeypatch):
-    """The real LMA retrofit on real_eval's own held-out windows: text_nll gives the stage's committed
-    NLL per loop count (data/real/curves.parquet), on the converted base (stage real_base's folder,
-    else converted here as the stage does)."""
+def test_on_smollm2_text_nll_is_real_evals_window_nll(request, monkeypatch):
+    """The real LMA retrofit on real prose: text_nll (the documented command's scorer) gives what
+    real_eval's own measurement (``window_nll``) gives on the same windows, per loop count, on the
+    converted base (stage real_base's folder, else converted here as the stage does)."""
     import json
 
-    import pyarrow.parquet as pq
+    import torch
 
-    from pipelines.real_model import load_corpus, load_tokenizer, split_windows
+    from pipelines.real_model import load_tokenizer
     from wise.fingerprint import base_fingerprint
-    from wise.looped.text_task import text_nll
+    from wise.looped.text_task import text_nll, window_nll
     from wise.models.looped.checkpoint import load_retrofit
     from wise.packaged_gguf import PACKAGED
+
+    from conftest import pydoc_corpus
 
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)
@@ -125,12 +127,15 @@ def test_on_smollm2_text_nll_reproduces_real_evals_committed_curve(request, monk
     pinned = json.loads((retrofit / "config.json").read_text())["base_sha256"]
     base = staged if (staged / "model.safetensors").is_file() and base_fingerprint(staged) == pinned \
         else request.getfixturevalue("smollm2_converted")
-    window = __import__("yaml").safe_load((root / "params.yaml").read_text())["real_model"]["window_tokens"]
-    rows = [r for r in pq.read_table(root / "data/real/curves.parquet").to_pylist()
-            if r["variant"] == "lma" and r["task"] == "text"]
-    windows = split_windows(load_tokenizer(base), load_corpus(), "test", window, rows[0]["n"])  # real_eval's
+    tok = load_tokenizer(base)
+    rows = [r for r in pydoc_corpus(tok, request.getfixturevalue("tmp_path")) if r["split"] == "test"]
+    ids = tok("\n\n".join(r["text"] for r in rows), add_special_tokens=False).input_ids
+    window, depths = 128, [1, 2, 4]
+    windows = [ids[i * window:(i + 1) * window] for i in range(2)]
     model = load_retrofit(retrofit, base=base)
-    nll, scored = text_nll(model, [t for w in windows for t in w], [r["T"] for r in rows], window)
+    nll, scored = text_nll(model, [t for w in windows for t in w], depths, window)
     assert scored == len(windows) * (window - 1)
-    for r in rows:
-        assert nll[r["T"]] == pytest.approx(r["mean_nll"], abs=1e-4), r["T"]
+    with torch.no_grad():
+        per_window = window_nll(model, torch.tensor(windows), depths)  # [windows, depths]
+    for j, T in enumerate(depths):
+        assert nll[T] == pytest.approx(float(per_window[:, j].mean()), abs=1e-4), T

@@ -39,10 +39,29 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    from wise.data.real_text import corpus_rows
+def corpus(tokenizer, tmp_path_factory):
+    """The test split as the corpus stage leaves it, from CPython's language reference: documents in
+    the corpus' row shape (needle passages) and their token ids with an EOS after each
+    (data/real/tokens_test.npy, where ``split_windows`` reads it)."""
+    import numpy as np
 
-    return corpus_rows(0, 0.2, 0.2)
+    from pipelines.config import paths
+    from wise.doc_corpus.documents import topic_documents
+    from wise.doc_corpus.sources import pydoc_topics
+
+    splits = ("test", "train", "heldout")  # one stand-in distribution per split, as the stage splits them
+    docs = topic_documents(pydoc_topics(), 6)[:60]
+    rows = [{"doc_id": d["doc_id"], "distribution": f"{d['distribution']}-{splits[i % 3]}", "split": splits[i % 3],
+             "text": "\n\n".join(d["paragraphs"])} for i, d in enumerate(docs)]
+    ids = []
+    for r in rows:
+        if r["split"] == "test":
+            ids += tokenizer(r["text"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id or 0]
+    real = tmp_path_factory.mktemp("real")
+    np.save(real / "tokens_test.npy", np.asarray(ids, dtype=np.uint16))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paths, "REAL_DIR", real)
+        yield rows
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +99,7 @@ def rows(tokenizer, corpus, params):
     from pipelines.real_model import needle_rows, split_windows
 
     p, _ = params
-    return needle_rows(tokenizer, corpus, p, "test", 3), split_windows(tokenizer, corpus, "test", 24, 2)
+    return needle_rows(tokenizer, corpus, p, "test", 3), split_windows("test", 24, 2)
 
 
 def answer_reading(logits: torch.Tensor, prompt: int, answer: list[int]) -> tuple[float, bool]:

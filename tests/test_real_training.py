@@ -222,4 +222,4 @@ def test_bad_training_keys_are_refused_in_one_line(key, value, why):
     raw = yaml.safe_load(open("params.yaml"))
     raw["real_model"][key] = value
     with pytest.raises(ParamsError, match=f"real_model.{key} = .*: {why}$"):
-        validate(parse(raw), None)
+        validate(parse(raw))
