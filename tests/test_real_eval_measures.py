@@ -40,25 +40,13 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def corpus(tokenizer, tmp_path_factory):
-    """The test split as the corpus stage leaves it, from CPython's language reference: documents in
-    the corpus' row shape (needle passages) and their token ids with an EOS after each
-    (data/real/tokens_test.npy, where ``split_windows`` reads it)."""
-    import numpy as np
-
+    """The corpus as the corpus stage leaves it, from CPython's language reference (conftest's
+    stand-in), with the test split's token ids where ``split_windows`` reads them."""
+    from conftest import pydoc_corpus
     from pipelines.config import paths
-    from wise.doc_corpus.documents import topic_documents
-    from wise.doc_corpus.sources import pydoc_topics
 
-    splits = ("test", "train", "heldout")  # one stand-in distribution per split, as the stage splits them
-    docs = topic_documents(pydoc_topics(), 6)[:60]
-    rows = [{"doc_id": d["doc_id"], "distribution": f"{d['distribution']}-{splits[i % 3]}", "split": splits[i % 3],
-             "text": "\n\n".join(d["paragraphs"])} for i, d in enumerate(docs)]
-    ids = []
-    for r in rows:
-        if r["split"] == "test":
-            ids += tokenizer(r["text"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id or 0]
     real = tmp_path_factory.mktemp("real")
-    np.save(real / "tokens_test.npy", np.asarray(ids, dtype=np.uint16))
+    rows = pydoc_corpus(tokenizer, real)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(paths, "REAL_DIR", real)
         yield rows
