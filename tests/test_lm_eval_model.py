@@ -12,12 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lm_eval import simple_evaluate
-from lm_eval.api.instance import Instance
-from lm_eval.tasks import TaskManager
-from lm_eval.utils import sanitize_model_name
 
-import pipelines.lm_eval_model  # noqa: F401  (registers the `wise` model)
+pytest.importorskip("lm_eval")  # the GPU image has no lm_eval: skip the module there
+
+from lm_eval import simple_evaluate  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+from lm_eval.utils import sanitize_model_name  # noqa: E402
+
+import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
 from pipelines.cohorts import model_text
 from pipelines.lm_eval_model import WiseLM
 from pipelines.lm_eval_pairs import main as pairs_main

@@ -9,10 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lm_eval import simple_evaluate
-from lm_eval.tasks import TaskManager
 
-import pipelines.lm_eval_model  # noqa: F401  (registers the `wise` model)
+pytest.importorskip("lm_eval")  # the GPU image has no lm_eval: skip the module there
+
+from lm_eval import simple_evaluate  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
 from pipelines.lm_eval_model import WiseLM
 from wise.engine.decoding import evaluate_example
 from wise.engine.runner import state_seed
