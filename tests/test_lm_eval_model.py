@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("lm_eval")  # the GPU image has no lm_eval: skip the module there
-
-from lm_eval import simple_evaluate  # noqa: E402
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-from lm_eval.utils import sanitize_model_name  # noqa: E402
+# the GPU image has no lm_eval: the module skips there
+simple_evaluate = pytest.importorskip("lm_eval").simple_evaluate
+Instance = pytest.importorskip("lm_eval.api.instance").Instance
+TaskManager = pytest.importorskip("lm_eval.tasks").TaskManager
+sanitize_model_name = pytest.importorskip("lm_eval.utils").sanitize_model_name
 
 import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
 from pipelines.cohorts import model_text

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lm_eval")  # the GPU image has no lm_eval: skip the module there
-
-from lm_eval import simple_evaluate  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
+# the GPU image has no lm_eval: the module skips there
+simple_evaluate = pytest.importorskip("lm_eval").simple_evaluate
+TaskManager = pytest.importorskip("lm_eval.tasks").TaskManager
 
 import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
 from pipelines.lm_eval_model import WiseLM
