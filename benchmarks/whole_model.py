@@ -69,6 +69,15 @@ def planned_row(config, n, block_size, steps, dense_steps, label, dtype, backend
             **{k: float("nan") for k in MEASURED}}
 
 
+def speedup_bound(attn_share: float, density: float, dense_steps: int, steps: int, other_share: float = 0.0) -> float:
+    """The most WISE can gain over Full: a core step costs 1 - attn_share + attn_share * density of
+    Full's in each of the steps - dense_steps late steps and all of it in the dense ones; other_share
+    of Full's time (prelude, coda, head) is not touched."""
+    late = steps - dense_steps
+    core = (dense_steps + late * (1.0 - attn_share * (1.0 - density))) / steps
+    return 1.0 / (other_share + (1.0 - other_share) * core)
+
+
 def unsupported(config: RecurrentConfig, block_size: int, backend: str) -> str | None:
     """Why the backend cannot run this shape's late steps (a row status), or None."""
     from kernels import HEAD_DIMS

@@ -1,0 +1,309 @@
+"""Time to first token and time per output token of the engine's cached decoding, Full vs WISE,
+beside the bound WISE's density and t_d / T allow and Full's decode-step floor.
+
+    python -m benchmarks.decode_latency --out decode_latency.parquet
+
+What is timed (random-init weights of a preset shape, ``benchmarks.whole_model.build_model``; seeded
+random prompts; bf16), per (shape, context n, batch b, condition full / wise):
+- ttft_ms: the prompts' prefill through the engine, as ``wise.engine.decoding`` runs it for cached
+  generation: ``run_prefix`` (steps 1..t_d, caches kept) per prompt, ``run_late_rows`` (steps
+  t_d+1..T of all b rows at once), the last rows' logits and the greedy choice;
+- tpot_ms: one decoding pass of all b rows (every step of a token) through
+  ``wise.engine.graph_decode.StaticDecoder``, the engine's static-buffer decoder with its CUDA graphs
+  and, for WISE with backend kernel, the block-sparse decode kernel; the first pass (eager, capture)
+  is not timed, the median of the next --tokens passes is.
+Times: CUDA events (perf_counter on the CPU); ttft_ms is the median of --ttft-repeats prefills.
+
+WISE's support is planted (``planted_supports``): the prompt's late support is a WISE-like random
+layout at density --rho (``benchmarks.inputs.random_wise_layout``, one per core layer), and a decoded
+row keeps its block's planted row plus its sink and own block, so its density is the prompt's.
+A random-init model's own discovered support keeps nearly every block.
+
+Bounds (``benchmarks.whole_model.speedup_bound``): tpot_bound from the bytes of a decode step (the
+K/V share of a core step's bytes, prelude/coda/head bytes untouched); ttft_bound from the FLOPs of a
+prefill (attention's share of a core layer's FLOPs). reached = measured Full / WISE over the bound.
+floor_ms (Full's decode step): ``decode_step_bytes`` over the bandwidth of a device copy measured in
+the same run (``benchmarks.decode_attention.copy_bandwidth``); floor_ratio = Full's tpot_ms / floor_ms.
+A cell whose caches would not fit, or whose b * n is past --max-prefill-tokens, keeps its row with a
+status that says so.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import math
+import statistics
+import sys
+import time
+from unittest import mock
+
+import torch
+
+from wise.engine.appended_rows import RowGroup
+from wise.engine.graph_decode import StaticDecoder
+from wise.engine.runner import WiseSettings, run_late_rows, run_prefix
+from wise.models.config import RecurrentConfig
+
+from .decode_attention import copy_bandwidth
+from .inputs import DTYPES, random_wise_layout
+from .output import format_table, write_rows
+from .whole_model import build_model, speedup_bound
+
+CONDITIONS = ("full", "wise")
+LATENCY_COLS = [("model", "model", "{}"), ("n", "n", "{:d}"), ("b", "batch", "{:d}"), ("dens", "density", "{:.3f}"),
+                ("full ttft ms", "full_ttft_ms", "{:.1f}"), ("wise ttft ms", "wise_ttft_ms", "{:.1f}"),
+                ("x ttft", "ttft_speedup", "{:.3f}"), ("ttft bound", "ttft_bound", "{:.3f}"),
+                ("ttft reached", "ttft_reached", "{:.2f}"), ("full tpot ms", "full_tpot_ms", "{:.2f}"),
+                ("wise tpot ms", "wise_tpot_ms", "{:.2f}"), ("x tpot", "tpot_speedup", "{:.3f}"),
+                ("tpot bound", "tpot_bound", "{:.3f}"), ("tpot reached", "tpot_reached", "{:.2f}"),
+                ("floor ms", "floor_ms", "{:.2f}"), ("full/floor", "floor_ratio", "{:.2f}"), ("status", "status", "{}")]
+MEASURED = ["density", "full_ttft_ms", "wise_ttft_ms", "ttft_speedup", "ttft_bound", "ttft_reached", "full_tpot_ms",
+            "wise_tpot_ms", "tpot_speedup", "tpot_bound", "tpot_reached", "floor_ms", "floor_ratio", "peak_gib"]
+
+
+def _params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def decode_step_bytes(model, n: int, batch: int, steps: int) -> dict:
+    """Bytes one decode pass of `batch` rows at context n must read: the core weights once per step,
+    prelude, coda, the embedding row and lm_head once, and every cached K/V of the context (each core
+    layer at every step, each prelude and coda layer once). core_weights, other_weights, core_kv
+    (all steps), other_kv, total."""
+    c, tr = model.config, model.transformer
+    elem = next(model.parameters()).element_size()
+    core = _params(tr.core_block) + _params(tr.adapter)
+    head = 0 if c.tie_embeddings else c.vocab_size * c.hidden  # a tied head is the embedding matrix: read once
+    other = _params(tr.prelude) + _params(tr.coda) + c.vocab_size * c.hidden + head + c.hidden
+    kv_layer = batch * 2 * c.kv_heads * n * c.head_dim * elem
+    out = dict(core_weights=core * elem * steps, other_weights=other * elem, core_kv=kv_layer * c.n_core * steps,
+               other_kv=kv_layer * (c.n_prelude + c.n_coda))
+    out["total"] = sum(out.values())
+    return out
+
+
+def tpot_bound(step_bytes: dict, density: float, dense_steps: int, steps: int) -> float:
+    """WISE's most over Full per output token, by bytes: attention's share of a core step is its K/V."""
+    core = step_bytes["core_weights"] + step_bytes["core_kv"]
+    other = step_bytes["other_weights"] + step_bytes["other_kv"]
+    return speedup_bound(step_bytes["core_kv"] / core, density, dense_steps, steps, other / (core + other))
+
+
+def ttft_bound(config: RecurrentConfig, core_params: int, other_params: int, n: int, density: float,
+               dense_steps: int, steps: int) -> float:
+    """WISE's most over Full for the prefill, by FLOPs: causal attention 2 * n^2 * H * d per core layer
+    (QK^T and PV, half the square) against 2 * n per weight; prelude/coda/head untouched."""
+    attn = 2.0 * n * n * config.heads * config.head_dim
+    core = steps * (2.0 * n * core_params + config.n_core * attn)
+    other = 2.0 * n * other_params + (config.n_prelude + config.n_coda) * attn
+    share = config.n_core * attn / (2.0 * n * core_params + config.n_core * attn)
+    return speedup_bound(share, density, dense_steps, steps, other / (core + other))
+
+
+@contextlib.contextmanager
+def planted_supports(layout_for):
+    """Inside: the wise condition's prompt support is layout_for(M, device) (bool [L, H, M, M]) and a
+    decoded row discovers only its sink and own block, so its late support is its block's planted row."""
+    import wise.engine.appended_rows
+    import wise.engine.runner
+
+    real = wise.engine.runner.condition_support
+
+    def prompt(condition, masses, eta):
+        if condition != "wise":
+            return real(condition, masses, eta)
+        return layout_for(masses.step1.shape[-1], masses.step1.device)
+
+    def own_rows(condition, masses, eta):
+        if condition != "wise":
+            return real(condition, masses, eta)
+        M = masses.step1.shape[-1]
+        eye = torch.eye(M, dtype=torch.bool, device=masses.step1.device)
+        eye[:, 0] = True
+        return eye.expand(masses.step1.shape).clone()
+
+    with mock.patch.object(wise.engine.runner, "condition_support", prompt), \
+            mock.patch.object(wise.engine.appended_rows, "condition_support", own_rows):
+        yield
+
+
+def random_layout_for(config: RecurrentConfig, block_size: int, rho: float, seed: int):
+    """layout_for(M, device) of ``planted_supports``: random WISE-like layouts, drawn once per M."""
+    made: dict = {}
+
+    def layout_for(M, device):
+        if M not in made:
+            g = torch.Generator().manual_seed(seed + M)
+            made[M] = torch.stack([random_wise_layout(config.heads, M * block_size, block_size, rho, g)
+                                   for _ in range(config.n_core)])
+        return made[M].to(device)
+    return layout_for
+
+
+def _timed_ms(fn, device) -> tuple[float, object]:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), out
+    t = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t) * 1e3, out
+
+
+def measured_bandwidth(device) -> float:
+    """Bytes per second of a device copy: do_bench of a 1 GiB copy on CUDA
+    (``benchmarks.decode_attention.copy_bandwidth``), the median of 5 timed 16 MiB copies on the CPU."""
+    if device.type == "cuda":
+        return copy_bandwidth(device, 1.0)
+    src = torch.empty(16 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ms = statistics.median(_timed_ms(lambda: dst.copy_(src), device)[0] for _ in range(5))
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def _prefill(model, prompts, condition: str, settings: WiseSettings):
+    """The engine's cached prefill of every prompt: (RowGroup, first tokens)."""
+    prefixes = [run_prefix(model, ids, settings, seed, record=condition != "full", keep_qk=False, cache=True)
+                for ids, seed in prompts]
+    lates = run_late_rows(model, [(p, condition) for p in prefixes], settings, cache=True)
+    group = RowGroup(model, settings, prefixes, lates, list(range(len(prompts))))
+    return group, group.last_logits().argmax(-1).tolist()
+
+
+def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
+    """ttft_ms (median of `repeats` prefills) and tpot_ms (median of `tokens` graphed decode passes)."""
+    dev = model.device
+    ttfts = []
+    for _ in range(repeats):
+        ms, (group, first) = _timed_ms(lambda: _prefill(model, prompts, condition, settings), dev)
+        ttfts.append(ms)
+    decoder = StaticDecoder(group, tokens + 1, graphs=dev.type == "cuda")
+    decoder.step(first)  # eager (kernel compiles), then the graphs are captured
+    passes = [_timed_ms(decoder.step, dev)[0] for _ in range(tokens)]
+    return dict(ttft_ms=statistics.median(ttfts), tpot_ms=statistics.median(passes),
+                graphed=decoder._graphs is not None)
+
+
+def cache_bytes(config: RecurrentConfig, n: int, batch: int, settings: WiseSettings, elem: int) -> int:
+    """K/V the cached decoding keeps for `batch` prompts of length n (every step's core layers, prelude, coda)."""
+    return batch * 2 * config.kv_heads * n * config.head_dim * elem * \
+        (settings.steps * config.n_core + config.n_prelude + config.n_coda)
+
+
+def _planned(config, n, batch, settings, rho, status) -> dict:
+    return dict(model=config.name, n=n, batch=batch, block_size=settings.block_size, steps=settings.steps,
+                dense_steps=settings.discovery_step, rho=rho, status=status, **{k: float("nan") for k in MEASURED})
+
+
+def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *, seed: int, tokens: int,
+                repeats: int, bw: float, max_prefill_tokens: int) -> dict:
+    """One (n, batch) cell: Full and WISE timed, bounds, Full's floor (see the module doc)."""
+    c, dev = model.config, model.device
+    row = _planned(c, n, batch, settings, rho, "ok")
+    elem = next(model.parameters()).element_size()
+    need = cache_bytes(c, n, batch, settings, elem)
+    if n * batch > max_prefill_tokens:
+        return {**row, "status": f"skipped: b*n {n * batch} > --max-prefill-tokens {max_prefill_tokens}"}
+    if dev.type == "cuda":
+        free = torch.cuda.mem_get_info(dev)[0]
+        if need > 0.9 * free:
+            return {**row, "status": f"skipped: caches need {need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"}
+        torch.cuda.reset_peak_memory_stats(dev)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + n)
+    prompts = [(torch.randint(c.vocab_size, (n,), generator=g), seed + i) for i in range(batch)]
+    layout_for = random_layout_for(c, settings.block_size, rho, seed)
+    M = math.ceil(n / settings.block_size)
+    lay = layout_for(M, "cpu")
+    causal = torch.tril(torch.ones(M, M, dtype=torch.bool))
+    row["density"] = float(lay[:, :, causal].float().mean())
+    try:
+        with planted_supports(layout_for):
+            for cond in CONDITIONS:
+                got = time_condition(model, prompts, cond, settings, tokens, repeats)
+                row[f"{cond}_ttft_ms"], row[f"{cond}_tpot_ms"] = got["ttft_ms"], got["tpot_ms"]
+                row[f"{cond}_graphed"] = got["graphed"]
+    except torch.cuda.OutOfMemoryError as err:
+        row["status"] = f"failed: CUDA out of memory ({str(err).splitlines()[0][:120]})"
+    finally:
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    step = decode_step_bytes(model, n, batch, settings.steps)
+    tr = model.transformer
+    core_p = _params(tr.core_block) + _params(tr.adapter)
+    other_p = _params(tr.prelude) + _params(tr.coda) + c.vocab_size * c.hidden
+    T, td = settings.steps, settings.discovery_step
+    row.update(step_bytes=step["total"], bw_gbs=bw / 1e9, floor_ms=step["total"] / bw * 1e3,
+               tpot_bound=tpot_bound(step, row["density"], td, T),
+               ttft_bound=ttft_bound(c, core_p, other_p, n, row["density"], td, T),
+               peak_gib=torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan"))
+    row["floor_ratio"] = row["full_tpot_ms"] / row["floor_ms"]
+    for kind in ("ttft", "tpot"):
+        row[f"{kind}_speedup"] = row[f"full_{kind}_ms"] / row[f"wise_{kind}_ms"]
+        row[f"{kind}_reached"] = row[f"{kind}_speedup"] / row[f"{kind}_bound"]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.decode_latency", description=__doc__.splitlines()[0])
+    p.add_argument("--presets", nargs="+", default=["huginn-0125", "recurrent-llama-3.2"], help="model shapes")
+    p.add_argument("--n", type=int, nargs="+", default=[4096, 8192, 16384, 32768], help="context lengths")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--rho", type=float, default=0.13, help="keep-probability of the planted WISE supports")
+    p.add_argument("--steps", type=int, default=32, help="T")
+    p.add_argument("--dense-steps", type=int, default=12, help="t_d")
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--backend", default="kernel", help="late attention backend (wise.engine.routing.BACKENDS)")
+    p.add_argument("--tokens", type=int, default=8, help="timed decode passes per cell and condition (median)")
+    p.add_argument("--ttft-repeats", type=int, default=1, help="timed prefills per cell and condition (median)")
+    p.add_argument("--max-prefill-tokens", type=int, default=32768,
+                   help="cells with b * n above this are skipped (their rows say so): keeps the grid to minutes")
+    p.add_argument("--quick", action="store_true", help="4K and 8K at batch 1 and 4 only")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
+    p.add_argument("--out", default="decode_latency.parquet", help="Parquet, or CSV for *.csv")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("error: benchmarks.decode_latency times on a CUDA device", file=sys.stderr)
+        return 2
+    if not 1 <= a.dense_steps < a.steps:
+        print(f"error: need 1 <= --dense-steps < --steps, got {a.dense_steps}, {a.steps}", file=sys.stderr)
+        return 2
+    if not 0 < a.rho <= 1:
+        print(f"error: --rho must be in (0, 1], got {a.rho}", file=sys.stderr)
+        return 2
+    configs = [RecurrentConfig.from_name(name) for name in a.presets]  # unknown preset: one-line error first
+    ns, batches = ([4096, 8192], [1, 4]) if a.quick else (a.n, a.batch)
+    dev, dtype = torch.device(a.device), DTYPES[a.dtype]
+    settings = WiseSettings(steps=a.steps, discovery_step=a.dense_steps, window=min(4, a.dense_steps),
+                            block_size=a.block_size, backend=a.backend)
+    bw = measured_bandwidth(dev)
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    rows = []
+    for config in configs:
+        model = build_model(config.replace(max_positions=max(config.max_positions, max(ns) + a.tokens + 2)),
+                            a.seed, dtype, dev)
+        for n in ns:
+            for b in batches:
+                rows.append(latency_row(model, n, b, settings, a.rho, seed=a.seed, tokens=a.tokens,
+                                        repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens))
+                print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
+        del model
+        gc.collect()
+    for r in rows:
+        r.update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype)
+    print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")
+    print(f"{gpu}, torch {torch.__version__}, {a.dtype}, B={a.block_size}, rho={a.rho}, T={a.steps} "
+          f"(t_d={a.dense_steps}), backend {a.backend}, copy bandwidth {bw / 1e9:.0f} GB/s; ttft: median of "
+          f"{a.ttft_repeats} prefills, tpot: median of {a.tokens} decode passes (CUDA events), ms")
+    print(format_table(rows, LATENCY_COLS))
+    return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
