@@ -300,7 +300,8 @@ def main(argv=None) -> int:
     print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")
     print(f"{gpu}, torch {torch.__version__}, {a.dtype}, B={a.block_size}, rho={a.rho}, T={a.steps} "
           f"(t_d={a.dense_steps}), backend {a.backend}, copy bandwidth {bw / 1e9:.0f} GB/s; ttft: median of "
-          f"{a.ttft_repeats} prefills, tpot: median of {a.tokens} decode passes (CUDA events), ms")
+          f"{a.ttft_repeats} prefills, tpot: median of {a.tokens} decode passes "
+          f"({'CUDA events' if dev.type == 'cuda' else 'perf_counter'}), ms")
     print(format_table(rows, LATENCY_COLS))
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
 

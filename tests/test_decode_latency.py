@@ -1,0 +1,83 @@
+"""benchmarks.decode_latency on the CPU (Triton interpreter, fp32): the engine's cached decoding end to
+end, Full vs planted WISE; the bound formula and the floor's byte count against hand computations."""
+import math
+
+import pytest
+import torch
+
+import benchmarks.decode_latency as dl
+from benchmarks.whole_model import build_model, speedup_bound
+from wise.engine.runner import WiseSettings
+from wise.models.config import RecurrentConfig
+
+CUDA = torch.cuda.is_available()
+
+
+def test_speedup_bound_by_hand():
+    # T=32, t_d=12, attention half a core step, density 0.25: core time (12 + 20 * (1 - 0.5 * 0.75)) / 32
+    core = (12 + 20 * 0.625) / 32
+    assert speedup_bound(0.5, 0.25, 12, 32) == pytest.approx(1 / core)
+    assert speedup_bound(0.5, 0.25, 12, 32, other_share=0.2) == pytest.approx(1 / (0.2 + 0.8 * core))
+    assert speedup_bound(0.7, 1.0, 4, 8) == pytest.approx(1.0)  # keeping every block saves nothing
+
+
+def test_decode_step_bytes_by_hand():
+    c = RecurrentConfig.from_name("tiny-random").replace(heads=4, kv_heads=2, head_dim=16, hidden=64,
+                                                         intermediate=96, vocab_size=100)
+    model = build_model(c, 0, torch.float32, torch.device("cpu"))
+    got = dl.decode_step_bytes(model, n=50, batch=3, steps=5)
+    tr = model.transformer
+    core = sum(p.numel() for m in (tr.core_block, tr.adapter) for p in m.parameters())
+    assert got["core_weights"] == core * 4 * 5
+    kv = 3 * 2 * 2 * 50 * 16 * 4  # batch * (K, V) * kv_heads * n * d * fp32
+    assert got["core_kv"] == kv * c.n_core * 5 and got["other_kv"] == kv * (c.n_prelude + c.n_coda)
+    assert got["total"] == sum(v for k, v in got.items() if k != "total")
+    assert got["other_weights"] >= c.vocab_size * c.hidden * 4  # the embedding (tied head) read once
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter serves CPU tensors only without CUDA")
+def test_runs_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    made = []
+    real = dl.StaticDecoder
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(dl, "StaticDecoder", recording)
+    out = tmp_path / "lat.parquet"
+    assert dl.main(["--presets", "tiny-random", "--n", "96", "--batch", "1", "2", "--block-size", "16", "--steps", "4",
+                    "--dense-steps", "2", "--tokens", "2", "--dtype", "fp32", "--device", "cpu", "--rho", "0.5",
+                    "--max-prefill-tokens", "100", "--out", str(out)]) == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out).to_pylist()
+    assert [r["status"] for r in rows] == ["ok", "skipped: b*n 192 > --max-prefill-tokens 100"]
+    r = rows[0]
+    assert 0 < r["density"] < 1 and r["full_tpot_ms"] > 0 and r["wise_tpot_ms"] > 0
+    assert r["tpot_speedup"] == pytest.approx(r["full_tpot_ms"] / r["wise_tpot_ms"])
+    assert r["tpot_reached"] == pytest.approx(r["tpot_speedup"] / r["tpot_bound"])
+    assert r["floor_ratio"] == pytest.approx(r["full_tpot_ms"] / r["floor_ms"])
+    assert r["tpot_bound"] > 1 and r["ttft_bound"] > 1 and math.isnan(rows[1]["full_ttft_ms"])
+    # Full decodes densely, WISE through the block-sparse decode kernel on its planted support
+    assert [d.sparse is not None for d in made] == [False, True]
+    assert "wrote 2 rows" in capsys.readouterr().out
+
+
+def test_planted_support_reaches_the_late_steps():
+    c = RecurrentConfig.from_name("tiny-random")
+    model = build_model(c, 0, torch.float32, torch.device("cpu"))
+    s = WiseSettings(steps=4, discovery_step=2, window=2, block_size=16, backend="reference")
+    layout_for = dl.random_layout_for(c, 16, 0.3, seed=1)
+    prompts = [(torch.randint(c.vocab_size, (64,), generator=torch.Generator().manual_seed(0)), 7)]
+    with dl.planted_supports(layout_for):
+        group, _ = dl._prefill(model, prompts, "wise", s)
+    assert torch.equal(group.lates[0].layouts.cpu(), layout_for(4, "cpu"))
+
+
+def test_bad_input_one_line_errors(capsys):
+    assert dl.main(["--device", "cpu", "--presets", "tiny-random", "--rho", "0"]) == 2
+    assert "--rho must be in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown model preset"):
+        dl.main(["--device", "cpu", "--presets", "no-such-shape"])
