@@ -81,3 +81,23 @@ def test_bad_input_one_line_errors(capsys):
     assert "--rho must be in (0, 1]" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown model preset"):
         dl.main(["--device", "cpu", "--presets", "no-such-shape"])
+
+
+def test_report_table_from_the_newest_run(tmp_path):
+    from benchmarks.output import write_rows
+    from pipelines.reports.report import f, table
+    from pipelines.reports.timing_report import DECODE_LATENCY, decode_latency_markdown
+
+    assert "No run under" in "\n".join(decode_latency_markdown(f, table, tmp_path))
+    cell = dict(model="huginn-0125", n=8192, batch=4, density=0.131, gpu="H200", dtype="bf16", backend="kernel",
+                full_ttft_ms=900.0, wise_ttft_ms=800.0, ttft_speedup=1.125, ttft_bound=1.2, full_tpot_ms=60.0,
+                wise_tpot_ms=40.0, tpot_speedup=1.5, tpot_bound=1.8, tpot_reached=1.5 / 1.8, floor_ms=30.0,
+                floor_ratio=2.0, status="ok")
+    skipped = {**cell, "batch": 8, "status": "skipped: b*n 65536 > --max-prefill-tokens 32768"}
+    for day, ms in (("2026-12-04", 99.0), ("2026-12-05", 60.0)):
+        folder = tmp_path / DECODE_LATENCY[0] / day
+        folder.mkdir(parents=True)
+        write_rows([{**cell, "full_tpot_ms": ms}, skipped], str(folder / DECODE_LATENCY[1][0]))
+    text = "\n".join(decode_latency_markdown(f, table, tmp_path))
+    assert "2026-12-05" in text and "60.00" in text and "99.00" not in text
+    assert "0.83" in text and "n=8192 b=8: skipped" in text

@@ -4,6 +4,8 @@ and one sentence, in the measured numbers, of what attention's share of a layer 
 kernel's attention speedup."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from benchmarks.output import whole_model_sentence
 
 
@@ -30,4 +32,37 @@ def whole_model_markdown(rows: list[dict], f, table) -> list[str]:
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
         L += ["Not measured: " + "; ".join(f"{r['label']} n={r['n']}: {r['status']}" for r in failed) + ".", ""]
+    return L
+
+
+DECODE_LATENCY = (Path("benchmarks/results/decode-latency-h200"), ("decode_latency.parquet",))
+
+
+def decode_latency_markdown(f, table, root: Path = Path(".")) -> list[str]:
+    """Markdown lines for the newest committed run of ``benchmarks.decode_latency`` (time to first
+    token and per output token, Full vs WISE, beside their bounds and Full's decode floor), or one
+    line saying there is none."""
+    from pipelines.gpu_study import latest_run
+    from pipelines.store.artifacts import read_parquet
+
+    L = ["### Time to first token and per output token, Full vs WISE", ""]
+    run = latest_run(root / DECODE_LATENCY[0], DECODE_LATENCY[1])
+    if run is None:
+        return L + [f"No run under `{DECODE_LATENCY[0].as_posix()}/` yet (`python -m benchmarks.decode_latency` "
+                    "on a CUDA machine; benchmarks/README.md).", ""]
+    rows = read_parquet(run / DECODE_LATENCY[1][0]).to_pylist()
+    ok = [r for r in rows if r["status"] == "ok"]
+    L += [f"`{run.relative_to(root).as_posix()}` ({rows[0]['gpu']}, {rows[0]['dtype']}, backend {rows[0]['backend']}; "
+          "bounds from the density and t_d / T, `benchmarks.whole_model.speedup_bound`; floor = a decode step's "
+          "bytes over the copy bandwidth measured in the run):", ""]
+    L += table(["model", "n", "batch", "density", "Full TTFT ms", "WISE TTFT ms", "TTFT ×", "TTFT bound",
+                "Full ms/token", "WISE ms/token", "token ×", "token bound", "of bound", "Full floor ms", "Full / floor"],
+               [[r["model"], str(r["n"]), str(r["batch"]), f(r["density"]), f(r["full_ttft_ms"], 1),
+                 f(r["wise_ttft_ms"], 1), f(r["ttft_speedup"]), f(r["ttft_bound"]), f(r["full_tpot_ms"], 2),
+                 f(r["wise_tpot_ms"], 2), f(r["tpot_speedup"]), f(r["tpot_bound"]), f(r["tpot_reached"], 2),
+                 f(r["floor_ms"], 2), f(r["floor_ratio"], 2)] for r in ok])
+    rest = [r for r in rows if r["status"] != "ok"]
+    if rest:
+        L += ["Not measured: " + "; ".join(f"{r['model']} n={r['n']} b={r['batch']}: {r['status']}" for r in rest)
+              + ".", ""]
     return L
