@@ -185,7 +185,7 @@ def time_condition(model, prompts, condition: str, settings: WiseSettings, token
     decoder.step(first)  # eager (kernel compiles), then the graphs are captured
     passes = [_timed_ms(decoder.step, dev)[0] for _ in range(tokens)]
     return dict(ttft_ms=statistics.median(ttfts), tpot_ms=statistics.median(passes),
-                graphed=decoder._graphs is not None)
+                graphed=decoder.graphs)
 
 
 def cache_bytes(config: RecurrentConfig, n: int, batch: int, settings: WiseSettings, elem: int) -> int:

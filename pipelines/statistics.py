@@ -169,7 +169,8 @@ def run_statistics(p: Params) -> None:
     from pipelines.reports.expected import oracle_for
     from pipelines.config.library_checks import model_facts
     from pipelines.reports.report import write_report
-    from pipelines.gpu_study import gpu_study_markdown
+    from pipelines.gpu_study import gpu_study_markdown, latest_run
+    from pipelines.reports.timing_report import DECODE_LATENCY
     from pipelines.reports.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)
 
@@ -217,7 +218,8 @@ def run_statistics(p: Params) -> None:
                      "sweeps": sweeps, "scaling": scaling, "calibration": calibration, "adaptive": adaptive,
                      "recurtrace_calibrated": calibrated, "depth": depth,
                      "real_model": real_model, "real_wise": real_wise,
-                     "gpu_study": gpu_study_markdown(p) if real_model or real_wise else None},
+                     "gpu_study": gpu_study_markdown(p) if real_model or real_wise else None,
+                     "decode_latency_run": latest_run(*DECODE_LATENCY)},
                  family=facts.get("family") if facts else None)
     # Last, once and atomically: readers see the new views only when every summary exists, and a
     # run that failed above leaves the previous database in place.

@@ -86,9 +86,13 @@ def test_bad_input_one_line_errors(capsys):
 def test_report_table_from_the_newest_run(tmp_path):
     from benchmarks.output import write_rows
     from pipelines.reports.report import f, table
+    from pipelines.gpu_study import latest_run
     from pipelines.reports.timing_report import DECODE_LATENCY, decode_latency_markdown
 
-    assert "No run under" in "\n".join(decode_latency_markdown(f, table, tmp_path))
+    def newest():  # what the statistics stage passes
+        return latest_run(tmp_path / DECODE_LATENCY[0], DECODE_LATENCY[1])
+
+    assert newest() is None and "No run under" in "\n".join(decode_latency_markdown(None, f, table, tmp_path))
     cell = dict(model="huginn-0125", n=8192, batch=4, density=0.131, gpu="H200", dtype="bf16", backend="kernel",
                 full_ttft_ms=900.0, wise_ttft_ms=800.0, ttft_speedup=1.125, ttft_bound=1.2, full_tpot_ms=60.0,
                 wise_tpot_ms=40.0, tpot_speedup=1.5, tpot_bound=1.8, tpot_reached=1.5 / 1.8, floor_ms=30.0,
@@ -98,6 +102,6 @@ def test_report_table_from_the_newest_run(tmp_path):
         folder = tmp_path / DECODE_LATENCY[0] / day
         folder.mkdir(parents=True)
         write_rows([{**cell, "full_tpot_ms": ms}, skipped], str(folder / DECODE_LATENCY[1][0]))
-    text = "\n".join(decode_latency_markdown(f, table, tmp_path))
+    text = "\n".join(decode_latency_markdown(newest(), f, table, tmp_path))
     assert "2026-12-05" in text and "60.00" in text and "99.00" not in text
     assert "0.83" in text and "n=8192 b=8: skipped" in text

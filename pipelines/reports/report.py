@@ -125,7 +125,7 @@ def build_markdown(p: Params, d: dict) -> str:
     from pipelines.reports.timing_report import decode_latency_markdown, whole_model_markdown
 
     L += whole_model_markdown([r for r in d["timing"] if r.get("source") == "whole_model"], f, table)
-    L += decode_latency_markdown(f, table)
+    L += decode_latency_markdown(d.get("decode_latency_run"), f, table)
 
     L += ["## Tables 3–4 — convergence and threshold sensitivity", "",
           "Mean convergence step per quantity (censored examples count as T+1); gap = min(τ_H, τ_O) − "

@@ -38,15 +38,13 @@ def whole_model_markdown(rows: list[dict], f, table) -> list[str]:
 DECODE_LATENCY = (Path("benchmarks/results/decode-latency-h200"), ("decode_latency.parquet",))
 
 
-def decode_latency_markdown(f, table, root: Path = Path(".")) -> list[str]:
-    """Markdown lines for the newest committed run of ``benchmarks.decode_latency`` (time to first
-    token and per output token, Full vs WISE, beside their bounds and Full's decode floor), or one
-    line saying there is none."""
-    from pipelines.gpu_study import latest_run
+def decode_latency_markdown(run: Path | None, f, table, root: Path = Path(".")) -> list[str]:
+    """Markdown lines for a committed run folder of ``benchmarks.decode_latency`` (the statistics stage
+    passes the newest under DECODE_LATENCY's folder: time to first token and per output token, Full vs
+    WISE, beside their bounds and Full's decode floor), or one line saying there is none."""
     from pipelines.store.artifacts import read_parquet
 
     L = ["### Time to first token and per output token, Full vs WISE", ""]
-    run = latest_run(root / DECODE_LATENCY[0], DECODE_LATENCY[1])
     if run is None:
         return L + [f"No run under `{DECODE_LATENCY[0].as_posix()}/` yet (`python -m benchmarks.decode_latency` "
                     "on a CUDA machine; benchmarks/README.md).", ""]
