@@ -54,7 +54,8 @@ def decode_latency_markdown(run: Path | None, f, table, root: Path = Path(".")) 
           "bounds from the density and t_d / T, `benchmarks.whole_model.speedup_bound`; floor = a decode step's "
           "bytes over the copy bandwidth measured in the run):", ""]
     L += table(["model", "n", "batch", "density", "Full TTFT ms", "WISE TTFT ms", "TTFT ×", "TTFT bound",
-                "Full ms/token", "WISE ms/token", "token ×", "token bound", "of bound", "Full floor ms", "Full / floor"],
+                "Full ms/token", "WISE ms/token", "token ×", "token bound", "of bound", "Full floor ms",
+                "Full / floor"],
                [[r["model"], str(r["n"]), str(r["batch"]), f(r["density"]), f(r["full_ttft_ms"], 1),
                  f(r["wise_ttft_ms"], 1), f(r["ttft_speedup"]), f(r["ttft_bound"]), f(r["full_tpot_ms"], 2),
                  f(r["wise_tpot_ms"], 2), f(r["tpot_speedup"]), f(r["tpot_bound"]), f(r["tpot_reached"], 2),
