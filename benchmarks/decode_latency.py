@@ -177,8 +177,9 @@ def _prefill(model, prompts, condition: str, settings: WiseSettings):
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
     """ttft_ms (median of `repeats` prefills) and tpot_ms (median of `tokens` graphed decode passes)."""
     dev = model.device
-    ttfts = []
+    ttfts, group = [], None
     for _ in range(repeats):
+        group = None  # the previous prefill's caches go before the next one's are made
         ms, (group, first) = _timed_ms(lambda: _prefill(model, prompts, condition, settings), dev)
         ttfts.append(ms)
     decoder = StaticDecoder(group, tokens + 1, graphs=dev.type == "cuda")
