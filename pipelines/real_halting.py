@@ -23,7 +23,7 @@ def nearest_fixed(mean_loops: float, t_max: int) -> int:
 
 def method_summary(examples: list[dict], best: int, t_max: int, st: StatisticsParams) -> list[dict]:
     """Rows per method over all examples (hops None), then per hop count: ``hop_summary`` of each."""
-    counts = sorted({r["hops"] for r in examples if r["hops"] is not None})
+    counts = sorted({r["hops"] for r in examples if r.get("hops") is not None})
     return hop_summary(examples, best, t_max, st, None) + [
         row for h in counts for row in hop_summary([r for r in examples if r["hops"] == h], best, t_max, st, h)]
 
