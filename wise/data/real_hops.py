@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from wise.data.real_text import CITIES, NAMES, _runs
+from wise.data.real_text import CITIES, NAMES, split_runs
 from wise.data.splits import derive_seed
 
 
@@ -62,7 +62,7 @@ def hop_items(corpus: list[dict], split: str, n: int, seed: int, hop_counts: Seq
     if distractors < 0 or people_needed > min(len(NAMES), len(CITIES)):
         raise ValueError(f"hop_counts up to {max(hop_counts)} with {distractors} distractors need {people_needed} "
                          f"people: at most {min(len(NAMES), len(CITIES))}")
-    texts = [(d, run) for d, run in sorted(_runs(corpus, split).items()) if run.ends[-1] >= words]
+    texts = [(d, run) for d, run in sorted(split_runs(corpus, split).items()) if run.ends[-1] >= words]
     if not texts:
         raise ValueError(f"no {split} distribution has {words} words of prose")
     items = []
