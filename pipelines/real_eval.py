@@ -1,18 +1,25 @@
 """Stage real_eval: the real pretrained model (pipelines.real_model) measured on real text.
 
-Four variants of SmolLM2-135M-Instruct, all on one frozen base:
+Five variants of SmolLM2-135M-Instruct, all on one frozen base:
 - base: the pretrained model itself (one pass, T = 1);
 - loop: its probed block looped T times with nothing trained (re-injection gate at 0, no memory);
 - plain: the trained plain retrofit (re-injection only);
-- lma: the trained RecurTrace retrofit (re-injection and Loop Memory Attention, W = 3).
+- lma: the trained RecurTrace retrofit (re-injection and Loop Memory Attention, W = 3);
+- t1: the same-budget T = 1 baseline (an adapter of LMA's parameter count, trained without a loop),
+  measured at T = 1 only: its one pass is the depth it was trained for.
 
-Tables (data/real/): per (variant, T, example) the NLL of held-out text windows and of needle
-answers, and whether greedy decoding emits the needle's city (``loops.parquet``); their means with
-percentile-bootstrap CIs over examples (``curves.parquet``); halting on the LMA retrofit
+The task: hop items (``wise.data.real_hops``): chains of 1..4 facts hidden in test prose, the answer
+the city at the chain's end; every accuracy is given per hop count and over all items.
+
+Tables (data/real/): per (variant, T, example) the NLL of held-out text windows and of hop-item
+answers, and whether greedy decoding emits the item's city (``loops.parquet``); their means with
+percentile-bootstrap CIs over examples, per hop count and over all (hops null) (``curves.parquet``);
+halting on the LMA retrofit
 (``halting*.parquet``): the oracle-distilled head (eq. 6 labels), ACT, PonderNet, CALM-style
 confidence, stability and the correctness oracle beside every fixed depth, thresholds chosen on
 held-out items, exact McNemar against the best held-out fixed depth and against the fixed depth
-nearest each method's mean loops. Before anything is measured, T = 1 of every looped variant must
+nearest each method's mean loops, per hop count and over all. Before anything is measured, T = 1 of
+every looped variant but t1 must
 equal the base's logits exactly on real rows (the safe floor), or the stage fails.
 """
 from __future__ import annotations
@@ -24,18 +31,18 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.config.params import Params, RealModelParams
-from pipelines.real_model import (base_folder, load_corpus, load_tokenizer, needle_rows, retrofit_folder,
-                                  split_windows)
+from pipelines.real_model import base_folder, hop_rows, load_corpus, load_tokenizer, retrofit_folder, split_windows
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 
-VARIANTS = ("base", "loop", "plain", "lma")
+VARIANTS = ("base", "loop", "plain", "lma", "t1")
+T1_ONLY = ("t1",)  # variants measured at T = 1 alone (trained without a loop; its adapter moves T = 1)
 # T = 1 against the base row by row: the two paths round differently (fp32 on a GPU: ~1e-5 nats),
 # a loop that changed anything moves the NLL by far more
 FLOOR_TOLERANCE = 1e-3
 
 
 def load_variants(p: RealModelParams, device: torch.device):
-    """The frozen base and its three looped variants sharing it (one copy of the weights)."""
+    """The frozen base and its four looped variants sharing it (one copy of the weights)."""
     from wise.models.looped.base import load_base
     from wise.models.looped.checkpoint import load_retrofit
     from wise.models.looped.model import build_looped
@@ -43,15 +50,15 @@ def load_variants(p: RealModelParams, device: torch.device):
     dtype = getattr(torch, p.dtype)
     base = load_base(base_folder(p), dtype=dtype, device=device)
     looped = {v: load_retrofit(retrofit_folder(p, v), dtype=dtype, device=device, shared_base=base)
-              for v in ("plain", "lma")}
+              for v in ("plain", "lma", "t1")}
     block = {v: (m.config.block_start, m.config.block_layers) for v, m in looped.items()}
-    if block["plain"] != block["lma"]:
-        raise ValueError(f"the plain and LMA retrofits loop different blocks {block}: retrain both "
+    if len(set(block.values())) != 1:
+        raise ValueError(f"the retrofits sit on different blocks {block}: retrain them "
                          "(dvc repro train_real_retrofit)")
     start, layers = block["lma"]
     looped["loop"] = build_looped(base, use_lma=False, block_start=start, block_layers=layers,
                                   name=f"{p.name}-loop").eval()
-    return base, {v: looped[v] for v in ("loop", "plain", "lma")}
+    return base, {v: looped[v] for v in ("loop", "plain", "lma", "t1")}
 
 
 @torch.no_grad()
@@ -77,18 +84,18 @@ def base_rows(base, needles, windows) -> list[dict]:
             ids = torch.tensor(w, device=base.device)[None]
             logp = torch.log_softmax(base(input_ids=ids, use_cache=False).logits.float()[0, :-1], -1)
             nll = float(-logp.gather(-1, ids[0, 1:, None]).double().mean())
-            out.append(_row("base", "text", f"window-test-{i}", 1, nll, None, len(w) - 1))
+            out.append(_row("base", "text", f"window-test-{i}", 1, nll, None, len(w) - 1, None))
         for r in needles:
             ids = torch.tensor(list(r.prompt_ids) + list(r.answer_ids), device=base.device)[None]
             p, a = len(r.prompt_ids), len(r.answer_ids)
             logp = torch.log_softmax(base(input_ids=ids, use_cache=False).logits.float()[0, p - 1:p - 1 + a], -1)
             nll, correct, _, _ = read_answer(logp, torch.tensor(r.answer_ids, device=base.device))
-            out.append(_row("base", "needle", r.example_id, 1, nll, correct, a))
+            out.append(_row("base", "needle", r.example_id, 1, nll, correct, a, r.hops))
     return out
 
 
-def _row(variant, task, example_id, T, nll, correct, tokens) -> dict:
-    return {"variant": variant, "task": task, "example_id": example_id, "T": int(T), "nll": float(nll),
+def _row(variant, task, example_id, T, nll, correct, tokens, hops) -> dict:
+    return {"variant": variant, "task": task, "example_id": example_id, "hops": hops, "T": int(T), "nll": float(nll),
             "correct": correct, "tokens": int(tokens)}
 
 
@@ -96,14 +103,21 @@ def curves(rows: list[dict], resamples: int, seed: int, level: float) -> list[di
     from wise.analysis.stats import paired_bootstrap
 
     groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["variant"], r["task"], r["T"]), []).append(r)
+    for r in rows:  # every row in its (variant, task, T) group; an item's also in its hop count's
+        groups.setdefault((r["variant"], r["task"], None, r["T"]), []).append(r)
+        if r["hops"] is not None:
+            groups.setdefault((r["variant"], r["task"], r["hops"], r["T"]), []).append(r)
     out = []
-    for (variant, task, T), g in sorted(groups.items(), key=lambda kv: (VARIANTS.index(kv[0][0]), kv[0][1], kv[0][2])):
+    def order(kv):
+        (variant, task, hops, T), _ = kv
+        return VARIANTS.index(variant), task, -1 if hops is None else hops, T
+
+    for (variant, task, hops, T), g in sorted(groups.items(), key=order):
         nll = paired_bootstrap([r["nll"] for r in g], resamples, seed, level)
         acc = paired_bootstrap([float(r["correct"]) for r in g], resamples, seed, level) \
             if task == "needle" else (None, None, None)
-        out.append({"variant": variant, "task": task, "T": T, "n": len(g), "mean_nll": nll[0], "nll_low": nll[1],
+        out.append({"variant": variant, "task": task, "hops": hops, "T": T, "n": len(g),
+                    "mean_nll": nll[0], "nll_low": nll[1],
                     "nll_high": nll[2], "accuracy": acc[0], "accuracy_low": acc[1], "accuracy_high": acc[2]})
     return out
 
@@ -158,20 +172,21 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     from wise.looped.text_task import window_nll
 
     windows = split_windows("test", p.window_tokens, p.eval_windows)
-    needles = needle_rows(tokenizer, corpus, p, "test", p.eval_needles)
-    check_safe_floor(base, looped, needles[:1])  # full logits on one row; every row's T = 1 NLL below
-    depths = sorted(set(p.eval_depths))
+    needles = hop_rows(tokenizer, corpus, p, "test", p.eval_needles)
+    # full logits on one row; every row's T = 1 NLL below
+    check_safe_floor(base, {v: m for v, m in looped.items() if v not in T1_ONLY}, needles[:1])
     rows = base_rows(base, needles, windows)
     test_trajs = {}
     for name, model in looped.items():
-        print(f"real_eval: {name}: {len(windows)} windows and {len(needles)} needle items at T = {depths}", flush=True)
+        depths = [1] if name in T1_ONLY else sorted(set(p.eval_depths))
+        print(f"real_eval: {name}: {len(windows)} windows and {len(needles)} hop items at T = {depths}", flush=True)
         nll = window_nll(model, torch.tensor(windows), depths)
-        rows += [_row(name, "text", f"window-test-{i}", T, nll[i, j], None, len(windows[i]) - 1)
+        rows += [_row(name, "text", f"window-test-{i}", T, nll[i, j], None, len(windows[i]) - 1, None)
                  for i in range(len(windows)) for j, T in enumerate(depths)]
         # the LMA retrofit's test rows are also the halting table's: read every loop up to its budget
         read_at = set(depths) | (set(range(1, p.halting_t_max + 1)) if name == "lma" else set())
         signals = [needle_signals(model, r, read_at) for r in needles]
-        rows += [_row(name, "needle", r.example_id, T, sig[T].nll, sig[T].correct, len(r.answer_ids))
+        rows += [_row(name, "needle", r.example_id, T, sig[T].nll, sig[T].correct, len(r.answer_ids), r.hops)
                  for r, sig in zip(needles, signals) for T in depths]
         if name == "lma":
             test_trajs[name] = [Trajectory(r.example_id, r.benchmark, r.hops,
@@ -183,7 +198,7 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     first = {(r["task"], r["example_id"]): r["nll"] for r in rows if r["variant"] == "base"}
     gaps = {}
     for r in rows:
-        if r["T"] == 1 and r["variant"] != "base":
+        if r["T"] == 1 and r["variant"] not in ("base", *T1_ONLY):
             gap = abs(r["nll"] - first[(r["task"], r["example_id"])])
             gaps[r["variant"]] = max(gaps.get(r["variant"], 0.0), gap)
     off = {v: g for v, g in gaps.items() if g > FLOOR_TOLERANCE}
@@ -202,10 +217,11 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
 def headline(table: list[dict], halting: list[dict]) -> dict:
     """A handful of numbers for `dvc metrics show`; everything else is in the tables."""
     def at(variant, task, T, key):
-        return next((r[key] for r in table if (r["variant"], r["task"], r["T"]) == (variant, task, T)), None)
+        return next((r[key] for r in table if (r["variant"], r["task"], r["hops"], r["T"]) == (variant, task, None, T)),
+                    None)
 
     last = max(r["T"] for r in table)
-    head = next((r for r in halting if r["method"] == "halting"), None)
+    head = next((r for r in halting if r["method"] == "halting" and r["hops"] is None), None)
     return {"text_nll": {"base": at("base", "text", 1, "mean_nll"), f"loop_T{last}": at("loop", "text", last, "mean_nll"),
                          f"plain_T{last}": at("plain", "text", last, "mean_nll"),
                          f"lma_T{last}": at("lma", "text", last, "mean_nll")},

@@ -67,6 +67,15 @@ def needle_rows(tokenizer, corpus: list[dict], p: RealModelParams, split: str, n
             for item in needle_items(corpus, split, n, p.seed, p.needle_facts, p.needle_words)]
 
 
+def hop_rows(tokenizer, corpus: list[dict], p: RealModelParams, split: str, n: int) -> list:
+    """n hop items of a split (``wise.data.real_hops``), balanced over hop_counts, as chat rows."""
+    from wise.data.real_hops import hop_items
+    from wise.looped.text_task import needle_row
+
+    return [needle_row(tokenizer, item) for item in
+            hop_items(corpus, split, n, p.seed, p.hop_counts, p.hop_distractors, p.needle_words)]
+
+
 def retrofit_folder(p: RealModelParams, variant: str) -> Path:
     return paths.DATA / "models" / f"{p.name}-{variant}"
 

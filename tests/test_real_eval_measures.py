@@ -56,7 +56,8 @@ def corpus(tokenizer, tmp_path_factory):
 def params():
     from pipelines.config.params import RealModelParams, StatisticsParams
 
-    p = dataclasses.replace(RealModelParams(), window_tokens=24, needle_facts=2, needle_words=24, eval_windows=2,
+    p = dataclasses.replace(RealModelParams(), window_tokens=24, hop_counts=(1, 2), hop_distractors=1,
+                            needle_facts=2, needle_words=24, eval_windows=2,
                             eval_needles=3, eval_depths=(1, 3), halting_train=4, halting_heldout=4,
                             halting_t_max=3, halting_steps=5, lma_window=2)
     return p, StatisticsParams(bootstrap_resamples=200, bootstrap_seed=1, ci_level=0.9)
@@ -64,16 +65,20 @@ def params():
 
 @pytest.fixture(scope="module")
 def models():
-    """The base and three looped variants sharing it, the trained ones with their gates open."""
+    """The base and four looped variants sharing it, the trained ones with their gates open (t1: a
+    same-budget adapter with trained-looking weights, so its T = 1 is not the base's)."""
     base = build_base("llama", 0, **TINY).eval()
     looped = {"loop": build_looped(base, use_lma=False, **BLOCK).eval(),
               "plain": build_looped(base, use_lma=False, **BLOCK).eval(),
               "lma": build_looped(base, use_lma=True, window=2, lma_heads=2, lma_head_dim=8, gate_hidden=4,
-                                  **BLOCK).eval()}
+                                  **BLOCK).eval(),
+              "t1": build_looped(base, use_lma=False, adapter_rank=4, mean_recurrence=1, **BLOCK).eval()}
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name in ("plain", "lma"):
             looped[name].alpha.fill_(0.5)
+        for adapter in looped["t1"].adapters:
+            adapter.up.weight.copy_(0.3 * torch.randn(adapter.up.weight.shape, generator=g))
         for lma in looped["lma"].lma:
             lma.gamma.fill_(1.0)
             lma.gate_out.bias.zero_()
@@ -84,10 +89,10 @@ def models():
 
 @pytest.fixture(scope="module")
 def rows(tokenizer, corpus, params):
-    from pipelines.real_model import needle_rows, split_windows
+    from pipelines.real_model import hop_rows, split_windows
 
     p, _ = params
-    return needle_rows(tokenizer, corpus, p, "test", 3), split_windows("test", 24, 2)
+    return hop_rows(tokenizer, corpus, p, "test", 3), split_windows("test", 24, 2)
 
 
 def answer_reading(logits: torch.Tensor, prompt: int, answer: list[int]) -> tuple[float, bool]:
@@ -144,15 +149,19 @@ def test_curves_are_the_groups_means_with_their_bootstrap():
             for T in ((1,) if variant == "base" else (2, 1)):
                 for i in range(5):
                     rows.append({"variant": variant, "task": task, "T": T, "example_id": f"{task}-{i}",
+                                 "hops": 1 + i % 2 if task == "needle" else None,
                                  "nll": 0.5 * i + T + (variant == "lma"),
                                  "correct": (i + T) % 2 == 0 if task == "needle" else None, "tokens": 3})
     table = curves(rows, 300, 2, 0.9)
-    assert [(r["variant"], r["task"], r["T"]) for r in table] == [
-        ("base", "needle", 1), ("base", "text", 1)] + [
-        (v, task, T) for v in ("plain", "lma") for task in ("needle", "text") for T in (1, 2)]
+    def groups(v, depths):  # all items (hops None) first, then each hop count
+        return [(v, "needle", h, T) for h in (None, 1, 2) for T in depths] + [(v, "text", None, T) for T in depths]
+
+    assert [(r["variant"], r["task"], r["hops"], r["T"]) for r in table] == \
+        groups("base", (1,)) + groups("plain", (1, 2)) + groups("lma", (1, 2))
     for r in table:
-        g = [x for x in rows if (x["variant"], x["task"], x["T"]) == (r["variant"], r["task"], r["T"])]
-        assert r["n"] == 5
+        g = [x for x in rows if (x["variant"], x["task"], x["T"]) == (r["variant"], r["task"], r["T"])
+             and r["hops"] in (None, x["hops"])]
+        assert r["n"] == {None: 5, 1: 3, 2: 2}[r["hops"]]
         assert (r["mean_nll"], r["nll_low"], r["nll_high"]) == paired_bootstrap([x["nll"] for x in g], 300, 2, 0.9)
         if r["task"] == "needle":
             assert (r["accuracy"], r["accuracy_low"], r["accuracy_high"]) == paired_bootstrap(
@@ -162,9 +171,9 @@ def test_curves_are_the_groups_means_with_their_bootstrap():
 
 
 def check_rows(looped: dict, by_key: dict, needles, windows) -> None:
-    """Every looped variant's text and needle rows against whole forward passes at T = 1 and 3."""
+    """Every looped variant's text and needle rows against whole forward passes at T = 1 and 3 (t1: 1)."""
     for name, model in looped.items():
-        for T in (1, 3):
+        for T in ((1,) if name == "t1" else (1, 3)):
             for i, w in enumerate(windows):
                 logits = model(torch.tensor([w]), T)[0]
                 want = float(F.cross_entropy(logits[:-1], torch.tensor(w[1:])))
@@ -191,20 +200,25 @@ def test_measure_gives_every_variants_rows_as_whole_forwards_would(models, rows,
                   for T in (1, 3)}
     assert greedy[1] != greedy[3]
     needles = [dataclasses.replace(r, answer_ids=(g,)) for r, g in zip(needles, greedy[3])]
-    monkeypatch.setattr(real_eval, "needle_rows", lambda *args: needles)
+    monkeypatch.setattr(real_eval, "hop_rows", lambda *args: needles)
     loop_rows, table, halting, halting_examples, card = measure(p, st, base, looped, tokenizer, corpus)
     assert all(r["correct"] for r in loop_rows if (r["variant"], r["task"], r["T"]) == ("lma", "needle", 3))
     keys = {(r["variant"], r["task"], r["T"]) for r in loop_rows}
     assert keys == {("base", t, 1) for t in ("text", "needle")} | {
-        (v, t, T) for v in VARIANTS[1:] for t in ("text", "needle") for T in (1, 3)}
-    assert len(loop_rows) == 5 + 3 * 2 * 5
+        (v, t, T) for v in VARIANTS[1:] for t in ("text", "needle") for T in ((1,) if v == "t1" else (1, 3))}
+    assert len(loop_rows) == 5 + 3 * 2 * 5 + 5
+    assert {r["hops"] for r in loop_rows if r["task"] == "needle"} == {1, 2}
     by_key = {(r["variant"], r["task"], r["T"], r["example_id"]): r for r in loop_rows}
     with torch.no_grad():
         check_rows(looped, by_key, needles, windows)
     assert table == curves(loop_rows, st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)
     # halting replays the LMA retrofit's test trajectories, one row per (method, test item)
     assert {r["example_id"] for r in halting_examples} == {r.example_id for r in needles}
-    assert len(halting_examples) == len(halting) * len(needles) and card["examples"]["test"] == len(needles)
+    overall = [r for r in halting if r["hops"] is None]
+    assert len(halting_examples) == len(overall) * len(needles) and card["examples"]["test"] == len(needles)
+    assert {r["hops"] for r in halting} == {None, 1, 2}  # and within each hop count
+    for h in (1, 2):
+        assert {r["n"] for r in halting if r["hops"] == h} == {sum(r.hops == h for r in needles)}
     assert {f"fixed@{T}" for T in range(1, p.halting_t_max + 1)} <= {r["method"] for r in halting}
 
 
@@ -218,5 +232,5 @@ def test_measure_refuses_a_variant_whose_first_loop_is_not_the_base(models, toke
         def __call__(self, ids, loops):
             return looped["plain"](ids, loops + 1)
 
-    with pytest.raises(AssertionError, match="safe floor broken on needle-test-0: planted at T = 1"):
+    with pytest.raises(AssertionError, match="safe floor broken on hops1-test-0: planted at T = 1"):
         measure(p, st, base, {**looped, "planted": TwoLoopsForOne()}, tokenizer, corpus)

@@ -249,3 +249,14 @@ def test_a_method_is_paired_with_the_fixed_depth_nearest_its_mean_loops():
     from pipelines.real_halting import nearest_fixed
 
     assert [nearest_fixed(m, 4) for m in (1.0, 1.49, 1.5, 2.6, 7.0)] == [1, 1, 1, 3, 4]
+
+
+def test_hop_entities_are_single_words_and_unambiguous_under_the_tokenizer(tokenizer):
+    from wise.data.real_text import CITIES, NAMES
+
+    for group in (NAMES, CITIES):
+        assert all(w.isalpha() and " " not in w for w in group) and len(set(group)) == len(group)
+        ids = {w: tuple(tokenizer(" " + w, add_special_tokens=False).input_ids) for w in group}
+        # an answer read as "greedy starts with the gold entity" must not also start another entity
+        assert not [(a, b) for a in group for b in group if a != b and ids[b][:len(ids[a])] == ids[a]]
+        assert all(tokenizer.decode(ids[w]) == " " + w for w in group)

@@ -4,12 +4,26 @@
 # the train split's token-id export and the held-out evaluation windows travel in chunks that fit
 # beside the working tree (64 MiB a call), are put together under /tmp/wise-real (kept while the
 # machine stays warm), and each `train` call trains one variant and scores NLL vs loops of it and
-# of the base (benchmarks/pipeline/real_train_gpu.py). Every command prints what it did.
+# of the base (benchmarks/pipeline/real_train_gpu.py); `eval` runs stage real_eval (NLL and hop-item
+# accuracy vs loops, the halting table) on the committed checkpoints. Every command prints what it did.
 #
 #   here:       benchmarks/pipeline/real_model_gpu.sh pack            # -> .real-gpu/call-NN/ + .real-gpu/plan.txt
 #   device:     benchmarks/pipeline/real_model_gpu.sh receive         # carry .real-gpu/call-NN, one call each
 #   device:     benchmarks/pipeline/real_model_gpu.sh train lma       # then plain, then t1 (they match lma)
 #   here:       python -m benchmarks.pipeline.real_train_gpu table <files>/nll_*.parquet
+#
+# The evaluation on the H200 (<= 5 minutes; the retrofits are committed under data/models/):
+#   here:       benchmarks/pipeline/real_model_gpu.sh pack            # (needs data/real/ from dvc repro real_corpus)
+#   device:     benchmarks/pipeline/real_model_gpu.sh receive         # once per .real-gpu/call-NN (carry it)
+#   device:     PARAMS=params/real-model-gpu.yaml benchmarks/pipeline/real_model_gpu.sh eval
+#   here:       copy $OUT's loops/curves/halting/halting_examples parquet, real_model.{md,json} and
+#               nll_vs_loops.png to benchmarks/results/<dated folder>/ (the journal cites them)
+# `eval` needs python with torch, transformers, pyarrow, pyyaml, numpy, scipy and matplotlib (checked
+# first, one line if one is missing); no ray, dvc or duckdb. It puts the carried corpus files
+# (corpus.parquet, corpus_manifest.json, tokens_test.npy: what real_eval reads) under data/real/ and the
+# converted base at data/models/smollm2-135m-instruct of the device's copy of the tree, runs
+# `python -m stages.real_eval --params $PARAMS` and writes the outputs, real_eval.log and nvidia-smi's
+# line under $OUT. Checked on the CPU machine with tiny sizes and ray/dvc/duckdb unimportable.
 #
 # `receive` and `train` first take in whatever .real-gpu/call-NN folder the call carried; the base is
 # converted as soon as the GGUF and the wheel are complete. `train VARIANT` writes $OUT/<name>-VARIANT/
@@ -43,6 +57,10 @@ pack() {  # here: the files the device needs, in chunks that fit one call each b
   $py -m benchmarks.pipeline.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"
   $py -m benchmarks.pipeline.real_train_gpu windows --split test --n "${EVAL_WINDOWS:-64}" --params "$params" \
     --out "$out/files/eval_windows.npy"
+  for f in $EVAL_FILES; do  # what stage real_eval reads of the corpus (eval)
+    [ -f "data/real/$f" ] || { echo "pack: data/real/$f is missing: run dvc repro real_corpus"; exit 1; }
+    cp "data/real/$f" "$out/files/"
+  done
   : > "$out/MANIFEST"
   for f in "$out"/files/*; do
     local n; n=$(basename "$f")
@@ -105,9 +123,39 @@ train() {  # device: one variant, then NLL vs loops of it and of the base
   cp "$out/$name-$variant/train_summary.json" "$work/${variant}_summary.json"
 }
 
+evaluate() {  # device: stage real_eval on the committed retrofits, everything under $OUT
+  local out=${OUT:?the device sets OUT} f v
+  receive || { echo "eval: files are still missing (above)"; exit 1; }
+  $py -c "import numpy, pyarrow, scipy, matplotlib, torch, transformers, yaml" \
+    || { echo "eval: a package real_eval needs is missing (above)"; exit 1; }
+  for v in lma plain t1; do
+    [ -f "data/models/$name-$v/retrofit.safetensors" ] || { echo "eval: data/models/$name-$v is missing"; exit 1; }
+  done
+  mkdir -p data/real
+  for f in $EVAL_FILES; do
+    [ -f "$work/files/$f" ] || { echo "eval: $f was not carried (pack again)"; exit 1; }
+    cp "$work/files/$f" data/real/
+  done
+  rm -rf "data/models/$name-instruct" && cp -r "$base" "data/models/$name-instruct"
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } \
+    | tee "$out/real_eval.log"
+  local start=$SECONDS
+  if ! $py -m stages.real_eval --params "$params" 2>&1 | tee -a "$out/real_eval.log"; then
+    echo "eval: real_eval failed (above)"; exit 1
+  fi
+  echo "eval: real_eval took $((SECONDS - start)) s wall" | tee -a "$out/real_eval.log"
+  for f in loops.parquet curves.parquet halting.parquet halting_examples.parquet real_model.md real_model.json \
+           nll_vs_loops.png; do
+    cp "data/real/$f" "$out/"
+  done
+  echo "eval: outputs under $out"
+}
+
+EVAL_FILES="corpus.parquet corpus_manifest.json tokens_test.npy"
 case "${1:-}" in
   pack) pack ;;
   receive) receive || true ;;
   train) train "${2:?train lma|plain|t1}" ;;
-  *) echo "usage: $0 pack | receive | train lma|plain|t1"; exit 2 ;;
+  eval) evaluate ;;
+  *) echo "usage: $0 pack | receive | train lma|plain|t1 | eval"; exit 2 ;;
 esac

@@ -186,6 +186,8 @@ class RealModelParams:
     window_tokens: int = 256  # text windows (probe, training, held-out NLL)
     needle_facts: int = 3  # facts hidden in each passage (1 = trivial, more = harder)
     needle_words: int = 150  # words of prose per passage
+    hop_counts: tuple[int, ...] = (1, 2, 3, 4)  # real_eval's hop items (wise.data.real_hops): balanced over these
+    hop_distractors: int = 2  # people off the chain, each with a city (hops = 1: the needle's 3 facts)
     block_layers: int = 3  # k
     block_start: int = -1  # -1: the angular-distance probe picks it
     min_prefix: int = 4  # the probe's block keeps this many layers before it ...
@@ -211,9 +213,9 @@ class RealModelParams:
     loops_max: int = 8
     eval_depths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
     eval_windows: int = 16  # test-split windows (held-out NLL)
-    eval_needles: int = 64  # test-split needle items (accuracy; the halting table's test rows)
-    halting_train: int = 64  # train-split needle items the halting heads learn on
-    halting_heldout: int = 64  # held-out needle items that choose tau and the confidence threshold
+    eval_needles: int = 64  # test-split hop items over hop_counts (accuracy; the halting table's test rows)
+    halting_train: int = 64  # train-split hop items the halting heads learn on
+    halting_heldout: int = 64  # held-out hop items that choose tau and the confidence threshold
     halting_t_min: int = 1
     halting_t_max: int = 8
     halting_delta: float = 0.01  # oracle margin (nats)

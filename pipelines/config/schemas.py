@@ -162,13 +162,13 @@ REAL_CORPUS_MANIFEST = _schema([("distribution", STR), ("version", STR), ("licen
                                 ("source", STR)], _ints("files", "documents", "chars", "tokens"), [("sha256", STR)])
 BLOCK_PROBE = _schema(_ints("start", "end", "layers"), [("mean_angular_distance", FLOAT)], _ints("n_tokens"),
                       [("eligible", BOOL), ("chosen", BOOL)])
-REAL_LOOPS = _schema([("variant", STR), ("task", STR), ("example_id", STR)], _ints("T"),
+REAL_LOOPS = _schema([("variant", STR), ("task", STR), ("example_id", STR)], _ints("hops", "T"),
                      [("nll", FLOAT), ("correct", BOOL), ("tokens", INT)])
-REAL_CURVES = _schema([("variant", STR), ("task", STR)], _ints("T", "n"),
+REAL_CURVES = _schema([("variant", STR), ("task", STR)], _ints("hops", "T", "n"),
                       _floats("mean_nll", "nll_low", "nll_high", "accuracy", "accuracy_low", "accuracy_high"))
 REAL_HALTING_EXAMPLES = _schema([("example_id", STR), ("method", STR), ("kind", STR), ("threshold", FLOAT)],
-                                _ints("depth"), [("correct", BOOL), ("nll", FLOAT)])
-REAL_HALTING = _schema([("method", STR), ("kind", STR), ("threshold", FLOAT), ("n", INT)],
+                                _ints("hops", "depth"), [("correct", BOOL), ("nll", FLOAT)])
+REAL_HALTING = _schema([("method", STR), ("kind", STR), ("threshold", FLOAT), ("hops", INT), ("n", INT)],
                        _floats("accuracy", "accuracy_low", "accuracy_high", "nll", "mean_loops"),
                        [("best_fixed", STR), ("mcnemar_best_p", FLOAT), ("matched_fixed", STR),
                         ("mcnemar_matched_p", FLOAT)], _ints("only_method_right", "only_matched_right"))

@@ -200,6 +200,11 @@ def validate_real_model(m) -> None:
     require(32 <= m.window_tokens <= 8192, k + "window_tokens", m.window_tokens, "must be in [32, 8192]")
     require(m.needle_facts >= 1, k + "needle_facts", m.needle_facts, "must be >= 1")
     require(m.needle_words >= 10, k + "needle_words", m.needle_words, "must be >= 10")
+    require(len(m.hop_counts) >= 1 and all(1 <= h <= 8 for h in m.hop_counts)
+            and len(set(m.hop_counts)) == len(m.hop_counts), k + "hop_counts", list(m.hop_counts),
+            "must be distinct hop counts in 1..8")
+    require(0 <= m.hop_distractors and max(m.hop_counts, default=0) + m.hop_distractors <= 20,
+            k + "hop_distractors", m.hop_distractors, "must be >= 0 with max(hop_counts) + it <= 20 people")
     require(m.block_layers >= 1, k + "block_layers", m.block_layers, "must be >= 1")
     require(m.block_start >= -1, k + "block_start", m.block_start, "must be -1 (the probe) or a layer index")
     for key in ("min_prefix", "min_suffix"):

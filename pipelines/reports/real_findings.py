@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 SMALL_N = 10  # below this many examples a bootstrap interval says little about the model
 PAST = "†"  # marks a loop count past the retrofit's trained depth
-LABELS = {"base": "base (T = 1)", "loop": "plain loop (untrained)", "plain": "plain retrofit", "lma": "LMA retrofit"}
+LABELS = {"base": "base (T = 1)", "loop": "plain loop (untrained)", "plain": "plain retrofit", "lma": "LMA retrofit",
+          "t1": "same-budget T = 1 baseline"}
 
 
 def small_n_warning(n: int, what: str) -> list[str]:
@@ -82,7 +83,7 @@ def accuracy_sentence(table: list[dict]) -> str:
         if ceiling:
             parts.append(f"the {LABELS[variant]} is at the ceiling (1.000) at T = {', '.join(map(str, ceiling))}, "
                          "where the task cannot show a gain")
-    return (f"Fraction of {n} needle items whose greedy answer starts with the hidden city, per loop count. "
+    return (f"Fraction of {n} hop items whose greedy answer starts with the city at the chain's end, per loop count. "
             f"Where it fails: {'; '.join(parts) or 'no variant falls below the base or reaches the ceiling'}.")
 
 
@@ -99,7 +100,7 @@ def halting_sentence(halting: list[dict]) -> str:
     fails = (f"below the best fixed depth's {best_acc:.3f}: {', '.join(worse)}" if worse else
              f"no rule is less accurate than the best fixed depth ({best_acc:.3f})" if best_acc is not None else
              "no best fixed depth in the table")
-    return (f"Accuracy and mean loops of each halting rule beside the fixed depths on {n} needle test items "
+    return (f"Accuracy and mean loops of each halting rule beside the fixed depths on {n} hop test items "
             f"(McNemar against {best}). Where it fails: {fails}; "
             + (f"differences with p < 0.05: {', '.join(significant)}." if significant
                else "no difference has p < 0.05."))

@@ -68,7 +68,8 @@ class _Run:
         return out
 
 
-def _runs(corpus: list[dict], split: str) -> dict[str, _Run]:
+def split_runs(corpus: list[dict], split: str) -> dict[str, _Run]:
+    """Each distribution's documents of a split as one run of words."""
     runs: dict[str, _Run] = {}
     for r in corpus:
         if r["split"] == split:
@@ -82,7 +83,7 @@ def needle_items(corpus: list[dict], split: str, n: int, seed: int, facts: int, 
     """n items of one split, each a pure function of (seed, split, index) given the corpus."""
     if not 1 <= facts <= min(len(NAMES), len(CITIES)):
         raise ValueError(f"facts = {facts}: must be in 1..{min(len(NAMES), len(CITIES))}")
-    texts = [(d, run) for d, run in sorted(_runs(corpus, split).items()) if run.ends[-1] >= words]
+    texts = [(d, run) for d, run in sorted(split_runs(corpus, split).items()) if run.ends[-1] >= words]
     if not texts:
         raise ValueError(f"no {split} distribution has {words} words of prose")
     items = []

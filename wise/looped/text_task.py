@@ -21,18 +21,21 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from wise.data.real_hops import HopItem
 from wise.data.real_text import NeedleItem
 from wise.data.splits import derive_seed
 from wise.looped.data import IGNORE, Batch, PromptRow
 
 
-def needle_row(tokenizer, item: NeedleItem) -> PromptRow:
-    """The item through the chat template, the lead prefilled; continuation: " <city>"."""
+def needle_row(tokenizer, item: NeedleItem | HopItem) -> PromptRow:
+    """The item through the chat template, the lead prefilled; continuation: " <city>". The row's
+    hops: a hop item's hop count, a needle item's fact count."""
     messages = [{"role": "user", "content": f"{item.passage}\n\nQuestion: {item.question}"}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + item.lead
     ids = tokenizer(prompt, add_special_tokens=False).input_ids
     answer = tokenizer(" " + item.answer, add_special_tokens=False).input_ids
-    return PromptRow(item.example_id, "needle", tuple(ids), tuple(answer), (item.answer,), item.facts)
+    hops = item.hops if isinstance(item, HopItem) else item.facts
+    return PromptRow(item.example_id, "needle", tuple(ids), tuple(answer), (item.answer,), hops)
 
 
 def window_row(ids: Sequence[int], example_id: str) -> PromptRow:
