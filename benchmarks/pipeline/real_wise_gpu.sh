@@ -35,7 +35,7 @@ tree_mib() {  # what a device call sends besides its carried paths
 
 pack() {  # here: the test split's documents and token ids, in chunks that fit one call each beside the tree
   local chunk; chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
-  [ "$chunk" -ge 4 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all)"; exit 1; }
+  [ "$chunk" -ge 2 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all; CHUNK_MIB=N overrides)"; exit 1; }
   rm -rf "$carry" && mkdir -p "$carry/files" "$carry/parts"
   $py -m benchmarks.pipeline.real_wise_pack --out "$carry/files"
   : > "$carry/MANIFEST"
@@ -90,7 +90,7 @@ study() {  # device (or CPU with a tiny PARAMS): the study, its tables, the benc
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } \
     | tee "$logs/gpu.txt" > "$logs/run.log"
   start=$(date +%s)
-  $py -m stages.real_wise --params "$params" 2>&1 | grep -v "it/s]" | tee "$logs/study.log"
+  $py -m stages.real_wise --params "$params" 2>&1 | grep --line-buffered -v "it/s]" | tee "$logs/study.log"
   studied=$(date +%s)
   cp data/real/wise/* "$logs/"
   if $py -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
