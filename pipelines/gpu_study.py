@@ -30,6 +30,31 @@ def _device(run: Path) -> str:
     return gpu.read_text().strip().split(",")[0] if gpu.is_file() else "a GPU"
 
 
+def wise_vs_truncate_sentence(summary: list[dict]) -> str:
+    """Where WISE beats Truncate in `summary`, per (T, t_d, w, task, length): on text a lower mean NLL of the
+    continuation, on QA a higher accuracy (equal accuracy: a lower answer NLL); means only, the tables give the
+    CIs vs Full."""
+    cells: dict[tuple, dict] = {}
+    for s in summary:
+        if s["condition"] in ("wise", "truncate"):
+            cells.setdefault(tuple(s[k] for k in ("T", "t_d", "w", "task", "length")), {})[s["condition"]] = s
+    beats, not_beats = [], []
+    for (T, t_d, w, task, n), c in sorted(cells.items()):
+        if len(c) < 2:
+            continue
+        wise, trunc = c["wise"], c["truncate"]
+        if task == "qa" and wise["accuracy"] != trunc["accuracy"]:
+            won = wise["accuracy"] > trunc["accuracy"]
+            how = f"accuracy {wise['accuracy']:.2f} vs {trunc['accuracy']:.2f}"
+        else:
+            won, how = wise["mean_nll"] < trunc["mean_nll"], f"NLL {wise['mean_nll']:.3g} vs {trunc['mean_nll']:.3g}"
+        (beats if won else not_beats).append(f"{task} {n} (T = {T}, t_d = {t_d}, w = {w}: {how})")
+    if not beats and not not_beats:
+        return "WISE vs Truncate: the table has no pair of the two conditions."
+    return (f"WISE beats Truncate at {'; '.join(beats) or 'no length'}; "
+            f"it does not at {'; '.join(not_beats) or 'no length'}.")
+
+
 def gpu_study_markdown(p: Params, root: Path = Path(".")) -> str | None:
     """The GPU study's tables (NLL, needle accuracy, halting; WISE mechanism, working set, conditions),
     or None when benchmarks/results holds neither study."""
@@ -52,5 +77,7 @@ def gpu_study_markdown(p: Params, root: Path = Path(".")) -> str | None:
         L += [f"**WISE on the real model, GPU study** (`{wise_run.relative_to(root).as_posix()}`, "
               f"{_device(wise_run)}):", ""]
         L += mechanism_lines(mech) + working_set_lines(working)
-        L += condition_lines(summary, trained, [tuple(s) for s in p.real_wise.settings], list(p.conditions.names))
+        settings = sorted({(s["T"], s["t_d"], s["w"]) for s in summary})  # the run's own, not params.yaml's
+        L += [wise_vs_truncate_sentence(summary), ""]
+        L += condition_lines(summary, trained, settings, list(p.conditions.names))
     return "\n".join(L)

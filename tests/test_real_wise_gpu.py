@@ -1,0 +1,51 @@
+"""The real-WISE GPU run of issue 51 (params/real-wise-gpu.yaml, benchmarks/pipeline/real_wise_gpu.sh): its
+params, the test-split pack it carries, and the report's WISE-vs-Truncate sentence (pipelines.gpu_study)."""
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from benchmarks.pipeline.real_wise_pack import split_rows
+from pipelines.config.params import load_params
+from pipelines.gpu_study import wise_vs_truncate_sentence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_params_cover_item_5_inside_the_trained_depth_and_the_positions():
+    p = load_params(ROOT / "params" / "real-wise-gpu.yaml")
+    r, m = p.real_wise, p.real_model
+    assert r.retrofit == "lma" and p.compute.executor == "local"
+    assert len(r.lengths) == 5 and r.lengths[0] == 512 and r.lengths[-1] >= 8000
+    assert max(r.lengths) + p.conditions.max_new_tokens <= 8192  # SmolLM2's positions
+    assert r.needles >= 64 and r.windows >= 32
+    for T, t_d, w in r.settings:
+        assert m.loops_min <= T <= m.loops_max and w <= t_d < T
+
+
+def test_pack_keeps_the_test_split_in_order_and_refuses_a_corpus_without_it():
+    corpus = pa.table({"split": ["train", "test", "heldout", "test"], "distribution": ["a", "b", "c", "b"],
+                       "text": ["t0", "t1", "t2", "t3"]})
+    assert split_rows(corpus).column("text").to_pylist() == ["t1", "t3"]
+    with pytest.raises(ValueError, match="no document of the test split"):
+        split_rows(corpus.slice(0, 1))
+    with pytest.raises(ValueError, match="no 'split' column"):
+        split_rows(corpus.drop(["split"]))
+
+
+def _row(task, length, condition, accuracy, nll, T=8, t_d=3, w=2):
+    return {"T": T, "t_d": t_d, "w": w, "task": task, "length": length, "condition": condition,
+            "accuracy": accuracy, "mean_nll": nll}
+
+
+def test_wise_vs_truncate_sentence_follows_the_table():
+    summary = [_row("text", 512, "wise", None, 3.0), _row("text", 512, "truncate", None, 3.5),
+               _row("text", 1024, "wise", None, 4.0), _row("text", 1024, "truncate", None, 3.9),
+               _row("qa", 512, "wise", 0.9, 0.5), _row("qa", 512, "truncate", 0.8, 0.1),
+               _row("qa", 1024, "wise", 0.8, 0.2), _row("qa", 1024, "truncate", 0.8, 0.1),
+               _row("qa", 2048, "full", 1.0, 0.1)]
+    sentence = wise_vs_truncate_sentence(summary)
+    beats, not_beats = sentence.split("; it does not at ")
+    assert "text 512" in beats and "qa 512" in beats and "accuracy 0.90 vs 0.80" in beats
+    assert "text 1024" in not_beats and "qa 1024" in not_beats and "2048" not in sentence
+    assert wise_vs_truncate_sentence(summary[-1:]).startswith("WISE vs Truncate: the table has no pair")
