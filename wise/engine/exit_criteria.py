@@ -109,11 +109,18 @@ def minp_kl(prev: Reading, cur: Reading) -> torch.Tensor:
     return _kl(_minp_log_probs(prev.logits, logp), logp)
 
 
+def stable_run(run: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+    """The stability count through this step, from the count through the previous one: steps in a
+    row whose prediction equals the previous step's (run + 1 where `same`, else 0). The one definition
+    of "the answer stopped changing": argmax-stability here, the halting rule ``Stability``."""
+    return torch.where(same, run + 1, torch.zeros_like(run))
+
+
 def argmax_stability(prev: Reading, cur: Reading) -> torch.Tensor:
     top = cur.logits.argmax(-1)
     if prev.logits is None:
         return torch.zeros_like(top)
-    return torch.where(top == prev.logits.argmax(-1), prev.stable + 1, torch.zeros_like(prev.stable))
+    return stable_run(prev.stable, top == prev.logits.argmax(-1))
 
 
 # name -> (function, reads logits, default threshold, fires when the value is at least the threshold)
