@@ -1,4 +1,4 @@
-"""One stability count for the exit criterion and the halting rule: ``stable_run`` (wise.engine.exit_criteria)
+"""One stability count for the exit criterion and the halting rule: ``stable_run`` (wise.models.step_count)
 serves argmax-stability and ``wise.halting.rules.Stability``. Each is compared here with its formula as
 it stood before they were shared (the references below), on seeded random inputs."""
 from __future__ import annotations
@@ -8,9 +8,10 @@ import random
 
 import torch
 
-from wise.engine.exit_criteria import Reading, argmax_stability, stable_run
+from wise.engine.exit_criteria import Reading, argmax_stability
 from wise.halting import rules as R
 from wise.halting.trajectory import LoopSignal, Trajectory
+from wise.models.step_count import stable_run
 
 
 def old_argmax_stability(prev: Reading, cur: Reading) -> torch.Tensor:

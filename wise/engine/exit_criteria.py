@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from wise.models.step_count import stable_run
+
 
 @dataclass
 class Reading:
@@ -107,13 +109,6 @@ def kl(prev: Reading, cur: Reading) -> torch.Tensor:
 def minp_kl(prev: Reading, cur: Reading) -> torch.Tensor:
     logp = _minp_log_probs(cur.logits, cur.logits.float())
     return _kl(_minp_log_probs(prev.logits, logp), logp)
-
-
-def stable_run(run: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
-    """The stability count through this step, from the count through the previous one: steps in a
-    row whose prediction equals the previous step's (run + 1 where `same`, else 0). The one definition
-    of "the answer stopped changing": argmax-stability here, the halting rule ``Stability``."""
-    return torch.where(same, run + 1, torch.zeros_like(run))
 
 
 def argmax_stability(prev: Reading, cur: Reading) -> torch.Tensor:

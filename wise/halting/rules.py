@@ -26,10 +26,10 @@ from typing import Sequence
 
 import torch
 
-from wise.engine.exit_criteria import stable_run
 from wise.halting.heads import LinearHead
 from wise.halting.trajectory import LoopSignal, Trajectory
 from wise.data.splits import unit_hash
+from wise.models.step_count import stable_run
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Stability:
     needs_state = False
     threshold = None
 
-    runs = 1  # unchanged loops in a row that stop it: argmax-stability (wise.engine) at threshold 1
+    runs = 1  # unchanged loops in a row that stop it: argmax-stability at threshold 1 (wise.models.step_count)
 
     def decide(self, t, signals, example_id):
         if t - 1 < self.t_min:

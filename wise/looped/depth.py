@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from wise.data.splits import derive_seed
-from wise.models.step_sampler import sample_steps
+from wise.models.step_count import sample_steps
 
 
 def sample_loops(rng: np.random.Generator, mean: float = 3.9, sigma: float = 0.5, min_loops: int = 2,

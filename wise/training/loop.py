@@ -36,7 +36,7 @@ from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
-from wise.models.step_sampler import sample_steps
+from wise.models.step_count import sample_steps
 from wise.analysis.scoring import score_cell
 from wise.training.batches import Batch, training_stream
 from wise.training.config import TrainConfig

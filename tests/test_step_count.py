@@ -1,4 +1,4 @@
-"""Huginn's step sampler is one function (wise.models.step_sampler) for both recurrent families; each
+"""Huginn's step sampler is one function (wise.models.step_count) for both recurrent families; each
 old call site still draws what its own formula drew, seed for seed. The references below are the two
 formulas as they stood in wise.training.loop and wise.looped.depth before they were shared."""
 from __future__ import annotations
