@@ -98,6 +98,10 @@ def test_batches_are_full_windows_drawn_by_seed_with_needles_at_their_ends():
             assert (np.diff(row) % 4000 == 1).all()
     again = WindowBatches(tokens, needles, WindowSpec(16, 64, 0.5, 7), eos=1).batch(3)
     assert all(np.array_equal(x, y) for x, y in zip((b.ids, b.is_answer), (again.ids, again.is_answer)))
+    # the stream (wise.looped.data.IndexedBatches) yields batch 0, 1, 2, ... in order, each as batch(i) builds it
+    streamed = [next(stream) for _ in range(4)]
+    assert [x.index for x in streamed] == [0, 1, 2, 3] and np.array_equal(streamed[3].ids, b.ids)
+    assert not np.array_equal(streamed[2].ids, b.ids)
     other = WindowBatches(tokens, needles, WindowSpec(16, 64, 0.5, 8), eos=1).batch(3)
     assert not np.array_equal(b.ids, other.ids)
     assert not np.array_equal(b.ids, stream.batch(4).ids)

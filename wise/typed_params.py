@@ -89,3 +89,48 @@ def from_mapping(cls: type, raw: Any, section: str, complete: bool = False):
         if missing:
             raise ValueError(f"missing key(s) {', '.join(missing)}: {MISSING_HINT}")
     return _build(cls, raw, section, complete)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRecipe:
+    """The keys both training recipes share: the backbone's ``train:`` (``wise.training.TrainConfig``)
+    and the looped family's ``retrofit.train`` / ``retrofit.base_train`` (``wise.looped.training_config``)
+    extend it with the same names. The first eight have no default here: each recipe states its own
+    (the backbone trains longer, on more extra questions, with weight decay and an LM loss)."""
+
+    benchmarks: dict  # benchmark name -> sampling weight
+    extra_questions: int  # further questions a row's passages answer, after its own
+    extra_reserve: int  # tokens of the budget kept for them
+    time_limit_s: float  # 0: none; else stop (and save) after this many seconds of training
+    lr: float
+    warmup_steps: int
+    weight_decay: float
+    lm_loss_weight: float  # next-token loss on the prompt text, besides the answer loss
+    seed: int = 0  # batch i is drawn from (seed, i) alone
+    max_steps: int = 100000
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    log_every: int = 20
+    data_workers: int = -1  # -1: every core but two; 0: batches made in the training process
+
+    def check_recipe(self, section: str) -> None:
+        """The shared keys' range checks (a subclass's ``__post_init__`` calls it with its section)."""
+        def check(ok: bool, key: str, why: str) -> None:
+            need(ok, section, self, key, why)
+
+        check(self.extra_questions >= 0, "extra_questions", "must be >= 0")
+        check(self.extra_reserve >= 0, "extra_reserve", "must be >= 0")
+        check(self.max_steps >= 1, "max_steps", "must be >= 1")
+        check(self.time_limit_s >= 0, "time_limit_s", "must be >= 0")
+        check(self.lr > 0, "lr", "must be > 0")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+        check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        check(0 <= self.beta1 < 1, "beta1", "must be in [0, 1)")
+        check(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)")
+        check(self.grad_clip > 0, "grad_clip", "must be > 0")
+        check(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
+        check(self.log_every >= 1, "log_every", "must be >= 1")
+        check(self.data_workers >= -1, "data_workers", "must be >= -1")

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from wise.models.step_count import stable_run
+
 
 @dataclass
 class Reading:
@@ -113,7 +115,7 @@ def argmax_stability(prev: Reading, cur: Reading) -> torch.Tensor:
     top = cur.logits.argmax(-1)
     if prev.logits is None:
         return torch.zeros_like(top)
-    return torch.where(top == prev.logits.argmax(-1), prev.stable + 1, torch.zeros_like(prev.stable))
+    return stable_run(prev.stable, top == prev.logits.argmax(-1))
 
 
 # name -> (function, reads logits, default threshold, fires when the value is at least the threshold)

@@ -29,6 +29,7 @@ import torch
 from wise.halting.heads import LinearHead
 from wise.halting.trajectory import LoopSignal, Trajectory
 from wise.data.splits import unit_hash
+from wise.models.step_count import stable_run
 
 
 @dataclass(frozen=True)
@@ -134,10 +135,15 @@ class Stability:
     needs_state = False
     threshold = None
 
+    runs = 1  # unchanged loops in a row that stop it: argmax-stability at threshold 1 (wise.models.step_count)
+
     def decide(self, t, signals, example_id):
-        if t - 1 >= self.t_min and signals[t - 1].pred == signals[t - 2].pred:
-            return Decision(t - 1, t)
-        return None
+        if t - 1 < self.t_min:
+            return None
+        run = torch.zeros((), dtype=torch.long)  # the last `runs` loops decide whether the count reaches it
+        for k in range(max(1, t - self.runs), t):  # loop k + 1 against loop k
+            run = stable_run(run, torch.tensor(signals[k].pred == signals[k - 1].pred))
+        return Decision(t - 1, t) if int(run) >= self.runs else None
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ import torch
 
 from wise.data import synthchain as sc
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from wise.models.construct import Slots, code_frequencies, entity_codes, max_code_correlation, successor_rotation
+from wise.models.construct import (Slots, code_frequencies, entity_codes, max_code_correlation, position_weights,
+                                   successor_rotation)
 
 NAME = "recurtrace-chain"
 HEAD_DIM, HEADS, LAYERS, HOP_LAYER = 64, 2, 5, 3
@@ -90,22 +91,6 @@ def stream(D: int, R: int) -> Slots:
 
 def _pair(i: int) -> tuple[int, int]:
     return i, i + HEAD_DIM // 2  # rotate_half: dims i and i + d/2 rotate together
-
-
-def position_weights(max_positions: int) -> tuple[np.ndarray, float]:
-    """Per-pair weights (sum 1) of an offset head maximising the score gap between the target
-    offset and every other one over max_positions rows (an LP); returns (weights, gap)."""
-    from scipy.optimize import linprog
-
-    theta = 1.0 / ROPE_THETA ** (np.arange(0, HEAD_DIM, 2)[:POSITION_PAIRS] / HEAD_DIM)
-    gap = 1 - np.cos(np.outer(np.arange(1, max_positions), theta))
-    n = POSITION_PAIRS
-    res = linprog(np.r_[np.zeros(n), -1.0], A_ub=np.hstack([-gap, np.ones((len(gap), 1))]), b_ub=np.zeros(len(gap)),
-                  A_eq=np.r_[np.ones(n), 0.0][None], b_eq=[1.0], bounds=[(0, None)] * n + [(None, None)],
-                  method="highs")
-    if not res.success:  # pragma: no cover - feasible for any theta
-        raise RuntimeError(f"offset-head LP failed: {res.message}")
-    return res.x[:n], float(res.x[n])
 
 
 class _Layer:
@@ -285,7 +270,7 @@ def build_chain_base(spec: ChainBaseSpec = ChainBaseSpec()):
         if m <= spec.max_refine:  # larger counts have no counter state
             wte[vocab[f"+{m}"], S["m"][m]] = 1.0
 
-    pos = position_weights(spec.max_positions)
+    pos = position_weights(ROPE_THETA, spec.max_positions)
     layers = [_Layer(h, inter) for _ in range(LAYERS)]
     layers[0].offset_head(0, S, 1, pos, [("own", "b1_code"), ("arrow", "b1_arrow"), ("term", "b1_term"),
                                          ("answer", "b1_answer")])

@@ -98,6 +98,28 @@ class Batch:
     is_answer: np.ndarray  # [B, L] bool: the target is an answer token or its closing EOS
 
 
+class IndexedBatches:
+    """An endless stream of batches, batch i a pure function of i (a subclass's ``batch(index)``), so
+    a run resumes or replays from any index; ``next`` / ``close`` as ``wise.looped.train.run_loop``
+    expects of a stream (nothing to close: no worker processes)."""
+
+    index = 0  # the next batch's index
+
+    def batch(self, index: int) -> Batch:
+        raise NotImplementedError
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        batch = self.batch(self.index)
+        self.index += 1
+        return batch
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class BatchSpec:
     """What a training batch is made of (one retrofit or base-training params section)."""

@@ -11,11 +11,10 @@ train nothing.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from wise.data.splits import derive_seed
+from wise.models.step_count import sample_steps
 
 
 def sample_loops(rng: np.random.Generator, mean: float = 3.9, sigma: float = 0.5, min_loops: int = 2,
@@ -23,8 +22,7 @@ def sample_loops(rng: np.random.Generator, mean: float = 3.9, sigma: float = 0.5
     if not (mean > 1 and sigma >= 0 and 1 <= min_loops <= max_loops):
         raise ValueError(f"need mean > 1, sigma >= 0, 1 <= min_loops <= max_loops; got "
                          f"{mean}, {sigma}, {min_loops}, {max_loops}")
-    tau = rng.normal(math.log(mean - 1) - 0.5 * sigma ** 2, sigma)
-    return int(min(max_loops, max(min_loops, 1 + rng.poisson(math.exp(tau)))))
+    return sample_steps(rng, mean - 1, sigma, min_loops, max_loops)  # centred so the draws average `mean`
 
 
 def loops_for_step(seed: int, step: int, **kwargs) -> int:

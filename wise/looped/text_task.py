@@ -24,7 +24,7 @@ import torch
 from wise.data.real_hops import HopItem
 from wise.data.real_text import NeedleItem
 from wise.data.splits import derive_seed
-from wise.looped.data import IGNORE, Batch, PromptRow
+from wise.looped.data import IGNORE, Batch, IndexedBatches, PromptRow
 
 
 def needle_row(tokenizer, item: NeedleItem | HopItem) -> PromptRow:
@@ -106,7 +106,7 @@ def _row_arrays(ids: Sequence[int], answer_from: int | None, width: int, pad: in
     return x, y, a
 
 
-class TextBatches:
+class TextBatches(IndexedBatches):
     """Training batches: needle rows (answer loss on the city, LM loss on the prompt) and text
     windows (LM loss), batch i drawn from (seed, i) alone. Same interface as
     ``wise.looped.data.BatchStream`` (``next``, ``close``) for ``wise.looped.train.run_loop``."""
@@ -132,14 +132,3 @@ class TextBatches:
         width = max(len(ids) for ids, _ in picks)
         arrays = [_row_arrays(ids, at, width, self.pad) for ids, at in picks]
         return Batch(index, *(np.stack(col) for col in zip(*arrays)))
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        batch = self.batch(self.index)
-        self.index += 1
-        return batch
-
-    def close(self) -> None:
-        pass

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from wise.data.splits import derive_seed
-from wise.looped.data import IGNORE, Batch, PromptRow
+from wise.looped.data import IGNORE, Batch, IndexedBatches, PromptRow
 
 NEEDLE_DOCUMENTS = 4096  # documents of the split decoded for needle prose (evenly spaced, no draw)
 
@@ -106,7 +106,7 @@ class WindowSpec:
             raise ValueError(f"rows >= 1, length >= 2, needle_fraction in [0, 1]; got {self}")
 
 
-class WindowBatches:
+class WindowBatches(IndexedBatches):
     """Training batches (see the module doc); ``next`` / ``close`` as ``wise.looped.train.run_loop``
     expects of a stream."""
 
@@ -144,14 +144,3 @@ class WindowBatches:
         targets = np.full_like(ids, IGNORE)
         targets[:, :-1] = ids[:, 1:]
         return Batch(index, ids, targets, is_answer)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        batch = self.batch(self.index)
-        self.index += 1
-        return batch
-
-    def close(self) -> None:
-        pass

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from wise.models.dtypes import DTYPES as TORCH_DTYPES
-from wise.typed_params import need
+from wise.typed_params import TrainingRecipe, need
 
 DTYPES = tuple(TORCH_DTYPES)  # the dtype names params accept
 # synthchain as pure pointer chasing (no successor refinement) over chains of 1..4 hops: with the
@@ -30,28 +30,22 @@ def check_benchmarks(section: str, obj, names, sources: dict) -> None:
 
 
 @dataclass(frozen=True)
-class Training:
-    """Data and optimisation shared by the base decoder and the retrofit."""
+class Training(TrainingRecipe):
+    """Data and optimisation shared by the base decoder and the retrofit: the keys every training recipe
+    has (``wise.typed_params.TrainingRecipe``, defaults of seed, max_steps, betas, ... there) and rows
+    of a fixed context."""
 
-    seed: int = 0
     benchmarks: dict = field(default_factory=lambda: {"synthchain": 0.5, "syntharith": 0.5})  # name -> weight
     sources: dict = field(default_factory=lambda: dict(CHAIN_SOURCES))  # name -> loader options
     context: int = 256  # tokens per row (prompt + answers)
     rows: int = 64  # rows per batch
     extra_questions: int = 4  # further questions a row's passages answer, after its own
     extra_reserve: int = 64  # tokens of the budget kept for them
-    max_steps: int = 100000
     time_limit_s: float = 120.0  # 0: none; the learning-rate schedule follows elapsed time
     lr: float = 1e-3
-    min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
     lm_loss_weight: float = 0.0  # next-token loss on the prompt text, besides the answer loss
-    log_every: int = 20
-    data_workers: int = -1  # -1: every core but two; 0: in the training process
 
     SECTION = "retrofit.train"
 
@@ -62,20 +56,7 @@ class Training:
         check_benchmarks(s, self, list(self.benchmarks), self.sources)
         need(self.context > self.extra_reserve + 16, s, self, "context", "must exceed extra_reserve + 16")
         need(self.rows >= 1, s, self, "rows", "must be >= 1")
-        need(self.extra_questions >= 0, s, self, "extra_questions", "must be >= 0")
-        need(self.extra_reserve >= 0, s, self, "extra_reserve", "must be >= 0")
-        need(self.max_steps >= 1, s, self, "max_steps", "must be >= 1")
-        need(self.time_limit_s >= 0, s, self, "time_limit_s", "must be >= 0")
-        need(self.lr > 0, s, self, "lr", "must be > 0")
-        need(0 <= self.min_lr_ratio <= 1, s, self, "min_lr_ratio", "must be in [0, 1]")
-        need(self.warmup_steps >= 0, s, self, "warmup_steps", "must be >= 0")
-        need(self.weight_decay >= 0, s, self, "weight_decay", "must be >= 0")
-        need(0 <= self.beta1 < 1, s, self, "beta1", "must be in [0, 1)")
-        need(0 <= self.beta2 < 1, s, self, "beta2", "must be in [0, 1)")
-        need(self.grad_clip > 0, s, self, "grad_clip", "must be > 0")
-        need(self.lm_loss_weight >= 0, s, self, "lm_loss_weight", "must be >= 0")
-        need(self.log_every >= 1, s, self, "log_every", "must be >= 1")
-        need(self.data_workers >= -1, s, self, "data_workers", "must be >= -1")
+        self.check_recipe(s)
 
     def batch_spec(self):
         from wise.looped.data import BatchSpec

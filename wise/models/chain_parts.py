@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from wise.data import synthchain as sc
-from wise.models.config import RecurrentConfig
 
 HEAD_DIM = 64
 # Two heads split each question row's mass between BOS and the +m row (build_weights says why):
@@ -122,14 +121,16 @@ def pair_dims(i: int, style: str) -> tuple[int, int]:
     return (2 * i, 2 * i + 1) if style == "interleaved" else (i, i + HEAD_DIM // 2)
 
 
-def position_weights(config: RecurrentConfig) -> np.ndarray:
-    """Per-pair weights W_i >= 0 (sum 1) of a RoPE offset head: the LP that maximises the gap between
-    score(offset) = sum_i W_i and every other causal offset delta, sum_i W_i cos((delta - k) theta_i).
-    The gap does not depend on k; returns (weights, gap per unit weight)."""
+def position_weights(rope_base: float, max_positions: int) -> tuple[np.ndarray, float]:
+    """Per-pair weights W_i >= 0 (sum 1) of a RoPE offset head over pairs 0..POSITION_PAIRS-1: the LP
+    that maximises the gap between score(offset) = sum_i W_i and every other causal offset delta,
+    sum_i W_i cos((delta - k) theta_i). The gap does not depend on k; returns (weights, gap per unit
+    weight). Both computed bases (wise-chain, ``wise.models.construct``; recurtrace-chain,
+    ``wise.looped.chain_base``) place their offset heads with it."""
     from scipy.optimize import linprog
 
-    theta = 1.0 / config.rope_base ** (np.arange(0, HEAD_DIM, 2)[:POSITION_PAIRS] / HEAD_DIM)
-    delta = np.arange(1, config.max_positions)  # |offset - target| over a causal row, both sides
+    theta = 1.0 / rope_base ** (np.arange(0, HEAD_DIM, 2)[:POSITION_PAIRS] / HEAD_DIM)
+    delta = np.arange(1, max_positions)  # |offset - target| over a causal row, both sides
     gap = 1 - np.cos(np.outer(delta, theta))
     n = POSITION_PAIRS
     res = linprog(np.r_[np.zeros(n), -1.0], A_ub=np.hstack([-gap, np.ones((len(delta), 1))]),

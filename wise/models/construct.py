@@ -144,7 +144,7 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
         if m < R:  # counts above max_refine have no counter state: the question is not refined
             wte[vocab[f"+{m}"], E["m"][m]] = 1.0
 
-    pos_w, pos_gap = position_weights(cfg)
+    pos_w, pos_gap = position_weights(cfg.rope_base, cfg.max_positions)
     pos_scale = POSITION_MARGIN / pos_gap
     writers = [Writer(h, I, H) for _ in range(3)]
     offset_head(writers[0], E, 1, pos_w, pos_scale, cfg.rope_style,

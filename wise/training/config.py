@@ -11,11 +11,26 @@ from typing import Any
 
 from wise.data.prompts import PROMPT_STYLES
 from wise.models.config import PRESETS, RecurrentConfig
-from wise.typed_params import from_mapping, need as need_in_section
+from wise.typed_params import TrainingRecipe, from_mapping, need as need_in_section
+
+
+# The order the recipe is listed in (the model card): by topic, the shared keys among the backbone's
+# own, as the card has always shown them (fields of a subclass come after its base's, so field order can't).
+RECIPE_ORDER = (
+    "preset", "model", "init_std", "tokenizer_seed", "tokenizer_examples", "tokenizer_split_digits", "seed",
+    "benchmarks", "context_lengths", "context_weights", "short_steps", "short_context", "tokens_per_batch",
+    "answer_reserve", "evidence_only_steps", "evidence_only_frac", "prompt_style", "extra_questions",
+    "extra_reserve", "recurrence_mean", "recurrence_sigma", "recurrence_max", "recurrence_ramp_steps",
+    "backprop_steps", "lm_loss_weight", "max_steps", "time_limit_s", "lr", "min_lr_ratio", "warmup_steps",
+    "weight_decay", "beta1", "beta2", "grad_clip", "compile", "data_workers", "prefetch", "log_every",
+    "eval_every", "eval_n", "eval_context", "eval_steps")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(TrainingRecipe):
+    """The backbone's recipe: the shared keys (``wise.typed_params.TrainingRecipe``: seed, max_steps, the
+    optimiser's betas, grad_clip, log_every, data_workers with their defaults there) and its own below."""
+
     # -- model and tokenizer ----------------------------------------------------------------------
     preset: str = "wise-small"  # architecture preset (wise/models/config.py)
     # architecture fields changed on top of the preset, e.g. {"n_core": 2} (RecurrentConfig names);
@@ -26,7 +41,6 @@ class TrainConfig:
     tokenizer_examples: int = 400
     tokenizer_split_digits: bool = True  # one token per digit (see wise.data.tokenizer)
     # -- data (train split, generated on the fly, deterministic from seed and batch index) -------
-    seed: int = 0
     benchmarks: dict = field(default_factory=lambda: {"synthhop": 0.7, "syntharith": 0.3})
     context_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096)  # prompt token budgets
     context_weights: tuple[float, ...] = (0.25, 0.3, 0.2, 0.15, 0.1)  # sampling weight per batch
@@ -54,23 +68,16 @@ class TrainConfig:
     backprop_steps: int = 10  # truncated backprop: gradients through the last k steps only
     # -- loss and optimisation --------------------------------------------------------------------
     lm_loss_weight: float = 1.0  # next-token loss on the prompt text, besides the answer loss
-    max_steps: int = 100000
     time_limit_s: float = 720.0  # 0: none; else stop (and save) after this many seconds of training
     lr: float = 2e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 150
     weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
     # -- execution --------------------------------------------------------------------------------
     # torch.compile each transformer block (dynamic shapes; the recurrence loop stays in Python);
     # falls back to eager when compilation fails on this stack. Off: on an H200 (torch 2.11) the
     # first 40 s of the shipped recipe made 248 steps compiled vs 337 eager (shape recompiles).
     compile: bool = False
-    data_workers: int = -1  # -1: cpu count - 2 (0: generate batches in the training process)
     prefetch: int = 32  # batches generated ahead
-    log_every: int = 20
     # quick held-out check during training: greedy EM on the first eval_n validation examples of
     # each benchmark at eval_context tokens, T = eval_steps, every eval_every batches (0: off)
     eval_every: int = 1000
@@ -107,29 +114,20 @@ class TrainConfig:
              "must hold at least one sequence of the longest budget")
         need(self.evidence_only_steps >= 0, "evidence_only_steps", "must be >= 0")
         need(0 <= self.evidence_only_frac <= 1, "evidence_only_frac", "must be in [0, 1]")
-        need(self.extra_questions >= 0, "extra_questions", "must be >= 0")
-        need(self.extra_reserve >= 0, "extra_reserve", "must be >= 0")
         need(all(b > self.answer_reserve + self.extra_reserve for b in self.context_lengths),
              "extra_reserve", "every budget must exceed answer_reserve + extra_reserve")
         need(self.recurrence_mean >= 1, "recurrence_mean", "must be >= 1")
         need(self.recurrence_sigma >= 0, "recurrence_sigma", "must be >= 0")
         need(self.recurrence_max >= self.recurrence_mean, "recurrence_max", "must be >= recurrence_mean")
         need(self.backprop_steps >= 1, "backprop_steps", "must be >= 1")
-        need(self.lm_loss_weight >= 0, "lm_loss_weight", "must be >= 0")
         need(self.prompt_style in PROMPT_STYLES, "prompt_style",
              f"must be one of {', '.join(sorted(PROMPT_STYLES))}")
-        need(self.max_steps >= 1, "max_steps", "must be >= 1")
-        need(self.time_limit_s >= 0, "time_limit_s", "must be >= 0")
-        need(self.lr > 0, "lr", "must be > 0")
-        need(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-        need(self.grad_clip > 0, "grad_clip", "must be > 0")
-        need(self.log_every >= 1, "log_every", "must be >= 1")
         need(self.eval_every >= 0, "eval_every", "must be >= 0")
         need(self.eval_n >= 1, "eval_n", "must be >= 1")
         need(self.answer_reserve < self.eval_context <= arch.max_positions,
              "eval_context", "must fit the model's positions")
         need(self.eval_steps >= 1, "eval_steps", "must be >= 1")
+        self.check_recipe("train")
 
     def architecture(self) -> RecurrentConfig:
         """The model to train: the preset with `model` applied."""
@@ -138,7 +136,12 @@ class TrainConfig:
         return base.replace(**self.model, name=f"{self.preset}-custom") if self.model else base
 
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as a mapping, keys in RECIPE_ORDER."""
         d = dataclasses.asdict(self)
+        if set(d) != set(RECIPE_ORDER):  # a new field must get its place in the card
+            raise KeyError(f"RECIPE_ORDER (wise/training/config.py) differs from the fields: "
+                           f"{sorted(set(d) ^ set(RECIPE_ORDER))}")
+        d = {key: d[key] for key in RECIPE_ORDER}
         d["context_lengths"], d["context_weights"] = list(self.context_lengths), list(self.context_weights)
         return d
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from wise.models.checkpoint import save_checkpoint
 from wise.models.recurrent import RecurrentDepthModel, init_weights
+from wise.models.step_count import sample_steps
 from wise.analysis.scoring import score_cell
 from wise.training.batches import Batch, training_stream
 from wise.training.config import TrainConfig
@@ -81,9 +81,8 @@ def sample_recurrence(config: TrainConfig, index: int) -> int:
     rng = np.random.default_rng(derive_seed(config.seed, "recurrence", index))
     ramp = min(1.0, index / config.recurrence_ramp_steps) if config.recurrence_ramp_steps else 1.0
     mean = min(config.recurrence_mean, 4.0) + ramp * max(0.0, config.recurrence_mean - 4.0)
-    sigma = config.recurrence_sigma
-    tau = rng.normal(math.log(mean) - 0.5 * sigma**2, sigma)
-    return int(min(config.recurrence_max, rng.poisson(math.exp(tau)) + 1))
+    # centred on the mean itself (Huginn's recipe): the draws average about mean + 1
+    return sample_steps(rng, mean, config.recurrence_sigma, 1, config.recurrence_max)
 
 
 def initial_state(model: RecurrentDepthModel, e: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
