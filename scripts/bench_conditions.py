@@ -1,7 +1,7 @@
 """Condition runs before and after the shared prefix and cached decoding, timed side by side.
 
-    python -m benchmarks.pipeline.bench_conditions                       # the default params, on this machine
-    python -m benchmarks.pipeline.bench_conditions --params params/huginn-paper.yaml \\
+    python -m scripts.bench_conditions                       # the default params, on this machine
+    python -m scripts.bench_conditions --params params/huginn-paper.yaml \\
         --source preset:huginn-0125@0 --context 4096 --n 2     # Huginn's shape, random init, on a GPU
 
 "Today" is the path the conditions stage had: every condition on its own, each new token re-running
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.pipeline.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
+from scripts.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
                                        scale_state_gain)
 from pipelines.cohorts import build_cohort
 from pipelines.config.run_spec import wise_settings

@@ -1,13 +1,13 @@
 """The real retrofits on a GPU machine without DVC, Ray or the corpus' text: convert the base from
 its GGUF, train one variant from the train split's token-id export, and measure NLL vs loops on
-held-out windows (benchmarks/pipeline/real_model_gpu.sh runs these on the device; its header says how).
+held-out windows (scripts/real_model_gpu.sh runs these on the device; its header says how).
 
-    python -m benchmarks.pipeline.real_train_gpu export --split train --out tokens_train.npy    # here (CPU)
-    python -m benchmarks.pipeline.real_train_gpu windows --split test --out eval_windows.npy   # here (CPU)
-    python -m benchmarks.pipeline.real_train_gpu base --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out DIR
-    python -m benchmarks.pipeline.real_train_gpu train lma --base DIR --tokens tokens_train.npy \
+    python -m scripts.real_train_gpu export --split train --out tokens_train.npy    # here (CPU)
+    python -m scripts.real_train_gpu windows --split test --out eval_windows.npy   # here (CPU)
+    python -m scripts.real_train_gpu base --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out DIR
+    python -m scripts.real_train_gpu train lma --base DIR --tokens tokens_train.npy \
         --windows eval_windows.npy --out OUT/smollm2-135m-lma [--match SUMMARY.json]
-    python -m benchmarks.pipeline.real_train_gpu table nll_*.parquet                          # here (CPU)
+    python -m scripts.real_train_gpu table nll_*.parquet                          # here (CPU)
 
 ``train`` runs the stage's own body (``pipelines.real_train.train_real``) with the real_model keys
 of --params (params.yaml: the recipe the committed checkpoints record), then scores the trained
