@@ -9,7 +9,7 @@ held-out windows (scripts/real_model_gpu.sh runs these on the device; its header
         --windows eval_windows.npy --out OUT/smollm2-135m-lma [--match SUMMARY.json]
     python -m scripts.real_train_gpu table nll_*.parquet                          # here (CPU)
 
-``train`` runs the stage's own body (``pipelines.real_train.train_real``) with the real_model keys
+``train`` runs the stage's own body (``pipelines.real.train.train_real``) with the real_model keys
 of --params (params.yaml: the recipe the committed checkpoints record), then scores the trained
 variant and the base on the windows at every --depths (``wise.looped.text_task.window_nll``, fp32,
 no TF32): ``nll_<variant>.parquet`` beside the folder, one row per (variant, T, window). t1 is
@@ -41,8 +41,8 @@ def split_ids(split: str, params: str):
     """(real_model params, one split's token ids, where they came from): the corpus stage's export,
     else that split's text rows of the corpus tokenized by the base's tokenizer."""
     from pipelines.config.params import load_params
-    from pipelines.real_model import base_folder, load_corpus, load_tokenizer
-    from pipelines.real_train import base_config, document_separator, tokens_file
+    from pipelines.real.model import base_folder, load_corpus, load_tokenizer
+    from pipelines.real.train import base_config, document_separator, tokens_file
     from wise.looped.token_windows import split_tokens, tokens_from_texts
 
     p = load_params(params).real_model
@@ -126,8 +126,8 @@ def evaluate(variant: str, folder: Path, base_dir: Path, windows_path: Path, dep
 
 def train_command(args) -> None:
     from pipelines.config.params import load_params
-    from pipelines.real_model import load_tokenizer
-    from pipelines.real_train import base_config, train_real
+    from pipelines.real.model import load_tokenizer
+    from pipelines.real.train import base_config, train_real
     from wise.looped.token_windows import split_tokens
 
     p = load_params(args.params).real_model

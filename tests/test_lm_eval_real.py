@@ -14,8 +14,8 @@ import pytest
 simple_evaluate = pytest.importorskip("lm_eval").simple_evaluate
 TaskManager = pytest.importorskip("lm_eval.tasks").TaskManager
 
-import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
-from pipelines.lm_eval_model import WiseLM
+import pipelines.lm_eval.model  # noqa: F401,E402  (registers the `wise` model)
+from pipelines.lm_eval.model import WiseLM
 from wise.engine.decoding import evaluate_example
 from wise.engine.runner import state_seed
 from wise.packaged_gguf import PACKAGED

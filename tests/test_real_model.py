@@ -228,7 +228,7 @@ def test_training_batches_are_a_function_of_seed_and_index(tokenizer, corpus):
 
 
 def test_real_eval_refuses_a_broken_safe_floor(base, tokenizer, corpus):
-    from pipelines.real_eval import check_safe_floor
+    from pipelines.real.evaluation import check_safe_floor
     from wise.data.real_text import needle_items
     from wise.models.looped.model import build_looped
     from wise.looped.text_task import needle_row
@@ -246,6 +246,6 @@ def test_real_eval_refuses_a_broken_safe_floor(base, tokenizer, corpus):
 
 
 def test_a_method_is_paired_with_the_fixed_depth_nearest_its_mean_loops():
-    from pipelines.real_halting import nearest_fixed
+    from pipelines.real.halting import nearest_fixed
 
     assert [nearest_fixed(m, 4) for m in (1.0, 1.49, 1.5, 2.6, 7.0)] == [1, 1, 1, 3, 4]

@@ -232,7 +232,7 @@ class RealModelParams:
 @dataclass(frozen=True)
 class RealWiseParams:
     """WISE on the real model's retrofit (stage real_wise): its traces, supports and every
-    condition on real-text QA prompts and held-out text windows (pipelines.real_wise). Only what is
+    condition on real-text QA prompts and held-out text windows (pipelines.real.wise_study). Only what is
     the study's own: B, eta, the backend, the conditions and decoding come from wise.* and
     conditions.*, as for every cohort."""
 

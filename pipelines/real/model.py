@@ -1,10 +1,10 @@
 """The pieces the real pretrained decoder's stages share (SmolLM2-135M-Instruct, shipped by a pip
 package as GGUF): its folder, its tokenizer, its corpus, needle rows, text windows, the block
-probe and where its retrofits live (trained by ``pipelines.real_train``).
+probe and where its retrofits live (trained by ``pipelines.real.train``).
 
 - real_base (stages/real_base.py): the GGUF of the installed package -> data/models/<preset folder>/
   (an ordinary Hugging Face folder with a card; ``wise.packaged_gguf``).
-- real_corpus (stages/real_corpus.py, pipelines.real_corpus): the documentation prose of the
+- real_corpus (stages/real_corpus.py, pipelines.real.corpus): the documentation prose of the
   distributions pinned in pyproject.toml and CPython's language reference, split by distribution ->
   data/real/corpus.parquet and tokens_<split>.npy (built on each machine from the pins);
   ``load_corpus`` and ``split_windows`` read them.

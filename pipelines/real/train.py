@@ -33,7 +33,7 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.config.params import Params, RealModelParams
-from pipelines.real_model import base_folder, load_corpus, load_tokenizer, needle_rows, probe_block, retrofit_folder
+from pipelines.real.model import base_folder, load_corpus, load_tokenizer, needle_rows, probe_block, retrofit_folder
 from pipelines.store.artifacts import write_json, write_parquet
 
 VARIANTS = ("lma", "plain", "t1")

@@ -20,7 +20,7 @@ What is the real study's own: the backbone's wise_adaptive rule (``real_wise.ada
 calibration model's rule relies on one-hot attention and T = 32), scoring (greedy answers against
 the city's tokens, NLL of the window's last tokens), the mechanism's convergence loops, and the
 first setting's working sets as the kernel benchmarks' layouts. Summaries (CIs, McNemar,
-convergence) are in ``pipelines.real_wise_summary``; the report section in
+convergence) are in ``pipelines.real.wise_summary``; the report section in
 ``pipelines.reports.real_wise_report``.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pipelines.config import paths, schemas
 from pipelines.config.params import ModelParams, Params
 from pipelines.config.run_spec import wise_settings
 from pipelines.compute.pool import WorkerPool
-from pipelines.real_model import base_folder, load_corpus, load_tokenizer, retrofit_folder, split_windows
+from pipelines.real.model import base_folder, load_corpus, load_tokenizer, retrofit_folder, split_windows
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 from pipelines.supports import derive_supports, layout_bits
 from pipelines.traces import trace_cohort, trace_context
@@ -115,7 +115,7 @@ def retrofit_model(p: Params) -> ModelParams:
 
 
 def run_real_wise(p: Params) -> dict:
-    from pipelines.real_wise_summary import condition_summary, mechanism_summary, working_set_table
+    from pipelines.real.wise_summary import condition_summary, mechanism_summary, working_set_table
 
     r = p.real_wise
     tokenizer = load_tokenizer(base_folder(p.real_model))

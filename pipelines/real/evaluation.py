@@ -1,4 +1,4 @@
-"""Stage real_eval: the real pretrained model (pipelines.real_model) measured on real text.
+"""Stage real_eval: the real pretrained model (pipelines.real.model) measured on real text.
 
 Four variants of SmolLM2-135M-Instruct, all on one frozen base:
 - base: the pretrained model itself (one pass, T = 1);
@@ -24,7 +24,7 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.config.params import Params, RealModelParams
-from pipelines.real_model import (base_folder, load_corpus, load_tokenizer, needle_rows, retrofit_folder,
+from pipelines.real.model import (base_folder, load_corpus, load_tokenizer, needle_rows, retrofit_folder,
                                   split_windows)
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 
@@ -193,7 +193,7 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     print(f"real_eval: T = 1 equals the base: largest NLL difference {max(gaps.values()):.2e} nats "
           "(rounding; whole logits bit for bit on one row)", flush=True)
     table = curves(rows, st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)
-    from pipelines.real_halting import run_halting
+    from pipelines.real.halting import run_halting
 
     halting, halting_examples, card = run_halting(p, st, looped["lma"], tokenizer, corpus, test_trajs["lma"])
     return rows, table, halting, halting_examples, card

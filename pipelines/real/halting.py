@@ -48,7 +48,7 @@ def method_summary(examples: list[dict], best: int, t_max: int, st: StatisticsPa
 
 def run_halting(p: RealModelParams, st: StatisticsParams, model, tokenizer, corpus, test_trajs):
     """(summary rows, example rows, card) of every method on the test trajectories (loops 1..halting_t_max)."""
-    from pipelines.real_model import needle_rows
+    from pipelines.real.model import needle_rows
     from wise.halting import heads as H
     from wise.halting import rules as R
     from wise.halting.trajectory import stacked, trajectories
