@@ -37,7 +37,7 @@ pack() {  # here: the files the device needs, in chunks that fit one call each b
   chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
   [ "$chunk" -ge 4 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all)"; exit 1; }
   rm -rf "$out" && mkdir -p "$out/files" "$out/parts"
-  gguf=$($py -c "from wise.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
+  gguf=$($py -c "from wise.model_files.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
   cp "$gguf" "$out/files/model.gguf"
   cp "${WHEEL:-.whl/gguf-0.19.0-py3-none-any.whl}" "$out/files/"
   $py -m scripts.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"

@@ -74,8 +74,8 @@ def windows_command(args) -> None:
 
 
 def base_command(args) -> None:
-    from wise.fingerprint import base_fingerprint
-    from wise.packaged_gguf import PACKAGED, convert
+    from wise.model_files.fingerprint import base_fingerprint
+    from wise.model_files.packaged_gguf import PACKAGED, convert
 
     started = time.monotonic()
     folder = convert(PACKAGED[args.preset], args.out, gguf_path=args.gguf)
@@ -104,7 +104,7 @@ def base_rows(base, windows: torch.Tensor) -> list[dict]:
 
 def evaluate(variant: str, folder: Path, base_dir: Path, windows_path: Path, depths, device: str) -> list[dict]:
     """NLL vs loops of the trained `folder` and of the base on the windows (fp32, no TF32)."""
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.models.looped.base import load_base, no_tf32
     from wise.models.looped.checkpoint import load_retrofit, read_config
 

@@ -58,7 +58,7 @@ def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
     from transformers import LlamaForCausalLM
 
     from wise.models.looped.base import load_base
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.models.looped.model import build_looped, check_safe_floor
 
     folder = save_chain_base(tmp_path / "recurtrace-chain")

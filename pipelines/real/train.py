@@ -126,7 +126,7 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
     `block_start` / `max_steps` override the probe and the token budget (a driver matching a
     baseline to a finished LMA run); returns the training summary."""
     from wise.atomic_files import publish_folder, staging_folder
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.looped.depth import loops_for_step
     from wise.looped.tables import write_csv
     from wise.looped.token_windows import WindowBatches, WindowSpec, document_texts, spaced_windows
@@ -135,7 +135,7 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
     from wise.models.looped.base import load_base
     from wise.models.looped.checkpoint import save_retrofit
     from wise.models.looped.model import build_looped, check_safe_floor
-    from wise.objective import batch_loss
+    from wise.training.objective import batch_loss
 
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: one of {VARIANTS}")

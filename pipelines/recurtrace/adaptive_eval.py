@@ -144,7 +144,7 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.reports.adaptive_report import adaptive_markdown, notes_from_card
     from pipelines.reports.report import f, table
     from pipelines.config.run_spec import code_version
-    from wise.fingerprint import file_sha256, weights_id as weights_id_of
+    from wise.model_files.fingerprint import file_sha256, weights_id as weights_id_of
     from wise.halting import tables
     from wise.halting.heads import WEIGHTS, load_heads
     from wise.halting.rules import method_rules

@@ -38,7 +38,7 @@ def base_recipe(params: RetrofitParams) -> dict:
 def retrofit_recipe(params: RetrofitParams, variant: str, base_folder: str | Path | None = None) -> dict:
     """The params of a variant plus, for a local base, the base's fingerprint (a retrained base
     changes the recipe)."""
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
 
     recipe = params.recipe(variant)
     folder = Path(base_folder) if base_folder is not None else Path(params.base)

