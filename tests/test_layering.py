@@ -1,7 +1,7 @@
 """The repository's layering, read from the source (ast; no module is imported or executed):
 
 - no import circle among the repo's own modules, counting imports inside functions too (a lazy
-  import still ties two modules together);
+  import still ties two modules together), and no two sub-packages that import each other;
 - kernels/ imports only torch, triton and the standard library (it is the product: anyone can
   take it without the pipeline's dependencies);
 - benchmarks/ adds only pyarrow (for its tables) and the kernel;
@@ -121,6 +121,34 @@ def test_imports_are_resolved_from_the_source():
     assert "kernels.schedule" in graph["kernels.prepared"]  # from .schedule import ...
     assert "benchmarks.timers" in graph["benchmarks.bench"]  # from . import timers
     assert "wise.training.objective" in graph["wise.training.steps"]  # from wise.training.objective import ...
+
+
+def package_of(module: str, floors=FLOORS) -> str:
+    """The sub-package a module belongs to: its first two names (wise.looped, pipelines.config), or
+    the longer FLOORS entry that names it apart (wise.training.run, a command line above its package)."""
+    named = max((p for ps in floors for p in ps if module == p or module.startswith(p + ".")), key=len, default="")
+    return named if named.count(".") >= 2 else ".".join(module.split(".")[:2])
+
+
+def two_way_packages(graph: dict[str, set[str]]) -> list[str]:
+    """`a <-> b` for every two sub-packages that import each other (a circle between packages even
+    where no module circle exists: neither can be taken, read or floored without the other)."""
+    arrows = {(package_of(m), package_of(d)) for m, deps in graph.items() for d in deps
+              if package_of(m) != package_of(d)}
+    return sorted(f"{a} <-> {b}" for a, b in arrows if a < b and (b, a) in arrows)
+
+
+def test_two_way_finder_finds_packages_that_import_each_other():
+    graph = {"lib.looped.runs": {"lib.halting.trajectory"}, "lib.halting.trajectory": {"lib.looped.data"},
+             "lib.looped.data": set()}
+    assert cycles(graph) == [] and two_way_packages(graph) == ["lib.halting <-> lib.looped"]
+    del graph["lib.looped.runs"]
+    assert two_way_packages(graph) == []
+
+
+def test_sub_packages_import_each_other_one_way_only():
+    found = two_way_packages(import_graph())
+    assert not found, f"sub-packages that import each other (move the shared piece down): {found}"
 
 
 def test_no_import_circle_in_the_repo():
