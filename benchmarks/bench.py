@@ -318,7 +318,7 @@ def main(argv=None) -> int:
                    help="also measure host us per launch (at the first --n) into <out>_host.*")
     p.add_argument("--layouts", default=None,
                    help="time layouts a real model discovered (stage real_wise's layouts.parquet) beside random "
-                        "ones of the same density, instead of --rho layouts (benchmarks/real_layouts.py)")
+                        "ones of the same density, instead of --rho layouts (benchmarks/discovered_layouts.py)")
     p.add_argument("--lengths", type=int, nargs="+", default=None,
                    help="with --layouts: the nominal lengths to take (default: every length in the file)")
     p.add_argument("--resample-heads", type=int, default=None,
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="kernel_timing.parquet")
     a = p.parse_args(argv)
     if a.layouts:
-        return real_layouts_main(a)
+        return discovered_layouts_main(a)
     kv_heads = a.kv_heads or a.heads // a.gqa
     cfg = parse_config(a.config) if a.config else None
     label = a.label or f"random-rho{a.rho}"
@@ -362,15 +362,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def real_layouts_main(a) -> int:
+def discovered_layouts_main(a) -> int:
     """--layouts: per nominal length, the first example's real layouts and matched random ones,
     for each pack of --packs; one row each, labelled real / random-matched."""
     from kernels.sparse_attention import default_config
 
-    from .real_layouts import bench_length, fit_layouts, load_real_layouts, matched_random, neighbour_overlap
+    from .discovered_layouts import bench_length, fit_layouts, load_discovered_layouts, matched_random, neighbour_overlap
 
     entries, seen = [], set()
-    for e in load_real_layouts(a.layouts, a.lengths):
+    for e in load_discovered_layouts(a.layouts, a.lengths):
         if e["length"] not in seen:
             seen.add(e["length"])
             entries.append(e)

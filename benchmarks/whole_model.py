@@ -262,12 +262,12 @@ def check_against_reference(model, n: int, layouts: torch.Tensor, *, block_size:
 
 def real_plan(path: str, config: RecurrentConfig, seed: int) -> list[tuple]:
     """Plan entries (label, n, density, layouts): per nominal length of the file, its first
-    example's layouts fitted to the shape (``benchmarks.real_layouts.fit_layouts``) and random ones
+    example's layouts fitted to the shape (``benchmarks.discovered_layouts.fit_layouts``) and random ones
     of the same density per layer."""
-    from .real_layouts import bench_length, fit_layouts, load_real_layouts, matched_random
+    from .discovered_layouts import bench_length, fit_layouts, load_discovered_layouts, matched_random
 
     plan, seen = [], set()
-    for e in load_real_layouts(path):
+    for e in load_discovered_layouts(path):
         if e["length"] in seen:
             continue
         seen.add(e["length"])

@@ -1,4 +1,4 @@
-"""WISE on the real looped model (pipelines.real.wise_study, benchmarks.real_layouts): the retrofitted
+"""WISE on the real looped model (pipelines.real.wise_study, benchmarks.discovered_layouts): the retrofitted
 SmolLM2-135M-Instruct routes its late steps through the seam (a planted late-step policy bug
 changes its outputs, and nothing else), its discovered supports survive the layouts file bit for
 bit and give the kernel's output equal to the fp32 reference; a cohort of its real prompts goes
@@ -91,7 +91,7 @@ class _Capture:
 
 
 def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(looped, window, tmp_path):
-    from benchmarks.real_layouts import load_real_layouts, matched_random, neighbour_overlap
+    from benchmarks.discovered_layouts import load_discovered_layouts, matched_random, neighbour_overlap
     from kernels.reference import masked_attention_reference, relative_error
     from kernels.schedule import build_schedule
     from kernels.sparse_attention import sparse_attention
@@ -112,7 +112,7 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
                        s.block_size)
     path = tmp_path / "layouts.parquet"
     write_parquet(rows, path, schemas.REAL_WISE_LAYOUTS)
-    (back,) = load_real_layouts(path)
+    (back,) = load_discovered_layouts(path)
     assert torch.equal(back["layout"], layout) and back["n_tokens"] == 160
     assert 0.0 < neighbour_overlap(layout) <= 1.0
     rnd = matched_random(layout, 32, seed=0)

@@ -170,7 +170,7 @@ class CalibrationParams:
 @dataclass(frozen=True)
 class RealModelParams:
     """A real pretrained decoder (SmolLM2-135M-Instruct, wise.model_files.packaged_gguf) retrofitted with
-    RecurTrace and measured on real text (wise.data.real_text): stages real_base, real_corpus,
+    RecurTrace and measured on real text (wise.data.doc_text): stages real_base, real_corpus,
     train_real_retrofit@{lma,plain,t1} (GPU, committed) and real_eval."""
 
     base: str = "preset:smollm2-135m-instruct"  # a packaged preset (converted by real_base)

@@ -44,10 +44,10 @@ def load_tokenizer(folder: Path):
 
 
 def split_windows(split: str, length: int, limit: int | None = None) -> list[list[int]]:
-    """Windows of one split's token array (``wise.data.real_text.windows``)."""
+    """Windows of one split's token array (``wise.data.doc_text.windows``)."""
     import numpy as np
 
-    from wise.data.real_text import windows
+    from wise.data.doc_text import windows
 
     path = paths.real_tokens(split)
     if not path.is_file():
@@ -60,7 +60,7 @@ def split_windows(split: str, length: int, limit: int | None = None) -> list[lis
 
 
 def needle_rows(tokenizer, corpus: list[dict], p: RealModelParams, split: str, n: int) -> list:
-    from wise.data.real_text import needle_items
+    from wise.data.doc_text import needle_items
     from wise.looped.text_task import needle_row
 
     return [needle_row(tokenizer, item)

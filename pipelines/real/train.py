@@ -128,7 +128,7 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
     from wise.atomic_files import publish_folder, staging_folder
     from wise.model_files.fingerprint import base_fingerprint
     from wise.looped.depth import loops_for_step
-    from wise.looped.tables import write_csv
+    from wise.looped.table_writers import write_csv
     from wise.looped.token_windows import WindowBatches, WindowSpec, document_texts, spaced_windows
     from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, run_loop
     from wise.looped.training_config import Training

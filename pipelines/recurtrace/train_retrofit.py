@@ -17,7 +17,7 @@ from wise.data.batch_stream import default_workers
 from wise.looped.data import SpecialIds, check_vocab, retrofit_stream
 from pipelines.config import schemas
 from pipelines.store.artifacts import write_json, write_parquet
-from wise.looped.tables import write_csv
+from wise.looped.table_writers import write_csv
 from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, autocast_for, run_loop
 from wise.models.dtypes import DTYPES
 from wise.training.objective import batch_loss

@@ -25,7 +25,7 @@ from wise.looped.training_config import BaseTraining, Training
 from wise.models.dtypes import DTYPES
 from wise.training.objective import batch_loss
 from wise.training.steps import StepProgress, run_steps
-from wise.looped.tables import write_csv, write_json
+from wise.looped.table_writers import write_csv, write_json
 
 LOSS_CURVE = "loss_curve.csv"
 SUMMARY = "train_summary.json"

@@ -35,7 +35,7 @@ def unpack_bits(packed: bytes, shape: tuple[int, ...]) -> torch.Tensor:
     return bits.flatten()[:count].bool().reshape(shape)
 
 
-def load_real_layouts(path: str | Path, lengths: list[int] | None = None) -> list[dict]:
+def load_discovered_layouts(path: str | Path, lengths: list[int] | None = None) -> list[dict]:
     """[{example_id, task, length, n_tokens, block_size, T, t_d, w, layout bool [L, H, M, M]}], one
     per example of the file (optionally only those of `lengths`), in file order."""
     path = Path(path)
