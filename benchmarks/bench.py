@@ -345,7 +345,8 @@ def discovered_layouts_main(a) -> int:
     for each pack of --packs; one row each, labelled real / random-matched."""
     from kernels.sparse_attention import default_config
 
-    from .discovered_layouts import bench_length, fit_layouts, load_discovered_layouts, matched_random, neighbour_overlap
+    from .discovered_layouts import (bench_length, fit_layouts, load_discovered_layouts, matched_random,
+                                     neighbour_overlap)
 
     entries, seen = [], set()
     for e in load_discovered_layouts(a.layouts, a.lengths):

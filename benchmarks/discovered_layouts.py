@@ -56,8 +56,8 @@ def load_discovered_layouts(path: str | Path, lengths: list[int] | None = None) 
             raise ValueError(f"{path}: {ex} does not have layers 0..{len(group) - 1} exactly once")
         layout = torch.stack([unpack_bits(r["layout_bits"], (r["heads"], r["blocks"], r["blocks"])) for r in group])
         first = group[0]
-        out.append({**{k: first[k] for k in ("example_id", "task", "length", "n_tokens", "block_size", "T", "t_d", "w")},
-                    "layout": layout})
+        keys = ("example_id", "task", "length", "n_tokens", "block_size", "T", "t_d", "w")
+        out.append({**{k: first[k] for k in keys}, "layout": layout})
     return out
 
 

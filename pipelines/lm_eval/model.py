@@ -110,7 +110,8 @@ class WiseLM(TemplateLM):
             raise ValueError(f"--model_args generation={self.generation!r}: one of {', '.join(GENERATION_MODES)}")
         self.init_seed = _arg(kwargs, "init_seed", int, 0)
         batch = kwargs.pop("batch_size", 8)  # lm-eval's --batch_size; "auto": the engine sizes its batches
-        self.batch_examples = 1 << 20 if str(batch).startswith("auto") else _arg({"batch_size": batch}, "batch_size", int, 8)
+        self.batch_examples = (1 << 20 if str(batch).startswith("auto")
+                               else _arg({"batch_size": batch}, "batch_size", int, 8))
         revision = kwargs.pop("revision", None)
         base = kwargs.pop("base", None)  # a retrofit's base folder, when not where its config points
         tokenizer = kwargs.pop("tokenizer", None) or base  # a retrofit has its base's tokenizer
@@ -229,7 +230,8 @@ class WiseLM(TemplateLM):
             out.extend(r[self.condition] for r in runs)
         if self.settings.exit_criterion is not None:  # for get_model_info: every token decoded so far
             steps, tokens = getattr(self, "_exit_steps", (0, 0))
-            self._exit_steps = (steps + sum(sum(r.token_steps) for r in out), tokens + sum(len(r.token_steps) for r in out))
+            self._exit_steps = (steps + sum(sum(r.token_steps) for r in out),
+                                tokens + sum(len(r.token_steps) for r in out))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:

