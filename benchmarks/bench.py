@@ -51,28 +51,10 @@ from . import timers
 from .bench_host import PreparedLayers, format_host_table, host_overhead
 from .inputs import (DTYPES, REL_ERR_BOUND, active_pairs, backend_context, dense_call, density, full_layout,
                      bench_layouts, random_qkv)
-from .columns import MEASURED_KEYS, PREPARED_KEYS
+from .bench_settings import AttentionShape, RunSettings, dtype_name, nan_row, planned_rows
 from .output import PREPARED_COLS, REAL_COLS, format_table, write_rows
 
 DENSE_BACKENDS = ("flash", "cudnn")
-
-
-def _nan_row(**meta) -> dict:
-    row = dict(meta)
-    row.update({k: float("nan") for k in MEASURED_KEYS + PREPARED_KEYS})
-    return row
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def planned_rows(n: int, block_size: int, heads: int, kv_heads: int, head_dim: int, dtype,
-                 label: str, layers: int = 4, status: str = "skipped: no CUDA") -> list[dict]:
-    """The rows `benchmark` would produce, with every measurement NaN and a status saying why."""
-    return [_nan_row(label=label, status=status, gpu="", n=n, block_size=block_size, heads=heads,
-                     kv_heads=kv_heads, head_dim=head_dim, dtype=_dtype_name(dtype),
-                     layers=layers, kernel_config="", flex_options="", head_group=0)]
 
 
 @dataclass
@@ -249,49 +231,47 @@ def _ratios(row: dict, late_calls: int, dense_steps: int, prepared: bool) -> Non
                    cap_vs_sorted_kernel=row["kernel_cap_ms"] / row["prep_ms"])
 
 
-def benchmark(layouts_by_layer: torch.Tensor, n: int, block_size: int, heads: int, kv_heads: int,
-              head_dim: int, dtype, label: str, *, flex: bool = True, check: bool = True,
-              seed: int = 0, kernel_config: KernelConfig | None = None, rep: int = 100,
-              prepared: bool = True, head_group: int | str | None = "auto",
-              late_calls: int = 20, dense_steps: int = 12) -> list[dict]:
-    """Time one support (all layers) against the dense and Flex baselines; see the module doc.
-
-    layouts_by_layer: bool [L, Hq, M, M], M = ceil(n / block_size). Returns [row] (one dict).
-    head_group: the schedules' launch grouping ("auto": kernels.default_head_group; None or 0:
-    one global order; an int: that many heads per group). late_calls / dense_steps: the
-    trajectory the reuse20 / traj32 columns time (T - t_d and t_d).
-    Without CUDA returns planned_rows(...) with status "skipped: no CUDA".
-    """
-    if late_calls < 1 or dense_steps < 0:
-        raise ValueError(f"need late_calls >= 1 and dense_steps >= 0, got {late_calls} and {dense_steps}")
-    dtype = DTYPES.get(dtype, dtype)
+def benchmark(layouts_by_layer: torch.Tensor, shape: AttentionShape, label: str,
+              settings: RunSettings = RunSettings()) -> list[dict]:
+    """Time one support (all layers) against the dense and Flex baselines; see the module doc and
+    benchmarks/bench_settings.py. layouts_by_layer: bool [L, Hq, M, M], M = ceil(n / block_size).
+    Returns [row] (one dict); without CUDA planned_rows(...) with status "skipped: no CUDA"."""
+    n, block_size, heads, kv_heads, head_dim = shape.n, shape.block_size, shape.heads, shape.kv_heads, shape.head_dim
+    s, dtype = settings, DTYPES.get(shape.dtype, shape.dtype)
     dev = timers.bench_device()
     if dev is None:
-        return planned_rows(n, block_size, heads, kv_heads, head_dim, dtype, label, layouts_by_layer.shape[0])
+        return planned_rows(shape, label, layouts_by_layer.shape[0])
     lays = layouts_by_layer.to(dev)
     m = math.ceil(n / block_size)
     if tuple(lays.shape[1:]) != (heads, m, m):
         raise ValueError(f"layouts must be [L, {heads}, {m}, {m}], got {tuple(lays.shape)}")
-    row = _nan_row(label=label, status="ok", gpu=torch.cuda.get_device_name() if dev.type == "cuda" else str(dev),
-                   n=n, block_size=block_size, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                   dtype=_dtype_name(dtype), layers=lays.shape[0],
-                   kernel_config=str(kernel_config or "default"), flex_options="")
-    run = _prepare(lays, n, block_size, heads, kv_heads, head_dim, dtype, dev, seed, kernel_config, prepared,
-                   head_group)
+    row = nan_row(label=label, status="ok", gpu=torch.cuda.get_device_name() if dev.type == "cuda" else str(dev),
+                  n=n, block_size=block_size, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                  dtype=dtype_name(dtype), layers=lays.shape[0],
+                  kernel_config=str(s.kernel_config or "default"), flex_options="")
+    run = _prepare(lays, n, block_size, heads, kv_heads, head_dim, dtype, dev, s.seed, s.kernel_config, s.prepared,
+                   s.head_group)
     row["head_group"] = run.head_group or 0
     row.update(_work(lays, block_size, n, heads, head_dim))
-    if check:
+    if s.check:
         _check(row, run, REL_ERR_BOUND[dtype])
     dense = _dense_calls(row, run.qkv)
-    _time_calls(row, run, dense, rep)
-    _time_reuse(row, run, dense, late_calls, rep)
-    if flex:
+    _time_calls(row, run, dense, s.rep)
+    _time_reuse(row, run, dense, s.late_calls, s.rep)
+    if s.flex:
         try:
-            flex_baseline.time_flex(row, run.qkv, lays, block_size, n, head_dim, check, rep)
+            flex_baseline.time_flex(row, run.qkv, lays, block_size, n, head_dim, s.check, s.rep)
         except flex_baseline.FLEX_ERRORS as e:  # Flex failing must not lose the kernel numbers
             row["status"] += f"; flex failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-    _ratios(row, late_calls, dense_steps, run.prep is not None)
+    _ratios(row, s.late_calls, s.dense_steps, run.prep is not None)
     return [row]
+
+
+def settings_of(a: argparse.Namespace, kernel_config: KernelConfig | None) -> RunSettings:
+    """The command line's RunSettings."""
+    return RunSettings(flex=not a.no_flex, seed=a.seed, kernel_config=kernel_config, prepared=not a.no_prepared,
+                       head_group="auto" if a.head_group is None else a.head_group,
+                       late_calls=a.late_calls, dense_steps=a.dense_steps)
 
 
 def main(argv=None) -> int:
@@ -318,7 +298,7 @@ def main(argv=None) -> int:
                    help="also measure host us per launch (at the first --n) into <out>_host.*")
     p.add_argument("--layouts", default=None,
                    help="time layouts a real model discovered (stage real_wise's layouts.parquet) beside random "
-                        "ones of the same density, instead of --rho layouts (benchmarks/real_layouts.py)")
+                        "ones of the same density, instead of --rho layouts (benchmarks/discovered_layouts.py)")
     p.add_argument("--lengths", type=int, nargs="+", default=None,
                    help="with --layouts: the nominal lengths to take (default: every length in the file)")
     p.add_argument("--resample-heads", type=int, default=None,
@@ -328,7 +308,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="kernel_timing.parquet")
     a = p.parse_args(argv)
     if a.layouts:
-        return real_layouts_main(a)
+        return discovered_layouts_main(a)
     kv_heads = a.kv_heads or a.heads // a.gqa
     cfg = parse_config(a.config) if a.config else None
     label = a.label or f"random-rho{a.rho}"
@@ -336,10 +316,8 @@ def main(argv=None) -> int:
     for b in a.block_size:
         for n in a.n:
             lays = bench_layouts(a.heads, n, b, a.rho, a.layers, a.seed)
-            r = benchmark(lays, n, b, a.heads, kv_heads, a.head_dim, DTYPES[a.dtype], label,
-                          flex=not a.no_flex, seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared,
-                          head_group="auto" if a.head_group is None else a.head_group,
-                          late_calls=a.late_calls, dense_steps=a.dense_steps)
+            r = benchmark(lays, AttentionShape(n, b, a.heads, kv_heads, a.head_dim, DTYPES[a.dtype]), label,
+                          settings_of(a, cfg))
             for x in r:
                 x["rho"] = a.rho
             rows += r
@@ -362,15 +340,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def real_layouts_main(a) -> int:
+def discovered_layouts_main(a) -> int:
     """--layouts: per nominal length, the first example's real layouts and matched random ones,
     for each pack of --packs; one row each, labelled real / random-matched."""
     from kernels.sparse_attention import default_config
 
-    from .real_layouts import bench_length, fit_layouts, load_real_layouts, matched_random, neighbour_overlap
+    from .discovered_layouts import (bench_length, fit_layouts, load_discovered_layouts, matched_random,
+                                     neighbour_overlap)
 
     entries, seen = [], set()
-    for e in load_real_layouts(a.layouts, a.lengths):
+    for e in load_discovered_layouts(a.layouts, a.lengths):
         if e["length"] not in seen:
             seen.add(e["length"])
             entries.append(e)
@@ -387,10 +366,8 @@ def real_layouts_main(a) -> int:
         for label, lays in (("real", real), ("random-matched", matched_random(real, b, a.seed))):
             for pack in a.packs or [None]:
                 cfg = default_config(a.head_dim, b, DTYPES[a.dtype], pack=pack) if pack else None
-                r = benchmark(lays, n, b, heads, kv_heads, a.head_dim, DTYPES[a.dtype], label, flex=not a.no_flex,
-                              seed=a.seed, kernel_config=cfg, prepared=not a.no_prepared,
-                              head_group="auto" if a.head_group is None else a.head_group,
-                              late_calls=a.late_calls, dense_steps=a.dense_steps)
+                r = benchmark(lays, AttentionShape(n, b, heads, kv_heads, a.head_dim, DTYPES[a.dtype]), label,
+                              settings_of(a, cfg))
                 for x in r:
                     x.update(rho=float(density(lays.flatten(0, 1))), source_example=e["example_id"],
                              nominal_length=e["length"], neighbour_overlap=neighbour_overlap(lays),

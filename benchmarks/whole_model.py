@@ -271,12 +271,12 @@ def check_against_reference(model, n: int, layouts: torch.Tensor, *, block_size:
 
 def real_plan(path: str, config: RecurrentConfig, seed: int) -> list[tuple]:
     """Plan entries (label, n, density, layouts): per nominal length of the file, its first
-    example's layouts fitted to the shape (``benchmarks.real_layouts.fit_layouts``) and random ones
+    example's layouts fitted to the shape (``benchmarks.discovered_layouts.fit_layouts``) and random ones
     of the same density per layer."""
-    from .real_layouts import bench_length, fit_layouts, load_real_layouts, matched_random
+    from .discovered_layouts import bench_length, fit_layouts, load_discovered_layouts, matched_random
 
     plan, seen = [], set()
-    for e in load_real_layouts(path):
+    for e in load_discovered_layouts(path):
         if e["length"] in seen:
             continue
         seen.add(e["length"])
@@ -318,7 +318,8 @@ def main(argv=None) -> int:
         print(f"error: {a.preset}: {why}", file=sys.stderr)
         return 2
     dev, dtype = torch.device(a.device), DTYPES[a.dtype]
-    plan = real_plan(a.layouts, config, a.seed) if a.layouts else [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n]
+    plan = (real_plan(a.layouts, config, a.seed) if a.layouts
+            else [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n])
     longest = max([n for _, n, _, _ in plan] + [a.check_n])
     model = build_model(config.replace(max_positions=max(config.max_positions, longest)), a.seed, dtype, dev)
     gen = torch.Generator().manual_seed(a.seed)
@@ -337,7 +338,8 @@ def main(argv=None) -> int:
         r["source"] = "whole_model"
     print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")
     print(f"{rows[0]['gpu']}, torch {torch.__version__}, {a.preset} (random init), {a.dtype}, B={a.block_size}, "
-          f"{('layouts from ' + a.layouts) if a.layouts else f'rho={a.rho}'}, T={a.steps} = {a.dense_steps} dense + {a.steps - a.dense_steps} late steps "
+          f"{('layouts from ' + a.layouts) if a.layouts else f'rho={a.rho}'}, "
+          f"T={a.steps} = {a.dense_steps} dense + {a.steps - a.dense_steps} late steps "
           f"({a.backend}); medians of {a.rounds} forwards in turns; ms")
     print(format_table(rows, WHOLE_COLS))
     for r in rows:

@@ -169,7 +169,7 @@ def run_statistics(p: Params) -> None:
     from pipelines.reports.expected import oracle_for
     from pipelines.config.library_checks import model_facts
     from pipelines.reports.report import write_report
-    from pipelines.gpu_study import gpu_study_markdown, latest_run
+    from pipelines.real.gpu_study import gpu_study_markdown, latest_run
     from pipelines.reports.timing_report import DECODE_LATENCY
     from pipelines.reports.study import (context_scaling, convergence_tables, query_rows, stability_tables,
                                  sweep_summary)

@@ -66,33 +66,32 @@ def timing_rows(p: Params) -> list[dict]:
 
     t = p.timing
     # the trajectory the reuse20_* / traj32_* columns time: t_d dense steps, then the late calls
-    trajectory = dict(seed=t.seed, late_calls=t.late_calls, dense_steps=p.wise.discovery_step)
+    trajectory = bench.RunSettings(seed=t.seed, late_calls=t.late_calls, dense_steps=p.wise.discovery_step)
     dev = timers.bench_device()
     rows: list[dict] = []
     gen = torch.Generator(device=dev or "cpu").manual_seed(t.seed)
     for n in t.context_lengths:
         for b in t.block_sizes:
+            shape = bench.AttentionShape(n, b, t.heads, t.kv_heads, t.head_dim, "bf16")
             for rho in t.densities:
                 label = f"random_rho{rho:g}"
                 if dev is None:
-                    new = bench.planned_rows(n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label, t.layers)
+                    new = bench.planned_rows(shape, label, t.layers)
                 else:
                     lays = torch.stack([inputs.random_wise_layout(t.heads, n, b, rho, gen, device=dev)
                                         for _ in range(t.layers)])
-                    new = bench.benchmark(lays, n, b, t.heads, t.kv_heads, t.head_dim, "bf16", label,
-                                          **trajectory)
+                    new = bench.benchmark(lays, shape, label, trajectory)
                 rows += [{**r, "source": "random", "rho": rho} for r in new]
     facts = model_facts(p.model.source)
     for label, n, lays in model_supports(p):
         heads, kv_heads, head_dim = model_geometry(lays.shape[1], facts, t.head_dim)
+        shape = bench.AttentionShape(n, p.wise.block_size, heads, kv_heads, head_dim, "bf16")
         if dev is None or p.wise.block_size not in KERNEL_BLOCK_SIZES:
             status = "skipped: no CUDA" if dev is None else (
                 f"skipped: the kernel supports block sizes {list(KERNEL_BLOCK_SIZES)}, not wise.block_size")
-            new = bench.planned_rows(n, p.wise.block_size, heads, kv_heads, head_dim, "bf16", label,
-                                     lays.shape[0], status=status)
+            new = bench.planned_rows(shape, label, lays.shape[0], status=status)
         else:
-            new = bench.benchmark(lays.to(dev), n, p.wise.block_size, heads, kv_heads, head_dim, "bf16",
-                                  label, **trajectory)
+            new = bench.benchmark(lays.to(dev), shape, label, trajectory)
         rows += [{**r, "source": "model_supports", "rho": None} for r in new]
     return rows + whole_model_rows(p, dev)
 

@@ -3,7 +3,7 @@ folder (data/models/smollm2-135m-instruct: safetensors, config, tokenizer, card)
 import sys
 
 from pipelines.config.cli import stage_main
-from wise.packaged_gguf import convert, packaged
+from wise.model_files.packaged_gguf import convert, packaged
 
 
 def run(params) -> None:

@@ -1,12 +1,12 @@
 """Stage `real_corpus`: the documentation corpus of the distributions pinned in pyproject.toml and
-CPython's language reference, split by distribution (pipelines.real_corpus) -> data/real/corpus.parquet,
+CPython's language reference, split by distribution (pipelines.real.corpus) -> data/real/corpus.parquet,
 corpus_manifest.{parquet,json}, tokens_{train,heldout,test}.npy (built on each machine, not in git)."""
 import sys
 import time
 
 from pipelines.config import paths
 from pipelines.config.cli import stage_main
-from pipelines.real_corpus import run_real_corpus
+from pipelines.real.corpus import run_real_corpus
 
 
 def run(params) -> None:

@@ -1,11 +1,11 @@
 """Stage `real_wise`: WISE on the real model's retrofit (the looped SmolLM2): Full traces, the
 mechanism's convergence loops, supports and every condition on real-text QA and held-out text,
-paired against Full, and the layouts the kernel benchmarks read (pipelines.real_wise)."""
+paired against Full, and the layouts the kernel benchmarks read (pipelines.real.wise_study)."""
 import sys
 
 from pipelines.config import paths
 from pipelines.config.cli import stage_main
-from pipelines.real_wise import run_real_wise
+from pipelines.real.wise_study import run_real_wise
 
 
 def run(params) -> None:

@@ -16,7 +16,7 @@ import sys
 
 from pipelines.config.cli import stage_main
 from pipelines.config.params import ParamsError, read_params_file
-from wise.training import TrainConfig
+from wise.training.config import TrainConfig
 from wise.training.run import choose_device, recipe_matches, train_checkpoint
 
 

@@ -1,5 +1,5 @@
 """Stage `train_real_retrofit@{lma,plain,t1}`: a RecurTrace retrofit of the real base trained on the
-real corpus, or the same-budget T = 1 baseline (pipelines.real_train); GPU, minutes; the
+real corpus, or the same-budget T = 1 baseline (pipelines.real.train); GPU, minutes; the
 checkpoints are small and committed.
 
 A folder that already holds a checkpoint of exactly this recipe (its train_recipe.json: params and
@@ -11,8 +11,8 @@ import sys
 import torch
 
 from pipelines.config.cli import stage_main
-from pipelines.real_model import retrofit_folder
-from pipelines.real_train import VARIANTS, is_current, train_variant
+from pipelines.real.model import retrofit_folder
+from pipelines.real.train import VARIANTS, is_current, train_variant
 
 
 def run(params, variant: str, device: str) -> None:

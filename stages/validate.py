@@ -28,7 +28,7 @@ from pipelines.config.params import ParamsError
 from pipelines.config.preflight import check_compute_here, check_weights
 from pipelines.config.model_source import validate_dvc_model_source
 from pipelines.recurtrace.params import parse_retrofit
-from wise.training import TrainConfig
+from wise.training.config import TrainConfig
 
 STAMP_TEXT = ("params checked by stages/validate.py before any other stage ran; the content never "
               "changes, so this file reruns nothing downstream\n")

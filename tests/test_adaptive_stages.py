@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from wise.models.looped.base import build_base
-from wise.fingerprint import base_fingerprint
+from wise.model_files.fingerprint import base_fingerprint
 from wise.models.looped.checkpoint import base_pointer, save_retrofit
 from wise.models.looped.model import build_looped
 

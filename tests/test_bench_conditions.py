@@ -1,11 +1,11 @@
-"""benchmarks.pipeline.bench_conditions on the calibration model: its table, its JSON and its last line."""
+"""scripts.bench_conditions on the calibration model: its table, its JSON and its last line."""
 import json
 import math
 import re
 
 import torch
 
-from benchmarks.pipeline.bench_conditions import main
+from scripts.bench_conditions import main
 from wise.models.chain_card import write_chain_checkpoint
 
 CONDITIONS = {"full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate"}
@@ -51,7 +51,7 @@ def run(tokens, logprobs, margins=None):
 
 
 def test_agreement_counts_tokens_before_the_first_divergence():
-    from benchmarks.pipeline.bench_agreement import agreement, agreement_table
+    from scripts.bench_agreement import agreement, agreement_table
 
     before = [{"full": run([5, 6, 7, 8], [-1.0, -2.0, -3.0, -4.0], [0.5, 0.4, 0.3, 0.2])},
               {"full": run([1, 2], [-0.5, -0.5])}]
@@ -68,7 +68,7 @@ def test_agreement_counts_tokens_before_the_first_divergence():
 
 
 def test_bench_many_loads_each_model_once_and_undoes_a_state_gain(tmp_path, capsys, monkeypatch):
-    import benchmarks.pipeline.bench_many as many
+    import scripts.bench_many as many
 
     folder = write_chain_checkpoint(tmp_path / "wise-chain")
     loads = []

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import bench, bench_host, flex, timers, tune
+from benchmarks.bench_settings import AttentionShape, RunSettings
 from benchmarks.inputs import active_pairs, density, full_layout, random_wise_layout
 from kernels import KernelConfig, validate_layout
 
@@ -29,9 +30,9 @@ def test_random_wise_layout_properties():
 @pytest.mark.skipif(CUDA, reason="checks the no-CUDA path")
 def test_benchmark_without_cuda_records_skip():
     lays = random_wise_layout(2, 64, 32, 0.5)[None]
-    rows = bench.benchmark(lays, 64, 32, 2, 2, 64, torch.bfloat16, "t")
+    rows = bench.benchmark(lays, AttentionShape(64, 32, 2, 2, 64, torch.bfloat16), "t")
     assert rows[0]["status"] == "skipped: no CUDA" and math.isnan(rows[0]["kernel_ms"])
-    assert set(rows[0]) == set(bench.planned_rows(64, 32, 2, 2, 64, "bf16", "t", 1)[0])
+    assert set(rows[0]) == set(bench.planned_rows(AttentionShape(64, 32, 2, 2, 64, "bf16"), "t", 1)[0])
 
 
 def _graph_ms(fn):
@@ -47,6 +48,9 @@ def _cpu_timers(monkeypatch, graph=_graph_ms):
     monkeypatch.setattr(timers, "graph_ms", graph)
 
 
+SHAPE = AttentionShape(n=70, block_size=16, heads=2, kv_heads=1, head_dim=64, dtype=torch.float32)
+
+
 def _layouts(layers=2, n=70, block_size=16):
     return torch.stack([random_wise_layout(2, n, block_size, 0.4, torch.Generator().manual_seed(i))
                         for i in range(layers)])
@@ -57,7 +61,7 @@ def test_benchmark_body_runs_on_interpreter(monkeypatch):
     """The GPU-only timing code (prepared columns, host overhead) end to end on the CPU, with
     stand-in timers: catches broken code paths before a GPU session does."""
     _cpu_timers(monkeypatch)
-    row, = bench.benchmark(_layouts(), 70, 16, 2, 1, 64, torch.float32, "t", flex=False)
+    row, = bench.benchmark(_layouts(), SHAPE, "t", RunSettings(flex=False))
     # the CPU has SDPA's flash backend but no cuDNN: the row measures one and names the other
     assert row["status"].startswith("ok; cudnn unavailable: ") and row["flash_ms"] == 0.5
     assert math.isnan(row["cudnn_ms"]) and math.isnan(row["call_vs_cudnn"])
@@ -90,14 +94,13 @@ def test_trajectory_columns_time_the_given_late_calls_and_dense_steps(monkeypatc
     _cpu_timers(monkeypatch)
     monkeypatch.setattr(bench, "sparse_attention", counting)
     monkeypatch.setattr(timers, "ms", ms)
-    row, = bench.benchmark(_layouts(), 70, 16, 2, 1, 64, torch.float32, "t", flex=False, prepared=False,
-                           late_calls=3, dense_steps=5)
+    row, = bench.benchmark(_layouts(), SHAPE, "t", RunSettings(flex=False, prepared=False, late_calls=3, dense_steps=5))
     assert 2 * 3 in per_timing  # reuse: 3 calls on each of the 2 layers
     # every timed function reads 1 ms over 2 layers, i.e. 0.5 ms per layer
     assert row["traj32_flash_ms"] == pytest.approx(5 * 0.5 + 0.5)
     assert row["traj32_vs_flash"] == pytest.approx((5 + 3) * 0.5 / (5 * 0.5 + 0.5))
     with pytest.raises(ValueError, match="late_calls"):
-        bench.benchmark(_layouts(), 70, 16, 2, 1, 64, torch.float32, "t", late_calls=0)
+        RunSettings(late_calls=0)
 
 
 @pytest.mark.skipif(CUDA, reason="the GPU run times the real benchmark")
@@ -110,7 +113,7 @@ def test_failed_measurements_are_named_in_the_row(monkeypatch):
         raise RuntimeError("Triton Error [CUDA]: out of resource")
 
     monkeypatch.setattr(flex, "time_flex", no_flex)
-    row, = bench.benchmark(_layouts(), 70, 16, 2, 1, 64, torch.float32, "t", prepared=False)
+    row, = bench.benchmark(_layouts(), SHAPE, "t", RunSettings(prepared=False))
     assert math.isnan(row["kernel_graph_ms"]) and math.isnan(row["flex_ms"])
     assert row["status"].startswith("ok; ")
     assert "kernel_graph_ms not measured (CUDA graph capture failed: RuntimeError: capture failed)" in row["status"]
@@ -121,7 +124,7 @@ def test_failed_measurements_are_named_in_the_row(monkeypatch):
 
     monkeypatch.setattr(flex, "time_flex", bug)  # not an expected failure: it propagates
     with pytest.raises(TypeError, match="a bug"):
-        bench.benchmark(_layouts(), 70, 16, 2, 1, 64, torch.float32, "t", prepared=False)
+        bench.benchmark(_layouts(), SHAPE, "t", RunSettings(prepared=False))
 
 
 def test_flex_tuning_names_failed_options_and_stops_on_a_recompile_limit(monkeypatch):

@@ -86,7 +86,7 @@ def test_bad_input_one_line_errors(capsys):
 def test_report_table_from_the_newest_run(tmp_path):
     from benchmarks.output import write_rows
     from pipelines.reports.report import f, table
-    from pipelines.gpu_study import latest_run
+    from pipelines.real.gpu_study import latest_run
     from pipelines.reports.timing_report import DECODE_LATENCY, decode_latency_markdown
 
     def newest():  # what the statistics stage passes

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE = ("wise", "kernels", "benchmarks", "pipelines", "stages", "tests")
+CODE = ("wise", "kernels", "benchmarks", "pipelines", "stages", "scripts", "tests")
 TOP = CODE + ("params", "docs")  # data/ holds outputs and downloads, which a fresh clone lacks
 MD = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
 REPO_PATH = re.compile(r"(?<![\w/.-])((?:%s)/[\w./-]*[\w])" % "|".join(TOP))

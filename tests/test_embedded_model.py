@@ -13,7 +13,7 @@ from wise.analysis.metrics import exact_match
 from wise.models.checkpoint import load_checkpoint, load_config
 from wise.engine.decoding import evaluate_example
 from wise.engine.runner import WiseSettings, state_seed
-from wise.training import TrainConfig
+from wise.training.config import TrainConfig
 
 MODEL = Path("data/models/wise-small")
 # Held-out test questions (world seed 123, 512-token contexts) the shipped model answers under

@@ -59,7 +59,7 @@ def test_update_card_writes_quality_json_and_regenerates_the_card(tmp_path, caps
     import json
     import shutil
 
-    from wise.training import TrainConfig
+    from wise.training.config import TrainConfig
     from wise.training.card import render
 
     folder = tmp_path / "m"

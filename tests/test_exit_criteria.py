@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipelines.exit_criteria import ExitRow, exit_table, format_table
-from pipelines.lm_eval_model import WiseLM
+from pipelines.lm_eval.model import WiseLM
 from wise.analysis.calibration import parse_layout
 from wise.analysis.calibration_exits import expected_exits
 from wise.data import format_prompt, load_examples

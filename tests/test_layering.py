@@ -1,7 +1,7 @@
 """The repository's layering, read from the source (ast; no module is imported or executed):
 
 - no import circle among the repo's own modules, counting imports inside functions too (a lazy
-  import still ties two modules together);
+  import still ties two modules together), and no two sub-packages that import each other;
 - kernels/ imports only torch, triton and the standard library (it is the product: anyone can
   take it without the pipeline's dependencies);
 - benchmarks/ adds only pyarrow (for its tables) and the kernel;
@@ -23,7 +23,7 @@ from import_graph import PACKAGES, ROOT, import_graph, imported_names, repo_modu
 # on a floor and the test below tells when its imports do not fit it.
 FLOORS: list[tuple[str, ...]] = [
     ("kernels",),
-    ("wise", "wise.atomic_files", "wise.objective", "wise.data", "wise.doc_corpus"),
+    ("wise", "wise.atomic_files", "wise.model_files", "wise.data", "wise.doc_corpus"),
     ("wise.models",),  # both model families: recurrent-depth and looped (wise.models.looped)
     ("wise.engine",),
     ("wise.analysis",),
@@ -36,7 +36,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("pipelines.reports",),
     ("pipelines",),  # the stage bodies
     ("stages",),
-    ("benchmarks.pipeline",),  # benchmarks of the stages: they run the pipeline
+    ("scripts",),  # tools that run the pipeline: benchmarks of the stages, the GPU runs
 ]
 
 
@@ -120,7 +120,35 @@ def test_imports_are_resolved_from_the_source():
     graph = import_graph()
     assert "kernels.schedule" in graph["kernels.prepared"]  # from .schedule import ...
     assert "benchmarks.timers" in graph["benchmarks.bench"]  # from . import timers
-    assert "wise.training.loop" in graph["wise.training"]  # from wise.training.loop import ...
+    assert "wise.training.objective" in graph["wise.training.steps"]  # from wise.training.objective import ...
+
+
+def package_of(module: str, floors=FLOORS) -> str:
+    """The sub-package a module belongs to: its first two names (wise.looped, pipelines.config), or
+    the longer FLOORS entry that names it apart (wise.training.run, a command line above its package)."""
+    named = max((p for ps in floors for p in ps if module == p or module.startswith(p + ".")), key=len, default="")
+    return named if named.count(".") >= 2 else ".".join(module.split(".")[:2])
+
+
+def two_way_packages(graph: dict[str, set[str]]) -> list[str]:
+    """`a <-> b` for every two sub-packages that import each other (a circle between packages even
+    where no module circle exists: neither can be taken, read or floored without the other)."""
+    arrows = {(package_of(m), package_of(d)) for m, deps in graph.items() for d in deps
+              if package_of(m) != package_of(d)}
+    return sorted(f"{a} <-> {b}" for a, b in arrows if a < b and (b, a) in arrows)
+
+
+def test_two_way_finder_finds_packages_that_import_each_other():
+    graph = {"lib.looped.runs": {"lib.halting.trajectory"}, "lib.halting.trajectory": {"lib.looped.data"},
+             "lib.looped.data": set()}
+    assert cycles(graph) == [] and two_way_packages(graph) == ["lib.halting <-> lib.looped"]
+    del graph["lib.looped.runs"]
+    assert two_way_packages(graph) == []
+
+
+def test_sub_packages_import_each_other_one_way_only():
+    found = two_way_packages(import_graph())
+    assert not found, f"sub-packages that import each other (move the shared piece down): {found}"
 
 
 def test_no_import_circle_in_the_repo():
@@ -141,8 +169,7 @@ def test_benchmarks_add_only_pyarrow_and_the_kernel():
     """The kernel benchmarks import the kernel only; the whole-model timing also times the library's
     model (wise.models, wise.engine.routing), the decode timing reads its model shapes (wise.models) and
     the decode latency times the engine's cached decoding (wise.engine), never the pipeline."""
-    kernel_benchmarks = {m: n for m, n in third_party("benchmarks").items()
-                         if not m.startswith("benchmarks.pipeline")}  # the pipeline's benchmarks: see below
+    kernel_benchmarks = third_party("benchmarks")  # the pipeline's benchmarks live in scripts/
     bad = {m: sorted(n) for m, n in kernel_benchmarks.items() if n - {"torch", "triton", "pyarrow"}}
     assert not bad, bad
     graph = import_graph()
@@ -161,7 +188,7 @@ def test_library_never_imports_the_pipeline_stack():
         bad = {m: sorted(n & {"ray", "dvc", "duckdb"}) for m, n in third_party(package).items()
                if n & {"ray", "dvc", "duckdb"}}
         assert not bad, bad
-        assert not any(d.startswith(("pipelines", "stages", "benchmarks"))
+        assert not any(d.startswith(("pipelines", "stages", "benchmarks", "scripts"))
                        for m, deps in import_graph().items() if m.startswith(package) for d in deps)
 
 

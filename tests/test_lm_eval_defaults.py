@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from pipelines.lm_eval_model import WiseLM, depth_settings  # noqa: E402
+from pipelines.lm_eval.model import WiseLM, depth_settings  # noqa: E402
 from test_looped_pipeline import make_retrofit  # noqa: E402  (a tiny Llama retrofit, mean_recurrence 8)
 
 

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness model `wise` (pipelines/lm_eval_model.py) on the calibration model,
+"""The lm-evaluation-harness model `wise` (pipelines/lm_eval/model.py) on the calibration model,
 offline: the shipped local task (tests/lm_eval_tasks) gives, per condition and per sample, the
 accuracy the construction predicts; its log-likelihoods are the engine's teacher-forced scores;
 two runs pair by sample through the SQL views and get the paired bootstrap and McNemar."""
@@ -19,11 +19,11 @@ Instance = pytest.importorskip("lm_eval.api.instance").Instance
 TaskManager = pytest.importorskip("lm_eval.tasks").TaskManager
 sanitize_model_name = pytest.importorskip("lm_eval.utils").sanitize_model_name
 
-import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
+import pipelines.lm_eval.model  # noqa: F401,E402  (registers the `wise` model)
 from pipelines.cohorts import model_text
-from pipelines.lm_eval_model import WiseLM
-from pipelines.lm_eval_pairs import main as pairs_main
-from pipelines.lm_eval_pairs import paired_rows
+from pipelines.lm_eval.model import WiseLM
+from pipelines.lm_eval.pairs import main as pairs_main
+from pipelines.lm_eval.pairs import paired_rows
 from pipelines.reports.expected import Oracle
 from pipelines.store.db import connect
 from pipelines.store.lm_eval_views import create_lm_eval_views
@@ -78,7 +78,7 @@ def test_the_cli_runs_the_local_task_and_two_runs_pair_through_sql(chain, docs, 
     (tmp_path / "params.yaml").write_text("{}\n")
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     for condition in ("full", "wise"):
-        cmd = [sys.executable, "-m", "pipelines.lm_eval_model", "run", "--model", "wise",
+        cmd = [sys.executable, "-m", "pipelines.lm_eval.model", "run", "--model", "wise",
                "--model_args", f"pretrained={chain},condition={condition}", "--device", "cpu",
                "--batch_size", str(LIMIT), "--tasks", TASK, "--include_path", str(TASKS), "--limit", str(LIMIT),
                "--log_samples", "--output_path", str(tmp_path / "data" / "lm_eval" / condition)]

@@ -14,11 +14,11 @@ import pytest
 simple_evaluate = pytest.importorskip("lm_eval").simple_evaluate
 TaskManager = pytest.importorskip("lm_eval.tasks").TaskManager
 
-import pipelines.lm_eval_model  # noqa: F401,E402  (registers the `wise` model)
-from pipelines.lm_eval_model import WiseLM
+import pipelines.lm_eval.model  # noqa: F401,E402  (registers the `wise` model)
+from pipelines.lm_eval.model import WiseLM
 from wise.engine.decoding import evaluate_example
 from wise.engine.runner import state_seed
-from wise.packaged_gguf import PACKAGED
+from wise.model_files.packaged_gguf import PACKAGED
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "tests" / "lm_eval_tasks"
@@ -38,7 +38,7 @@ def base(request) -> Path:
     else converted here from the package's GGUF as the stage does (a fresh clone; ~30 s)."""
     import json
 
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
 
     staged = ROOT / SPEC.folder
     pinned = json.loads((RETROFIT / "config.json").read_text())["base_sha256"]

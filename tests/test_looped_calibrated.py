@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from wise.looped import calibrated_expectations as C
-from wise.looped import known_runs
+from wise.halting import batched_trajectories
 from pipelines.recurtrace.calibrated_cell import CellParams, items_and_rows, run_cell
 from pipelines.recurtrace.wise_reuse import WiseReuse
 from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base, save_chain_base
@@ -58,7 +58,7 @@ def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
     from transformers import LlamaForCausalLM
 
     from wise.models.looped.base import load_base
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.models.looped.model import build_looped, check_safe_floor
 
     folder = save_chain_base(tmp_path / "recurtrace-chain")
@@ -99,7 +99,7 @@ def test_fixed_depth_matches_the_construction(overshoot):
 
     model = models()[0 if overshoot else 1]
     items, rows = items_and_rows(CellParams(n=40), "test", "mixed", 40)
-    trajs = known_runs.batched_trajectories(model, rows, 8)
+    trajs = batched_trajectories.batched_trajectories(model, rows, 8)
     bad = [(it.example_id, T) for it, tr in zip(items, trajs) for T in range(1, 9)
            if tr.signals[T - 1].correct != C.correct(it, T, overshoot)]
     assert bad == []
@@ -122,7 +122,7 @@ def test_planted_faults_fail_the_checks(fault, monkeypatch):
             return labels[1:] + [0]  # continue one loop less than the oracle says
         monkeypatch.setattr(H, "oracle_labels", shifted)
     else:
-        monkeypatch.setattr(known_runs, "POOLED_ROW", -2)  # the "Answer" row: no pointer, no flags
+        monkeypatch.setattr(batched_trajectories, "POOLED_ROW", -2)  # the "Answer" row: no pointer, no flags
     cell = run_cell(CellParams(seed=0, **SMALL), log=lambda m: None)
     assert checks(cell) != []
 
@@ -191,7 +191,7 @@ LMA_CHECKPOINT = "data/models/recurtrace-chain-lma"  # stage recurtrace_calibrat
 def latch_accuracy(model, n: int = 60) -> float:
     """Accuracy after t_max = 8 loops on the reachable test items with d < 8."""
     items, rows = items_and_rows(CellParams(seed=0), "test", "mixed", n)
-    trajs = known_runs.batched_trajectories(model, rows, 8)
+    trajs = batched_trajectories.batched_trajectories(model, rows, 8)
     sel = [tr for it, tr in zip(items, trajs) if it.reachable and it.depth < 8]
     return sum(tr.signals[7].correct for tr in sel) / len(sel)
 

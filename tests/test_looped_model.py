@@ -226,7 +226,7 @@ def test_every_runner_condition_runs_on_the_looped_model(fam):
 
 @torch.no_grad()
 def test_checkpoint_round_trip_and_base_fingerprint(tmp_path):
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.models.looped.checkpoint import base_pointer
     from wise.models import load_checkpoint
     from wise.models.checkpoint import load_config

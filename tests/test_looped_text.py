@@ -112,11 +112,11 @@ def test_on_smollm2_text_nll_is_real_evals_window_nll(request, monkeypatch):
 
     import torch
 
-    from pipelines.real_model import load_tokenizer
-    from wise.fingerprint import base_fingerprint
+    from pipelines.real.model import load_tokenizer
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.looped.text_task import text_nll, window_nll
     from wise.models.looped.checkpoint import load_retrofit
-    from wise.packaged_gguf import PACKAGED
+    from wise.model_files.packaged_gguf import PACKAGED
 
     from conftest import pydoc_corpus
 

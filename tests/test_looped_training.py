@@ -121,7 +121,7 @@ def merge(raw: dict, over: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """The embedded case's four stages, forced to train (what benchmarks/pipeline/recurtrace_gpu.sh
+    """The embedded case's four stages, forced to train (what scripts/recurtrace_gpu.sh
     runs on a GPU), on tiny settings on the CPU: base, both retrofits, the table, in the repository
     layout."""
     import os

@@ -13,7 +13,7 @@ import yaml
 
 from wise.models.checkpoint import load_checkpoint
 from wise.models.config import PRESETS, parse_preset, preset_names
-from wise.packaged_gguf import PACKAGED
+from wise.model_files.packaged_gguf import PACKAGED
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "smollm2-135m-instruct"

@@ -75,7 +75,7 @@ def real_rows(drop: str | None = None, reverse_wise: bool = False) -> list[dict]
 
 
 def test_the_real_study_pairs_each_condition_with_full_by_example():
-    from pipelines.real_wise_summary import condition_summary
+    from pipelines.real.wise_summary import condition_summary
 
     plain = {r["condition"]: r for r in condition_summary(real_rows(), 300, 0, 0.95)}
     flipped = {r["condition"]: r for r in condition_summary(real_rows(reverse_wise=True), 300, 0, 0.95)}
@@ -92,7 +92,7 @@ def test_the_real_study_pairs_each_condition_with_full_by_example():
 
 def test_real_halting_pairs_each_method_with_its_fixed_depth_by_example():
     from pipelines.config.params import StatisticsParams
-    from pipelines.real_halting import method_summary
+    from pipelines.real.halting import method_summary
 
     def rows(method, right, depth, order=IDS):
         return [{"example_id": i, "method": method, "kind": "k", "threshold": None, "depth": depth,
@@ -161,7 +161,7 @@ def write_samples(root, run: str, docs, score, right) -> None:
 
 def test_lm_eval_pairs_samples_by_document(tmp_path):
     pytest.importorskip("duckdb")
-    from pipelines.lm_eval_pairs import paired_rows
+    from pipelines.lm_eval.pairs import paired_rows
     from pipelines.store.db import connect
     from pipelines.store.lm_eval_views import create_lm_eval_views
 

@@ -1,4 +1,4 @@
-"""The documentation corpus (wise.doc_corpus: prose, sources, documents; pipelines.real_corpus):
+"""The documentation corpus (wise.doc_corpus: prose, sources, documents; pipelines.real.corpus):
 code and doctest lines dropped, prose kept; pins read and a differing install refused in one line
 naming the package; whole distributions per split; the same input gives the same documents and
 sha256 whatever the worker count. Fixtures are tiny (a few docstrings, two small distributions)."""
@@ -170,7 +170,7 @@ def test_pins_are_read_and_a_changed_pin_is_refused_in_one_line(tmp_path):
 def test_the_same_pins_give_the_same_documents_whatever_the_worker_count():
     from importlib.metadata import version
 
-    from pipelines.real_corpus import build_documents
+    from pipelines.real.corpus import build_documents
 
     pins = {"markdown": version("markdown"), "gguf": version("gguf")}
     one, dists, dropped = build_documents(pins, 1, 6, 200)
@@ -185,7 +185,7 @@ def test_the_stage_refuses_a_changed_pin_before_writing_anything(tmp_path, monke
     from types import SimpleNamespace
 
     from pipelines.config.params import RealModelParams
-    from pipelines.real_corpus import run_real_corpus
+    from pipelines.real.corpus import run_real_corpus
 
     monkeypatch.chdir(tmp_path)
     pyproject = _pyproject(tmp_path, ["scipy==0.1.0", "numpy==0.0.1"])
@@ -208,7 +208,7 @@ def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice
     import pyarrow.parquet as pq
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    import pipelines.real_corpus as stage
+    import pipelines.real.corpus as stage
     from pipelines.config.params import RealModelParams
 
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 1}, unk_token="[UNK]"))

@@ -1,4 +1,4 @@
-"""Stage real_eval's measurement functions (pipelines/real_eval.py) on a tiny random Llama base and
+"""Stage real_eval's measurement functions (pipelines/real/evaluation.py) on a tiny random Llama base and
 its looped variants, fast (issue 55 item 5): the base's rows, the needle signals read at the loops
 asked for, the curves and their bootstrap, and ``measure`` end to end on real text, each against an
 independent computation from whole forward passes (``model(ids, T)``, ``base(input_ids=...)``)."""
@@ -89,7 +89,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def rows(tokenizer, corpus, params):
-    from pipelines.real_model import hop_rows, split_windows
+    from pipelines.real.model import hop_rows, split_windows
 
     p, _ = params
     return hop_rows(tokenizer, corpus, p, "test", 3), split_windows("test", 24, 2)
@@ -104,7 +104,7 @@ def answer_reading(logits: torch.Tensor, prompt: int, answer: list[int]) -> tupl
 
 @torch.no_grad()
 def test_base_rows_are_the_bases_own_nll_and_greedy_answers(models, rows):
-    from pipelines.real_eval import base_rows
+    from pipelines.real.evaluation import base_rows
 
     base, _ = models
     needles, windows = rows
@@ -124,7 +124,7 @@ def test_base_rows_are_the_bases_own_nll_and_greedy_answers(models, rows):
 
 @torch.no_grad()
 def test_needle_signals_read_each_asked_loop_as_a_whole_forward_would(models, rows):
-    from pipelines.real_eval import needle_signals
+    from pipelines.real.evaluation import needle_signals
 
     _, looped = models
     model, row = looped["lma"], rows[0][0]
@@ -140,7 +140,7 @@ def test_needle_signals_read_each_asked_loop_as_a_whole_forward_would(models, ro
 
 
 def test_curves_are_the_groups_means_with_their_bootstrap():
-    from pipelines.real_eval import curves
+    from pipelines.real.evaluation import curves
     from wise.analysis.stats import paired_bootstrap
 
     rows = []
@@ -187,8 +187,8 @@ def check_rows(looped: dict, by_key: dict, needles, windows) -> None:
 
 def test_measure_gives_every_variants_rows_as_whole_forwards_would(models, rows, tokenizer, corpus, params,
                                                                   monkeypatch):
-    import pipelines.real_eval as real_eval
-    from pipelines.real_eval import VARIANTS, curves, measure
+    import pipelines.real.evaluation as real_eval
+    from pipelines.real.evaluation import VARIANTS, curves, measure
 
     base, looped = models
     p, st = params
@@ -223,7 +223,7 @@ def test_measure_gives_every_variants_rows_as_whole_forwards_would(models, rows,
 
 
 def test_measure_refuses_a_variant_whose_first_loop_is_not_the_base(models, tokenizer, corpus, params):
-    from pipelines.real_eval import measure
+    from pipelines.real.evaluation import measure
 
     base, looped = models
     p, st = params

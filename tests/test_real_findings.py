@@ -109,9 +109,9 @@ def test_the_conditions_sentence_says_ceiling_worse_conditions_and_depth_past_tr
 
 
 def test_the_report_shows_the_committed_gpu_study_beside_the_default_run(monkeypatch):
-    pytest.importorskip("duckdb")  # pipelines.gpu_study reads through pipelines.store
+    pytest.importorskip("duckdb")  # pipelines.real.gpu_study reads through pipelines.store
     from pipelines.config.params import load_params
-    from pipelines.gpu_study import REAL_MODEL, REAL_WISE, gpu_study_markdown, latest_run
+    from pipelines.real.gpu_study import REAL_MODEL, REAL_WISE, gpu_study_markdown, latest_run
 
     if latest_run(ROOT / REAL_MODEL[0], REAL_MODEL[1]) is None or latest_run(ROOT / REAL_WISE[0], REAL_WISE[1]) is None:
         pytest.skip("no committed GPU study under benchmarks/results")

@@ -74,7 +74,7 @@ def test_bad_settings_are_refused_in_one_line(corpus, counts, distractors, words
 
 def test_the_halting_table_pairs_methods_with_fixed_depths_by_example_id():
     from pipelines.config.params import StatisticsParams
-    from pipelines.real_halting import method_summary
+    from pipelines.real.halting import method_summary
 
     ids = [f"hops{1 + i % 2}-test-{i}" for i in range(10)]
     hops = {e: 1 + i % 2 for i, e in enumerate(ids)}

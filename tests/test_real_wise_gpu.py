@@ -1,13 +1,13 @@
-"""The real-WISE GPU run of issue 51 (params/real-wise-gpu.yaml, benchmarks/pipeline/real_wise_gpu.sh): its
-params, the test-split pack it carries, and the report's WISE-vs-Truncate sentence (pipelines.gpu_study)."""
+"""The real-WISE GPU run of issue 51 (params/real-wise-gpu.yaml, scripts/real_wise_gpu.sh): its
+params, the test-split pack it carries, and the report's WISE-vs-Truncate sentence (pipelines.real.gpu_study)."""
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from benchmarks.pipeline.real_wise_pack import split_rows
+from scripts.real_wise_pack import split_rows
 from pipelines.config.params import load_params
-from pipelines.gpu_study import wise_vs_truncate_sentence
+from pipelines.real.gpu_study import wise_vs_truncate_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,9 +34,9 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
                             wise=dataclasses.replace(p.wise, discovery_step=5))
     calls = []
 
-    def fake_benchmark(lays, n, block_size, heads, kv_heads, head_dim, dtype, label, **kwargs):
-        calls.append((label, kwargs))
-        return bench.planned_rows(n, block_size, heads, kv_heads, head_dim, dtype, label, lays.shape[0], status="ok")
+    def fake_benchmark(lays, shape, label, settings):
+        calls.append((label, settings))
+        return bench.planned_rows(shape, label, lays.shape[0], status="ok")
 
     monkeypatch.setattr(timers, "bench_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(bench, "benchmark", fake_benchmark)
@@ -44,7 +44,7 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
     monkeypatch.setattr(timing, "model_supports", lambda params: [("model_wise:x", 64, own)])
     rows = timing.timing_rows(p)
     assert [label for label, _ in calls] == ["random_rho0.37", "model_wise:x"]
-    assert all(kw == {"seed": 0, "late_calls": 7, "dense_steps": 5} for _, kw in calls)
+    assert all(settings == bench.RunSettings(seed=0, late_calls=7, dense_steps=5) for _, settings in calls)
     assert [r["source"] for r in rows] == ["random", "model_supports"]
 
 
@@ -78,8 +78,8 @@ def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(m
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1),
                             wise=dataclasses.replace(p.wise, block_size=256))
     monkeypatch.setattr(timers, "bench_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(bench, "benchmark", lambda lays, n, b, h, kv, d, dtype, label, **kw: bench.planned_rows(
-        n, b, h, kv, d, dtype, label, lays.shape[0], status="ok"))
+    monkeypatch.setattr(bench, "benchmark", lambda lays, shape, label, settings: bench.planned_rows(
+        shape, label, lays.shape[0], status="ok"))
     monkeypatch.setattr(timing, "model_supports", lambda params: [("model_wise:x", 300, torch.ones(1, 4, 2, 2).bool())])
     rows = [r for r in timing.timing_rows(p) if r["source"] != "whole_model"]  # attention rows
     assert [(r["source"], r["block_size"], r["status"]) for r in rows] == [

@@ -5,10 +5,9 @@ import torch
 
 from wise.data.tokenizer import EOS_ID, PAD_ID, load_tokenizer
 from wise.models import RecurrentConfig, load_checkpoint
-from wise.training import (TrainConfig, batch_budget, batch_loss, build_model,
-                           make_batch, recurrent_forward, sample_recurrence, train, training_stream)
-from wise.training.batches import IGNORE
-from wise.training.loop import make_optimizer
+from wise.training.batches import IGNORE, batch_budget, make_batch, training_stream
+from wise.training.config import TrainConfig
+from wise.training.loop import batch_loss, build_model, make_optimizer, recurrent_forward, sample_recurrence, train
 
 TOKENIZER = "data/models/wise-tiny-random"  # vocab 2048, matches the tiny-random preset
 

@@ -12,7 +12,7 @@ import yaml
 
 import wise.training.loop as loop
 from stages.train_backbone import main
-from wise.training import TrainConfig
+from wise.training.config import TrainConfig
 from wise.training.run import recipe_matches
 
 # the tiny recipe of tests/test_training.py: two CPU steps take seconds

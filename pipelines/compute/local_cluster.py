@@ -1,6 +1,6 @@
 """A multi-node Ray cluster on this host: a head that hosts no actor (0 CPUs) and worker nodes, each a
 separate raylet with its own CPUs, all on loopback. Built on Ray's own ``ray.cluster_utils.Cluster``
-(what Ray tests itself with); used by ``tests/test_cluster.py`` and ``benchmarks.pipeline.bench_cluster``,
+(what Ray tests itself with); used by ``tests/test_cluster.py`` and ``scripts.bench_cluster``,
 and from the shell:
 
     RAY_TMPDIR=$(mktemp -d /tmp/wrXXXX) python -m pipelines.compute.local_cluster --workers 2 --cpus 1

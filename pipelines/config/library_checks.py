@@ -152,8 +152,8 @@ def validate_exit_criteria(p) -> None:
 
 def check_real_model(m) -> None:
     """`real_model:`: a packaged base, needle facts the real-text generator has names for."""
-    from wise.data.real_text import CITIES, NAMES
-    from wise.packaged_gguf import PACKAGED, packaged
+    from wise.data.doc_text import CITIES, NAMES
+    from wise.model_files.packaged_gguf import PACKAGED, packaged
 
     require(packaged(m.base) is not None, "real_model.base", m.base,
             f"must name a packaged preset: {', '.join('preset:' + n for n in sorted(PACKAGED))}")

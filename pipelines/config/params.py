@@ -169,8 +169,8 @@ class CalibrationParams:
 
 @dataclass(frozen=True)
 class RealModelParams:
-    """A real pretrained decoder (SmolLM2-135M-Instruct, wise.packaged_gguf) retrofitted with
-    RecurTrace and measured on real text (wise.data.real_text): stages real_base, real_corpus,
+    """A real pretrained decoder (SmolLM2-135M-Instruct, wise.model_files.packaged_gguf) retrofitted with
+    RecurTrace and measured on real text (wise.data.doc_text): stages real_base, real_corpus,
     train_real_retrofit@{lma,plain,t1} (GPU, committed) and real_eval."""
 
     base: str = "preset:smollm2-135m-instruct"  # a packaged preset (converted by real_base)
@@ -234,7 +234,7 @@ class RealModelParams:
 @dataclass(frozen=True)
 class RealWiseParams:
     """WISE on the real model's retrofit (stage real_wise): its traces, supports and every
-    condition on real-text QA prompts and held-out text windows (pipelines.real_wise). Only what is
+    condition on real-text QA prompts and held-out text windows (pipelines.real.wise_study). Only what is
     the study's own: B, eta, the backend, the conditions and decoding come from wise.* and
     conditions.*, as for every cohort."""
 

@@ -27,7 +27,7 @@ import yaml
 from pipelines.config.params import Params
 from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.engine.runner import WiseSettings
-from wise.fingerprint import weights_id as folder_weights_id
+from wise.model_files.fingerprint import weights_id as folder_weights_id
 from wise.models.checkpoint import resolve_model_source
 
 # Worker-side columns; rows built without a worker (the supports stage) leave them out.

@@ -155,7 +155,7 @@ CALIBRATED_WISE = _schema(_ints("seed"), [("example_id", STR)], _ints("hops", "r
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_id", STR), ("pool", STR)] + \
     _ints("t_min", "t_max") + [("delta", FLOAT)]
-# -- a real pretrained model (pipelines.real_model, pipelines.real_eval) ----------------------------
+# -- a real pretrained model (pipelines.real.model, pipelines.real.evaluation) ----------------------------
 REAL_CORPUS = _schema([("doc_id", STR), ("distribution", STR), ("version", STR), ("split", STR), ("source", STR),
                        ("text", STR)], _ints("chars", "tokens"), [("sha256", STR)])
 REAL_CORPUS_MANIFEST = _schema([("distribution", STR), ("version", STR), ("license", STR), ("split", STR),
@@ -198,7 +198,7 @@ ADAPTIVE_WISE_SUMMARY = _schema([("benchmark", STR), ("method", STR), ("n", INT)
                                         "wise_mean_loops", "full_tiles_per_example", "wise_tiles_per_example",
                                         "tiles_saved"),
                                 [("with_late_loops", INT)], _floats("late_density", "same_prediction", "mcnemar_p"))
-# -- WISE on the real model's retrofit (pipelines.real_wise) ------------------------------------------
+# -- WISE on the real model's retrofit (pipelines.real.wise_study) ------------------------------------------
 _REAL_SETTING = _ints("T", "t_d", "w") + [("task", STR)] + _ints("length") + [("example_id", STR)] + _ints("n_tokens")
 REAL_WISE_STEPS = _schema(_ints("T"), [("task", STR)], _ints("length"), [("example_id", STR)], _ints("loop"),
                           _floats("S", "S_block", "A", "H", "O"))

@@ -66,7 +66,7 @@ def _wall_times(model, rows, rules, decided: dict, h, repeats: int) -> dict[tupl
     the fastest run counting (after one untimed warm-up). Every run must decide and answer exactly
     as the rule's replay on the row's trajectory."""
     from wise.halting.online import run_online
-    from wise.halting.tables import ALL
+    from wise.halting.depth_tables import ALL
 
     run_online(model, rows[0], max(rules, key=lambda r: getattr(r, "T", 0)), h.t_max, h.pool)
     seconds: dict[tuple[str, str], list[float]] = {}
@@ -130,9 +130,9 @@ def headline_metrics(summary: list[dict], best: str, wall: dict[str, float] | No
     views.
     ``wall_ms``: those methods' wall time per example in the online runs (`wall`), here and nowhere
     else, because it is a measurement: the tables and the page stay byte-identical between runs."""
-    from wise.halting import tables
+    from wise.halting import depth_tables
 
-    pooled = [r for r in summary if r["benchmark"] == tables.ALL and r["method"] in (best, "halting")]
+    pooled = [r for r in summary if r["benchmark"] == depth_tables.ALL and r["method"] in (best, "halting")]
     name = {best: "best_fixed"}
     out = {k: {name.get(r["method"], r["method"]): r[k] for r in pooled} for k in ("accuracy", "mean_loops")}
     if wall:
@@ -144,8 +144,8 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.reports.adaptive_report import adaptive_markdown, notes_from_card
     from pipelines.reports.report import f, table
     from pipelines.config.run_spec import code_version
-    from wise.fingerprint import file_sha256, weights_id as weights_id_of
-    from wise.halting import tables
+    from wise.model_files.fingerprint import file_sha256, weights_id as weights_id_of
+    from wise.halting import depth_tables
     from wise.halting.heads import WEIGHTS, load_heads
     from wise.halting.rules import method_rules
 
@@ -164,12 +164,12 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     examples, decided = _replay_all(trajs, rules, spec)
     seconds = _wall_times(model, _first(rows, ad.timing_examples), rules, decided, h, ad.timing_repeats)
     best = f"fixed@{card['best_fixed_depth']}"
-    summary = tables.summarize(examples, best, [r.name for r in rules], seconds)
+    summary = depth_tables.summarize(examples, best, [r.name for r in rules], seconds)
     adaptive = [r.name for r in rules if r.kind != "fixed"]
-    depth = tables.depth_vs_difficulty(examples, adaptive)
-    hist = tables.histogram(examples, adaptive, h.t_max)
+    depth = depth_tables.depth_vs_difficulty(examples, adaptive)
+    hist = depth_tables.histogram(examples, adaptive, h.t_max)
     wise_rows = _wise_rows(model, _first(rows, ad.wise_examples), rules, decided, h, ad, spec)
-    wise_summary = tables.wise_summary(wise_rows)
+    wise_summary = depth_tables.wise_summary(wise_rows)
 
     out = paths.retrofit_tables(params.name)
     write_parquet(loop_rows("test", trajs, heads, h.delta), out / paths.ADAPTIVE_LOOPS, schemas.HALTING_LOOPS)
@@ -183,6 +183,6 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
                            {"t_d": ad.wise.discovery_step, "w": ad.wise.window, "B": ad.wise.block_size,
                             "eta": ad.wise.eta}, f, table)
     write_text(md + "\n", out / paths.ADAPTIVE_MD)
-    metrics = headline_metrics(summary, best, tables.wall_ms(seconds))
+    metrics = headline_metrics(summary, best, depth_tables.wall_ms(seconds))
     write_json(metrics, out / paths.ADAPTIVE_JSON)
     return {"markdown": md, "metrics": metrics}

@@ -163,7 +163,7 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
     import json
 
     from wise.models.looped.base import load_base
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from pipelines.recurtrace.calibrated_cell import items_and_rows
     from wise.looped.chain_base import HOP_LAYER
     from wise.models.looped.checkpoint import base_pointer, load_retrofit, save_retrofit

@@ -184,7 +184,7 @@ def run_cell(p: CellParams, log=print, looped=None, lma=None) -> dict:
     """Everything one (seed, n) cell measures, with its expected values (see the module doc).
     `looped`: (plain looping of the base, the latched base looped), default built here; `lma`: a
     trained LMA retrofit of the base (default: trained here when p.lma_steps > 0, else none)."""
-    from wise.looped.known_runs import batched_trajectories
+    from wise.halting.batched_trajectories import batched_trajectories
 
     plain, latched = looped or models(p.base_seed)
     sizes = {"test": p.n, "train": p.fit_n, "validation": p.fit_n}

@@ -6,7 +6,7 @@
     ensure_table(params, {variant: folder}, out)  # the fixed-depth table
 
 The DVC stages (``stages/train_retrofit.py``, ``stages/retrofit_eval.py``) call these; on a GPU
-machine without DVC, ``benchmarks/pipeline/recurtrace_gpu.sh`` runs those stages' commands.
+machine without DVC, ``scripts/recurtrace_gpu.sh`` runs those stages' commands.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def base_recipe(params: RetrofitParams) -> dict:
 def retrofit_recipe(params: RetrofitParams, variant: str, base_folder: str | Path | None = None) -> dict:
     """The params of a variant plus, for a local base, the base's fingerprint (a retrained base
     changes the recipe)."""
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
 
     recipe = params.recipe(variant)
     folder = Path(base_folder) if base_folder is not None else Path(params.base)
@@ -90,7 +90,7 @@ def table_recipe(params: RetrofitParams, folders: dict) -> dict:
         absent = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (Path(folder) / n).is_file()]
         if absent:
             raise FileNotFoundError(f"retrofit {variant}: {folder} has no {', '.join(absent)}; train it first "
-                                    f"(stage train_retrofit@{variant}, or benchmarks/pipeline/recurtrace_gpu.sh on a GPU)")
+                                    f"(stage train_retrofit@{variant}, or scripts/recurtrace_gpu.sh on a GPU)")
 
     return {"eval": dataclasses.asdict(params.eval), "dtype": params.dtype,
             "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}

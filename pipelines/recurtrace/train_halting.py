@@ -79,7 +79,7 @@ def run_train_halting(params: RetrofitParams, device: str = "cpu") -> dict:
     from wise.halting import heads as H
     from wise.halting import rules as R
     from wise.halting.trajectory import stacked
-    from wise.fingerprint import weights_id
+    from wise.model_files.fingerprint import weights_id
 
     h = params.halting
     folder, config, model, tok, special = load_model(params, h.variant, device)

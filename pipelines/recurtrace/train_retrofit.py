@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 
 from pipelines.recurtrace.params import RetrofitParams
-from wise.batch_stream import default_workers
+from wise.data.batch_stream import default_workers
 from wise.looped.data import SpecialIds, check_vocab, retrofit_stream
 from pipelines.config import schemas
 from pipelines.store.artifacts import write_json, write_parquet
-from wise.looped.tables import write_csv
+from wise.looped.table_writers import write_csv
 from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, autocast_for, run_loop
 from wise.models.dtypes import DTYPES
-from wise.objective import batch_loss
+from wise.training.objective import batch_loss
 
 
 def lma_heads_for(base, params: RetrofitParams, block_layers: int) -> int:
@@ -40,7 +40,7 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
     """The fresh retrofit of a base loaded from `folder` and named `pointer_source` (hub id or
     path) in the checkpoint written to `out`: block (the probe when block_start is -1), LMA size,
     budget check. Returns (model, probe rows or None)."""
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.models.looped.checkpoint import base_pointer
     from wise.models.looped.model import build_looped, check_safe_floor
     from wise.looped.probe import probe_base

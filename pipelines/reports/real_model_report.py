@@ -1,6 +1,6 @@
 """The report's section "A real pretrained model" (written by stage real_eval as `paths.REAL_MD`,
 with its figure beside it; the statistics stage puts it into the report). Every number comes from
-the tables of pipelines.real_eval."""
+the tables of pipelines.real.evaluation."""
 from __future__ import annotations
 
 from pipelines.config import paths

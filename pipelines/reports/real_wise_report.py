@@ -1,6 +1,6 @@
 """The report's section "WISE on the real model" (written by stage real_wise as
 `paths.REAL_WISE_MD`, its figure beside it; the statistics stage puts it into the report). Every
-number comes from the tables of pipelines.real_wise / pipelines.real_wise_summary."""
+number comes from the tables of pipelines.real.wise_study / pipelines.real.wise_summary."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,7 +11,7 @@ data/lm_eval/<run> --log_samples``), for ``python -m pipelines.store.query``:
   doc, filter, metric): ``value`` (a DOUBLE; true/false are 1/0);
 - ``lm_eval_paired``: each score beside the same sample's score (task, doc_id, doc_hash, filter,
   metric) in every other run: ``run_a``, ``run_b``, ``value_a``, ``value_b``, ``delta`` (b - a), for
-  paired comparisons (``python -m pipelines.lm_eval_pairs`` adds the bootstrap and McNemar).
+  paired comparisons (``python -m pipelines.lm_eval.pairs`` adds the bootstrap and McNemar).
 
 The views are DuckDB's ``read_json`` over lm-eval's files (its JSON lines, one sample a line, and
 its results file), read through the readers' read-only file system (``wisedata://``), so a query

@@ -1,7 +1,7 @@
 """Multi-hop questions over facts hidden in real prose: a graded task where depth can matter.
 
 An item of h hops hides a chain of h facts in a run of one distribution's prose (the split's
-documents, as ``wise.data.real_text.needle_items`` reads them): h - 1 key links ("Orvel's key is kept
+documents, as ``wise.data.doc_text.needle_items`` reads them): h - 1 key links ("Orvel's key is kept
 by Tamsin.") and a city fact for every person on the chain ("Tamsin lives in Oslo."), plus
 distractor people with their own cities. The answer of hop k (who keeps the key) is the entity of
 hop k + 1; the question asks for the city at the end of the chain, so the gold continuation is one
@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from wise.data.real_text import CITIES, NAMES, split_runs
+from wise.data.doc_text import CITIES, NAMES, split_runs
 from wise.data.splits import derive_seed
 
 

@@ -7,5 +7,6 @@ runs, the calibrated case) are ``pipelines.recurtrace``.
 streams, ``training_config`` the training recipes, ``train`` the looped family's training loop and
 the embedded base, ``fixed_depth`` the fixed-depth table. The calibrated case: ``chain_base`` (the
 constructed Llama base), ``known_depth`` (its items), ``calibrated_expectations`` (their expected
-values), ``known_runs`` (batched trajectories), ``latch`` (the LMA retrofit trained on the CPU).
+values), ``latch`` (the LMA retrofit trained on the CPU); their batched loop trajectories are
+``wise.halting.batched_trajectories``. Nothing here imports ``wise.halting`` (it reads this package's rows).
 """

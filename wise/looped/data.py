@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wise.batch_stream import BatchStream
+from wise.data.batch_stream import BatchStream
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
 from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
@@ -193,6 +193,6 @@ def _retrofit_batches(tokenizer_path: str, special: SpecialIds, spec: BatchSpec)
 
 def retrofit_stream(tokenizer_path: str, special: SpecialIds, spec: BatchSpec, workers: int,
                     prefetch: int = 16) -> BatchStream:
-    """Batches 0, 1, 2 ... of `spec` (``wise.batch_stream``)."""
+    """Batches 0, 1, 2 ... of `spec` (``wise.data.batch_stream``)."""
     return BatchStream(functools.partial(_retrofit_batches, tokenizer_path, special, spec), 0, workers,
                        prefetch=prefetch, preload=[__name__])

@@ -110,7 +110,7 @@ def markdown_table(summary: Sequence[dict]) -> str:
 def checkpoint_fingerprint(folder) -> str:
     """sha256 of a retrofit's config.json and retrofit.safetensors (what the table was made from).
 
-    Not ``wise.fingerprint.weights_id``: the committed fixed_depth_recipe.json stores this
+    Not ``wise.model_files.fingerprint.weights_id``: the committed fixed_depth_recipe.json stores this
     digest (of the files' bytes, config included), and the table is kept only while it matches, so
     another formula would recompute the committed table."""
     import hashlib

@@ -116,7 +116,7 @@ def format_table(rows: Sequence[dict]) -> str:
 
 def main(argv=None) -> int:
     from wise.models.looped.base import load_base, resolve_base
-    from wise.looped.tables import write_parquet
+    from wise.looped.table_writers import write_parquet
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="hub id or local folder of a Qwen3 / Llama decoder")

@@ -1,5 +1,5 @@
 """A retrofit on real text: the rows it is scored on, its window NLL at fixed depths, and the
-batches it trains on (``wise.data.real_text`` gives the text and the needle-fact items).
+batches it trains on (``wise.data.doc_text`` gives the text and the needle-fact items).
 
     row = needle_row(tokenizer, item)          # chat prompt + prefilled lead -> PromptRow
     nll = window_nll(model, windows, depths)   # [windows, depths] mean next-token NLL
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from wise.data.real_hops import HopItem
-from wise.data.real_text import NeedleItem
+from wise.data.doc_text import NeedleItem
 from wise.data.splits import derive_seed
 from wise.looped.data import IGNORE, Batch, IndexedBatches, PromptRow
 

@@ -19,13 +19,13 @@ from typing import Callable
 
 import torch
 
-from wise.batch_stream import default_workers
+from wise.data.batch_stream import default_workers
 from wise.looped.data import IGNORE, SpecialIds, check_vocab, retrofit_stream
 from wise.looped.training_config import BaseTraining, Training
 from wise.models.dtypes import DTYPES
-from wise.objective import batch_loss
-from wise.train_steps import StepProgress, run_steps
-from wise.looped.tables import write_csv, write_json
+from wise.training.objective import batch_loss
+from wise.training.steps import StepProgress, run_steps
+from wise.looped.table_writers import write_csv, write_json
 
 LOSS_CURVE = "loss_curve.csv"
 SUMMARY = "train_summary.json"
@@ -43,7 +43,7 @@ def run_loop(params: list[torch.nn.Parameter], cfg: Training, stream, device: to
              step_loss: Callable[[dict, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]],
              desc: str, progress: bool = True,
              tokens_of: Callable | None = None) -> tuple[list[dict], dict]:
-    """The project's one optimisation loop (``wise.train_steps``) with AdamW on `params` (decay on
+    """The project's one optimisation loop (``wise.training.steps``) with AdamW on `params` (decay on
     matrices only); `step_loss(batch tensors on the device, step)` -> (total, answer, lm, extra log
     fields). `tokens_of(batch)`: the tokens a step counts (default: its targets). The summary
     gives tokens/s over the whole run and over the logged steps after the first (``steady``: no

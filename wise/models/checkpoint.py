@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from wise.atomic_files import atomic_path, write_bytes_atomic
 from wise.models.config import CHAIN_PRESET, PRESET_PREFIX, PRESETS, RecurrentConfig, parse_preset
-from wise.fingerprint import INDEX_NAME, WEIGHTS_NAME, weight_files
+from wise.model_files.fingerprint import INDEX_NAME, WEIGHTS_NAME, weight_files
 from wise.models.looped.base import SUPPORTED_FAMILIES as PLAIN_DECODER_TYPES, load_base  # a retrofit's bases
 from wise.models.hf_configs import RAVEN_MODEL_TYPE, config_from_raven
 from wise.models.recurrent import RecurrentDepthModel, init_weights
@@ -164,7 +164,7 @@ def load_checkpoint(source: str, dtype: torch.dtype = torch.float32,
         elif name in PRESETS:
             model = init_weights(RecurrentDepthModel(RecurrentConfig.from_name(name)), seed)
         else:  # packaged: the folder stage real_base converted (a one-line error naming the stage if not yet)
-            from wise.packaged_gguf import resolve
+            from wise.model_files.packaged_gguf import resolve
 
             return _load_plain_decoder(resolve(source), dtype, device)
         return model.to(device=device, dtype=dtype).eval()

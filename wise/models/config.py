@@ -129,14 +129,14 @@ PRESETS: dict[str, RecurrentConfig] = {
 
 # ``preset:<name>[@<seed>]`` names a model without a folder of its own: an architecture above (seeded
 # random weights), the constructed calibration model, or a pretrained decoder that a pip package ships
-# (wise.packaged_gguf; it loads from its converted folder and takes no seed).
+# (wise.model_files.packaged_gguf; it loads from its converted folder and takes no seed).
 PRESET_PREFIX = "preset:"
 CHAIN_PRESET = "wise-chain"  # wise.models.construct.NAME: weights computed from ChainSpec(seed)
 
 
 def preset_names() -> list[str]:
     """Every name ``preset:<name>`` takes."""
-    from wise.packaged_gguf import PACKAGED
+    from wise.model_files.packaged_gguf import PACKAGED
 
     return sorted({*PRESETS, CHAIN_PRESET, *PACKAGED})
 
@@ -144,7 +144,7 @@ def preset_names() -> list[str]:
 def parse_preset(source: str) -> tuple[str, int]:
     """(name, seed) of ``preset:<name>[@<seed>]``; a one-line ValueError naming every preset when the
     name is unknown, or saying what is wrong with the seed."""
-    from wise.packaged_gguf import PACKAGED
+    from wise.model_files.packaged_gguf import PACKAGED
 
     name, at, seed = source[len(PRESET_PREFIX):].partition("@")
     known = preset_names()

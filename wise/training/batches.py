@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wise.batch_stream import BatchStream, default_workers
+from wise.data.batch_stream import BatchStream, default_workers
 from wise.data import answer_continuation, build_cohort_variants, format_prompt, load_examples
-from wise.objective import IGNORE  # target value that no loss counts
+from wise.training.objective import IGNORE  # target value that no loss counts
 from wise.data.registry import context_questions
 from wise.data.splits import derive_seed
 from wise.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
@@ -159,7 +159,7 @@ def _training_batches(config: TrainConfig, tokenizer_path: str):
 
 
 def training_stream(config: TrainConfig, tokenizer_path: str, start: int = 0, workers: int | None = None) -> BatchStream:
-    """Batches `start`, `start+1`, ... of `config` (``wise.batch_stream``; workers: config.data_workers
+    """Batches `start`, `start+1`, ... of `config` (``wise.data.batch_stream``; workers: config.data_workers
     unless given)."""
     return BatchStream(functools.partial(_training_batches, config, tokenizer_path), start,
                        default_workers(config.data_workers if workers is None else workers),

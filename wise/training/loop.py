@@ -40,8 +40,8 @@ from wise.models.step_count import sample_steps
 from wise.analysis.scoring import score_cell
 from wise.training.batches import Batch, training_stream
 from wise.training.config import TrainConfig
-from wise.objective import batch_loss
-from wise.train_steps import StepProgress, run_steps
+from wise.training.objective import batch_loss
+from wise.training.steps import StepProgress, run_steps
 
 LOSS_CURVE = "loss_curve.csv"
 EVAL_CURVE = "eval_curve.csv"
@@ -175,7 +175,7 @@ def train(config: TrainConfig, out: str | os.PathLike, device: str | torch.devic
 
 def _run_steps(config: TrainConfig, model: RecurrentDepthModel, opt, stream, autocast, device,
                check, progress: bool) -> dict:
-    """The project's one optimisation loop (``wise.train_steps``) on a recurrent-depth step: a
+    """The project's one optimisation loop (``wise.training.steps``) on a recurrent-depth step: a
     sampled recurrence, its seeded initial state, truncated backprop; the held-out check every
     eval_every steps. Raises FloatingPointError when a loss or gradient norm was not finite."""
     state_gen = torch.Generator(device=device)

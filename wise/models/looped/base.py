@@ -12,7 +12,7 @@ layer applied here gives bit-identical hidden states (``tests/test_looped_model.
 
 Supported families: Qwen3 and Llama (``model.model.{embed_tokens, layers, norm, rotary_emb}`` +
 ``lm_head``, full causal attention in every layer). Weights are identified by
-``wise.fingerprint.base_fingerprint``: sha256 over the config and weight files, recorded in
+``wise.model_files.fingerprint.base_fingerprint``: sha256 over the config and weight files, recorded in
 every retrofit checkpoint.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def resolve_base(source: str) -> Path:
     """A local folder as is; a packaged preset (``preset:smollm2-135m-instruct``) as its converted
     folder; a hub id through huggingface_hub, only when the user names one (the config, the
     safetensors weights and the tokenizer files)."""
-    from wise.packaged_gguf import packaged, resolve
+    from wise.model_files.packaged_gguf import packaged, resolve
 
     path = Path(source)
     if path.is_dir():

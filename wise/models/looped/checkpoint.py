@@ -20,7 +20,7 @@ from wise.models.looped.base import is_hub_id, load_base, resolve_base
 from wise.models.looped.config import LoopedConfig
 from wise.models.looped.model import LoopedModel
 from wise.atomic_files import atomic_path
-from wise.fingerprint import base_fingerprint
+from wise.model_files.fingerprint import base_fingerprint
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "retrofit.safetensors"

@@ -17,7 +17,7 @@ MODEL_TYPE = "recurtrace_looped"
 class LoopedConfig:
     # -- the base (facts copied from its config at retrofit time) ---------------------------------
     base: str  # hub id, or the base folder relative to the retrofit folder
-    base_sha256: str  # wise.fingerprint.base_fingerprint of the base folder
+    base_sha256: str  # wise.model_files.fingerprint.base_fingerprint of the base folder
     base_model_type: str  # qwen3 | llama
     hidden: int
     num_layers: int

@@ -6,8 +6,8 @@ the SQL view ``lm_eval_paired`` (``pipelines.store.lm_eval_views``), and the sta
 by document in ``wise.analysis.stats.compare_paired`` (sorted by document, whatever order the runs
 logged them in).
 
-    python -m pipelines.lm_eval_pairs full wise                  # every shared task and metric
-    python -m pipelines.lm_eval_pairs full wise --metric exact_match --csv
+    python -m pipelines.lm_eval.pairs full wise                  # every shared task and metric
+    python -m pipelines.lm_eval.pairs full wise --metric exact_match --csv
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def paired_rows(con, run_a: str, run_b: str, metric: str | None = None, seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.lm_eval_pairs", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m pipelines.lm_eval.pairs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_a", help="folder under data/lm_eval (the reference, e.g. a Full run)")
     ap.add_argument("run_b", help="folder under data/lm_eval (e.g. a WISE run)")

@@ -16,10 +16,10 @@ depth; a retrofit's trained depth), ``discovery_step`` and ``window`` the paper'
 ``WiseSettings``' defaults. The run spec (``config.wise_run_spec``) names each derived setting and
 its rule under ``derived``.
 
-``wise-lm-eval`` (or ``python -m pipelines.lm_eval_model``) is lm-eval's own command line with
+``wise-lm-eval`` (or ``python -m pipelines.lm_eval.model``) is lm-eval's own command line with
 this model registered: lm-eval 0.4 finds third-party models only when their module has been
 imported (its registry reads no entry points), so a plain ``lm_eval --model wise`` does not see it.
-From Python: ``import pipelines.lm_eval_model`` then ``lm_eval.simple_evaluate(model="wise", ...)``.
+From Python: ``import pipelines.lm_eval.model`` then ``lm_eval.simple_evaluate(model="wise", ...)``.
 
 Every request runs through ``wise.engine.decoding.evaluate_examples`` with one condition applied
 to every forward (cached decoding; requests whose prompts have one length decode as one batch):
@@ -33,7 +33,7 @@ default when left out; min step 1); the results' ``config.wise_run_spec.exit`` t
 criterion and the mean recurrence steps per generated token.
 A request's initial recurrent state is seeded from its context text (``state_seed``), so two runs
 that differ only in the condition start every request from the same state and pair sample by
-sample (``pipelines.lm_eval_pairs``). The run spec (weights id, condition, settings, backend) goes
+sample (``pipelines.lm_eval.pairs``). The run spec (weights id, condition, settings, backend) goes
 into the results' ``config`` block.
 """
 from __future__ import annotations
@@ -110,7 +110,8 @@ class WiseLM(TemplateLM):
             raise ValueError(f"--model_args generation={self.generation!r}: one of {', '.join(GENERATION_MODES)}")
         self.init_seed = _arg(kwargs, "init_seed", int, 0)
         batch = kwargs.pop("batch_size", 8)  # lm-eval's --batch_size; "auto": the engine sizes its batches
-        self.batch_examples = 1 << 20 if str(batch).startswith("auto") else _arg({"batch_size": batch}, "batch_size", int, 8)
+        self.batch_examples = (1 << 20 if str(batch).startswith("auto")
+                               else _arg({"batch_size": batch}, "batch_size", int, 8))
         revision = kwargs.pop("revision", None)
         base = kwargs.pop("base", None)  # a retrofit's base folder, when not where its config points
         tokenizer = kwargs.pop("tokenizer", None) or base  # a retrofit has its base's tokenizer
@@ -229,7 +230,8 @@ class WiseLM(TemplateLM):
             out.extend(r[self.condition] for r in runs)
         if self.settings.exit_criterion is not None:  # for get_model_info: every token decoded so far
             steps, tokens = getattr(self, "_exit_steps", (0, 0))
-            self._exit_steps = (steps + sum(sum(r.token_steps) for r in out), tokens + sum(len(r.token_steps) for r in out))
+            self._exit_steps = (steps + sum(sum(r.token_steps) for r in out),
+                                tokens + sum(len(r.token_steps) for r in out))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:

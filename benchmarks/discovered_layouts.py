@@ -35,7 +35,7 @@ def unpack_bits(packed: bytes, shape: tuple[int, ...]) -> torch.Tensor:
     return bits.flatten()[:count].bool().reshape(shape)
 
 
-def load_real_layouts(path: str | Path, lengths: list[int] | None = None) -> list[dict]:
+def load_discovered_layouts(path: str | Path, lengths: list[int] | None = None) -> list[dict]:
     """[{example_id, task, length, n_tokens, block_size, T, t_d, w, layout bool [L, H, M, M]}], one
     per example of the file (optionally only those of `lengths`), in file order."""
     path = Path(path)
@@ -56,8 +56,8 @@ def load_real_layouts(path: str | Path, lengths: list[int] | None = None) -> lis
             raise ValueError(f"{path}: {ex} does not have layers 0..{len(group) - 1} exactly once")
         layout = torch.stack([unpack_bits(r["layout_bits"], (r["heads"], r["blocks"], r["blocks"])) for r in group])
         first = group[0]
-        out.append({**{k: first[k] for k in ("example_id", "task", "length", "n_tokens", "block_size", "T", "t_d", "w")},
-                    "layout": layout})
+        keys = ("example_id", "task", "length", "n_tokens", "block_size", "T", "t_d", "w")
+        out.append({**{k: first[k] for k in keys}, "layout": layout})
     return out
 
 

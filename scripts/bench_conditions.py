@@ -1,16 +1,16 @@
 """Condition runs before and after the shared prefix and cached decoding, timed side by side.
 
-    python -m benchmarks.pipeline.bench_conditions                       # the default params, on this machine
-    python -m benchmarks.pipeline.bench_conditions --params params/huginn-paper.yaml \\
+    python -m scripts.bench_conditions                       # the default params, on this machine
+    python -m scripts.bench_conditions --params params/huginn-paper.yaml \\
         --source preset:huginn-0125@0 --context 4096 --n 2     # Huginn's shape, random init, on a GPU
 
 "Today" is the path the conditions stage had: every condition on its own, each new token re-running
 the whole recurrence over prompt + prefix (``generation: rerun`` without a shared prefix). "New" is
 ``wise.engine.decoding.evaluate_examples`` with ``generation: cached`` on all the examples at once, as a
 conditions-stage work item runs them: steps 1..t_d once per example, then the late steps and a
-K/V-cached decode of every (example, condition) row of equal-length prompts as one batch. Both run the same examples in this process on
-the params' model, dtype, device and backend. Prints seconds per (example × condition) per
-condition and path, how far the two paths' generated tokens agree (``agreement``), and last
+K/V-cached decode of every (example, condition) row of equal-length prompts as one batch. Both run the
+same examples in this process on the params' model, dtype, device and backend. Prints seconds per
+(example × condition) per condition and path, how far the two paths' generated tokens agree (``agreement``), and last
 ``speedup=<float> agree=<float> token_agree=<float> max_dlogprob=<float>``: agree is the share of
 (example, condition) token sequences equal on both paths, token_agree the share of generated
 tokens the paths produce alike before they first differ, max_dlogprob the largest |Δ log-prob| of
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.pipeline.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
+from scripts.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
                                        scale_state_gain)
 from pipelines.cohorts import build_cohort
 from pipelines.config.run_spec import wise_settings
@@ -124,7 +124,8 @@ def main(argv=None) -> int:
     if args.conditions:
         names = tuple(args.conditions.split(","))
         if not set(names) <= set(p.conditions.names):
-            raise SystemExit(f"error: --conditions {args.conditions}: not in conditions.names {list(p.conditions.names)}")
+            raise SystemExit(f"error: --conditions {args.conditions}: not in conditions.names "
+                             f"{list(p.conditions.names)}")
         p = dataclasses.replace(p, conditions=dataclasses.replace(p.conditions, names=names))
     if args.dtype:
         p = dataclasses.replace(p, model=dataclasses.replace(p.model, dtype=args.dtype))
@@ -227,7 +228,8 @@ def _bench(args, p, model, device) -> int:
         Path(args.json).write_text(json.dumps({
             "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
             "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
-            "agree": total["agree"], "agreement": agree_by, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak, "alone": alone}, indent=2) + "\n")
+            "agree": total["agree"], "agreement": agree_by, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak,
+            "alone": alone}, indent=2) + "\n")
     if not args.skip_today:
         print(agreement_table(agree_by))
     print(f"speedup={speedup:.2f} agree={total['agree']:.3f} token_agree={total['token_agree']:.3f} "

@@ -10,11 +10,11 @@
 # The study reads the test split's documents and token ids (data/real/corpus.parquet, tokens_test.npy, built
 # here by `dvc repro real_corpus`); `pack` writes them (test split only) in chunks that fit a device call.
 #
-#   here:    benchmarks/pipeline/real_model_gpu.sh pack     # the GGUF and the gguf wheel (.real-gpu/call-NN)
-#   here:    benchmarks/pipeline/real_wise_gpu.sh pack      # -> .real-wise-gpu/call-NN/ + .real-wise-gpu/plan.txt
-#   device:  benchmarks/pipeline/real_model_gpu.sh receive  # carry .real-gpu/call-NN, one call each: the base in
+#   here:    scripts/real_model_gpu.sh pack     # the GGUF and the gguf wheel (.real-gpu/call-NN)
+#   here:    scripts/real_wise_gpu.sh pack      # -> .real-wise-gpu/call-NN/ + .real-wise-gpu/plan.txt
+#   device:  scripts/real_model_gpu.sh receive  # carry .real-gpu/call-NN, one call each: the base in
 #                                                           # /tmp/wise-real/smollm2-135m-instruct
-#   device:  benchmarks/pipeline/real_wise_gpu.sh study     # carry .real-wise-gpu/call-NN (the last one with it)
+#   device:  scripts/real_wise_gpu.sh study     # carry .real-wise-gpu/call-NN (the last one with it)
 #
 # `study` takes in the carried chunks (checked by sha256), puts the test split under data/real/ and links the
 # converted base into data/models/, then writes to $OUT (else ./real-wise-gpu-logs): run.log (walls), gpu.txt,
@@ -22,7 +22,7 @@
 # three benchmark tables. Without CUDA the benchmark steps are skipped with a message (the study runs on CPU
 # with PARAMS=<a tiny params file>). PARAMS (default params/real-wise-gpu.yaml), WORK (default /tmp/wise-real).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 params=${PARAMS:-params/real-wise-gpu.yaml}
@@ -37,7 +37,7 @@ pack() {  # here: the test split's documents and token ids, in chunks that fit o
   local chunk; chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
   [ "$chunk" -ge 2 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all; CHUNK_MIB=N overrides)"; exit 1; }
   rm -rf "$carry" && mkdir -p "$carry/files" "$carry/parts"
-  $py -m benchmarks.pipeline.real_wise_pack --out "$carry/files"
+  $py -m scripts.real_wise_pack --out "$carry/files"
   : > "$carry/MANIFEST"
   for f in "$carry"/files/*; do
     local n; n=$(basename "$f")

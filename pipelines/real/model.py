@@ -1,10 +1,10 @@
 """The pieces the real pretrained decoder's stages share (SmolLM2-135M-Instruct, shipped by a pip
 package as GGUF): its folder, its tokenizer, its corpus, needle rows, text windows, the block
-probe and where its retrofits live (trained by ``pipelines.real_train``).
+probe and where its retrofits live (trained by ``pipelines.real.train``).
 
 - real_base (stages/real_base.py): the GGUF of the installed package -> data/models/<preset folder>/
-  (an ordinary Hugging Face folder with a card; ``wise.packaged_gguf``).
-- real_corpus (stages/real_corpus.py, pipelines.real_corpus): the documentation prose of the
+  (an ordinary Hugging Face folder with a card; ``wise.model_files.packaged_gguf``).
+- real_corpus (stages/real_corpus.py, pipelines.real.corpus): the documentation prose of the
   distributions pinned in pyproject.toml and CPython's language reference, split by distribution ->
   data/real/corpus.parquet and tokens_<split>.npy (built on each machine from the pins);
   ``load_corpus`` and ``split_windows`` read them.
@@ -23,7 +23,7 @@ from pipelines.store.artifacts import read_parquet
 
 
 def base_folder(p: RealModelParams) -> Path:
-    from wise.packaged_gguf import packaged
+    from wise.model_files.packaged_gguf import packaged
 
     spec = packaged(p.base)
     if spec is None:
@@ -44,10 +44,10 @@ def load_tokenizer(folder: Path):
 
 
 def split_windows(split: str, length: int, limit: int | None = None) -> list[list[int]]:
-    """Windows of one split's token array (``wise.data.real_text.windows``)."""
+    """Windows of one split's token array (``wise.data.doc_text.windows``)."""
     import numpy as np
 
-    from wise.data.real_text import windows
+    from wise.data.doc_text import windows
 
     path = paths.real_tokens(split)
     if not path.is_file():
@@ -60,7 +60,7 @@ def split_windows(split: str, length: int, limit: int | None = None) -> list[lis
 
 
 def needle_rows(tokenizer, corpus: list[dict], p: RealModelParams, split: str, n: int) -> list:
-    from wise.data.real_text import needle_items
+    from wise.data.doc_text import needle_items
     from wise.looped.text_task import needle_row
 
     return [needle_row(tokenizer, item)

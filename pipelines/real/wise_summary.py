@@ -1,4 +1,4 @@
-"""Summaries of stage real_wise (``pipelines.real_wise``): each condition against Full over paired
+"""Summaries of stage real_wise (``pipelines.real.wise_study``): each condition against Full over paired
 examples, and the mechanism's convergence loops.
 
 Conditions, per (T, t_d, w, task, length, condition):

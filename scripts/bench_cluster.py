@@ -1,6 +1,6 @@
 """Throughput of the conditions stage on a Ray cluster of 1 and then 2 worker nodes, in one run.
 
-    RAY_TMPDIR=$(mktemp -d /tmp/wrXXXX) python -m benchmarks.pipeline.bench_cluster --examples 8 --context 256
+    RAY_TMPDIR=$(mktemp -d /tmp/wrXXXX) python -m scripts.bench_cluster --examples 8 --context 256
 
 In a temporary folder: the calibration model, a cohort of ``--examples`` examples of one context
 length, the traces and supports (in-process), then the `conditions` stage body (one work item per

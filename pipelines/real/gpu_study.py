@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.config.params import Params
-from pipelines.real_wise_summary import working_set_table
+from pipelines.real.wise_summary import working_set_table
 from pipelines.reports.real_model_report import curve_lines, halting_lines
 from pipelines.reports.real_wise_report import condition_lines, mechanism_lines, working_set_lines
 from pipelines.store.artifacts import read_parquet

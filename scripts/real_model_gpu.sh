@@ -4,18 +4,18 @@
 # the train split's token-id export and the held-out evaluation windows travel in chunks that fit
 # beside the working tree (64 MiB a call), are put together under /tmp/wise-real (kept while the
 # machine stays warm), and each `train` call trains one variant and scores NLL vs loops of it and
-# of the base (benchmarks/pipeline/real_train_gpu.py); `eval` runs stage real_eval (NLL and hop-item
+# of the base (scripts/real_train_gpu.py); `eval` runs stage real_eval (NLL and hop-item
 # accuracy vs loops, the halting table) on the committed checkpoints. Every command prints what it did.
 #
-#   here:       benchmarks/pipeline/real_model_gpu.sh pack            # -> .real-gpu/call-NN/ + .real-gpu/plan.txt
-#   device:     benchmarks/pipeline/real_model_gpu.sh receive         # carry .real-gpu/call-NN, one call each
-#   device:     benchmarks/pipeline/real_model_gpu.sh train lma       # then plain, then t1 (they match lma)
-#   here:       python -m benchmarks.pipeline.real_train_gpu table <files>/nll_*.parquet
+#   here:       scripts/real_model_gpu.sh pack            # -> .real-gpu/call-NN/ + .real-gpu/plan.txt
+#   device:     scripts/real_model_gpu.sh receive         # carry .real-gpu/call-NN, one call each
+#   device:     scripts/real_model_gpu.sh train lma       # then plain, then t1 (they match lma)
+#   here:       python -m scripts.real_train_gpu table <files>/nll_*.parquet
 #
 # The evaluation on the H200 (<= 5 minutes; the retrofits are committed under data/models/):
-#   here:       benchmarks/pipeline/real_model_gpu.sh pack            # (needs data/real/ from dvc repro real_corpus)
-#   device:     benchmarks/pipeline/real_model_gpu.sh receive         # once per .real-gpu/call-NN (carry it)
-#   device:     PARAMS=params/real-model-gpu.yaml benchmarks/pipeline/real_model_gpu.sh eval
+#   here:       scripts/real_model_gpu.sh pack            # (needs data/real/ from dvc repro real_corpus)
+#   device:     scripts/real_model_gpu.sh receive         # once per .real-gpu/call-NN (carry it)
+#   device:     PARAMS=params/real-model-gpu.yaml scripts/real_model_gpu.sh eval
 #   here:       copy $OUT's loops/curves/halting/halting_examples parquet, real_model.{md,json} and
 #               nll_vs_loops.png to benchmarks/results/<dated folder>/ (the journal cites them)
 # `eval` needs python with torch, transformers, pyarrow, pyyaml, numpy, scipy and matplotlib (checked
@@ -34,7 +34,7 @@
 # narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32); EVAL_WINDOWS (default 64) held-out
 # windows of train_window_tokens from the test split, evenly spaced, none overlapping.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 params=${PARAMS:-params.yaml}
@@ -51,11 +51,11 @@ pack() {  # here: the files the device needs, in chunks that fit one call each b
   chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
   [ "$chunk" -ge 4 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all)"; exit 1; }
   rm -rf "$out" && mkdir -p "$out/files" "$out/parts"
-  gguf=$($py -c "from wise.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
+  gguf=$($py -c "from wise.model_files.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
   cp "$gguf" "$out/files/model.gguf"
   cp "${WHEEL:-.whl/gguf-0.19.0-py3-none-any.whl}" "$out/files/"
-  $py -m benchmarks.pipeline.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"
-  $py -m benchmarks.pipeline.real_train_gpu windows --split test --n "${EVAL_WINDOWS:-64}" --params "$params" \
+  $py -m scripts.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"
+  $py -m scripts.real_train_gpu windows --split test --n "${EVAL_WINDOWS:-64}" --params "$params" \
     --out "$out/files/eval_windows.npy"
   for f in $EVAL_FILES; do  # what stage real_eval reads of the corpus (eval)
     [ -f "data/real/$f" ] || { echo "pack: data/real/$f is missing: run dvc repro real_corpus"; exit 1; }
@@ -104,7 +104,7 @@ receive() {  # device: take in the carried chunks, put complete files together, 
   local wheel; wheel=$(ls "$work"/files/gguf-*.whl 2> /dev/null || true)
   if [ ! -f "$base/config.json" ] && [ -f "$work/files/model.gguf" ] && [ -n "$wheel" ]; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$wheel"
-    PYTHONPATH="$work/site:${PYTHONPATH:-}" $py -m benchmarks.pipeline.real_train_gpu base \
+    PYTHONPATH="$work/site:${PYTHONPATH:-}" $py -m scripts.real_train_gpu base \
       --gguf "$work/files/model.gguf" --out "$base"
   fi
   [ -f "$base/config.json" ] && echo "receive: base $base ready"
@@ -117,7 +117,7 @@ train() {  # device: one variant, then NLL vs loops of it and of the base
   [ "$variant" = lma ] || match=(--match "${MATCH:-$work/lma_summary.json}")
   log="$out/train_$variant.log"
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } | tee "$log"
-  $py -m benchmarks.pipeline.real_train_gpu train "$variant" --base "$base" --tokens "$work/files/tokens_train.npy" \
+  $py -m scripts.real_train_gpu train "$variant" --base "$base" --tokens "$work/files/tokens_train.npy" \
     --windows "$work/files/eval_windows.npy" --params "$params" --out "$out/$name-$variant" --quiet \
     ${DEPTHS:+--depths $DEPTHS} "${match[@]}" 2>&1 | tee -a "$log"
   cp "$out/$name-$variant/train_summary.json" "$work/${variant}_summary.json"

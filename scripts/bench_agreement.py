@@ -1,4 +1,4 @@
-"""What ``benchmarks.pipeline.bench_conditions`` needs beside its timings: how far the cached path's tokens
+"""What ``scripts.bench_conditions`` needs beside its timings: how far the cached path's tokens
 agree with the rerun path's, how a perturbation grows through the recurrence (why they can
 differ), and two model/support changes for the bench only (a contractive recurrence, a planted
 WISE-like support).

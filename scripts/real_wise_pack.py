@@ -1,9 +1,9 @@
 """What stage real_wise reads of the documentation corpus, for a machine without it: the test split's
 documents (the rows of data/real/corpus.parquet whose split is test: the QA prompts' passages) and its token
 ids (data/real/tokens_test.npy: the text windows), written under --out with the names the stage reads, so
-benchmarks/pipeline/real_wise_gpu.sh can carry them to the device and put them back under data/real/.
+scripts/real_wise_gpu.sh can carry them to the device and put them back under data/real/.
 
-    python -m benchmarks.pipeline.real_wise_pack --out .real-wise-gpu/files
+    python -m scripts.real_wise_pack --out .real-wise-gpu/files
 """
 from __future__ import annotations
 

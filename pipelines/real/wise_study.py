@@ -3,7 +3,7 @@
 The retrofit of stage train_real_retrofit (``real_wise.retrofit``: lma or plain) is the backbone:
 a pretrained prelude, a looped block of pretrained layers whose attention goes through the WISE
 seam (``wise.models.looped.seam``) and a pretrained coda. Its prompts are one more cohort: real-text
-QA items (needle facts, ``wise.data.real_text``; answer: the city) and held-out text windows (the
+QA items (needle facts, ``wise.data.doc_text``; answer: the city) and held-out text windows (the
 last ``continuation`` tokens scored after the rest), sized to each of ``real_wise.lengths``. They go
 through the WISE pipeline's own stage code, in its worker pool, at each (T, t_d, w) of
 ``real_wise.settings`` with every other setting from params (``wise.*``, ``conditions.*``,
@@ -20,7 +20,7 @@ What is the real study's own: the backbone's wise_adaptive rule (``real_wise.ada
 calibration model's rule relies on one-hot attention and T = 32), scoring (greedy answers against
 the city's tokens, NLL of the window's last tokens), the mechanism's convergence loops, and the
 first setting's working sets as the kernel benchmarks' layouts. Summaries (CIs, McNemar,
-convergence) are in ``pipelines.real_wise_summary``; the report section in
+convergence) are in ``pipelines.real.wise_summary``; the report section in
 ``pipelines.reports.real_wise_report``.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pipelines.config import paths, schemas
 from pipelines.config.params import ModelParams, Params
 from pipelines.config.run_spec import wise_settings
 from pipelines.compute.pool import WorkerPool
-from pipelines.real_model import base_folder, load_corpus, load_tokenizer, retrofit_folder, split_windows
+from pipelines.real.model import base_folder, load_corpus, load_tokenizer, retrofit_folder, split_windows
 from pipelines.store.artifacts import write_json, write_parquet, write_text
 from pipelines.supports import derive_supports, layout_bits
 from pipelines.traces import trace_cohort, trace_context
@@ -56,7 +56,7 @@ def needles_at(tokenizer, corpus: list[dict], p: Params, length: int) -> list:
     """QA rows of the test split whose prompts fill up to `length` tokens: the largest passage word
     count (bisection) whose longest prompt fits; the items stay a function of (seed, index) for
     each word count."""
-    from wise.data.real_text import needle_items
+    from wise.data.doc_text import needle_items
     from wise.looped.text_task import needle_row
 
     m, n = p.real_model, p.real_wise.needles
@@ -115,7 +115,7 @@ def retrofit_model(p: Params) -> ModelParams:
 
 
 def run_real_wise(p: Params) -> dict:
-    from pipelines.real_wise_summary import condition_summary, mechanism_summary, working_set_table
+    from pipelines.real.wise_summary import condition_summary, mechanism_summary, working_set_table
 
     r = p.real_wise
     tokenizer = load_tokenizer(base_folder(p.real_model))
@@ -206,7 +206,7 @@ def support_rows(item: dict, summaries: dict, T: int, t_d: int, w: int) -> list[
 
 def layout_rows(item: dict, layout: torch.Tensor, T: int, t_d: int, w: int, block_size: int) -> list[dict]:
     """The deployed WISE working set per layer, packed as the supports stage packs it: the kernel
-    benchmarks' source of real layouts (``benchmarks.real_layouts``)."""
+    benchmarks' source of real layouts (``benchmarks.discovered_layouts``)."""
     _, H, M, _ = layout.shape
     return [{"T": T, "t_d": t_d, "w": w, "task": item["task"], "length": item["length"],
              "example_id": item["example_id"], "n_tokens": len(item["token_ids"]), "block_size": block_size,

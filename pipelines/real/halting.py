@@ -58,7 +58,7 @@ def hop_summary(examples: list[dict], best: int, t_max: int, st: StatisticsParam
 
 def run_halting(p: RealModelParams, st: StatisticsParams, model, tokenizer, corpus, test_trajs):
     """(summary rows, example rows, card) of every method on the test trajectories (loops 1..halting_t_max)."""
-    from pipelines.real_model import hop_rows
+    from pipelines.real.model import hop_rows
     from wise.halting import heads as H
     from wise.halting import rules as R
     from wise.halting.trajectory import stacked, trajectories
@@ -81,7 +81,11 @@ def run_halting(p: RealModelParams, st: StatisticsParams, model, tokenizer, corp
     ref_T, ref_nll = R.reference_nll(fixed, p.halting_t_min, T)
     best = R.best_fixed_depth(fixed)
     chosen = {}
-    for rule, grid, make in (("halting", p.halting_tau_grid, lambda th: R.Halting(heads["halting"], th, p.halting_t_min)),
+
+    def halting(th):
+        return R.Halting(heads["halting"], th, p.halting_t_min)
+
+    for rule, grid, make in (("halting", p.halting_tau_grid, halting),
                              ("confidence", p.halting_confidence_grid, lambda th: R.Confidence(th, p.halting_t_min))):
         curve = R.curve(make, grid, held)
         pick, feasible = R.select_threshold(curve, ref_nll, p.halting_nll_tolerance)

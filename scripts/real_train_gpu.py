@@ -1,15 +1,15 @@
 """The real retrofits on a GPU machine without DVC, Ray or the corpus' text: convert the base from
 its GGUF, train one variant from the train split's token-id export, and measure NLL vs loops on
-held-out windows (benchmarks/pipeline/real_model_gpu.sh runs these on the device; its header says how).
+held-out windows (scripts/real_model_gpu.sh runs these on the device; its header says how).
 
-    python -m benchmarks.pipeline.real_train_gpu export --split train --out tokens_train.npy    # here (CPU)
-    python -m benchmarks.pipeline.real_train_gpu windows --split test --out eval_windows.npy   # here (CPU)
-    python -m benchmarks.pipeline.real_train_gpu base --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out DIR
-    python -m benchmarks.pipeline.real_train_gpu train lma --base DIR --tokens tokens_train.npy \
+    python -m scripts.real_train_gpu export --split train --out tokens_train.npy    # here (CPU)
+    python -m scripts.real_train_gpu windows --split test --out eval_windows.npy   # here (CPU)
+    python -m scripts.real_train_gpu base --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out DIR
+    python -m scripts.real_train_gpu train lma --base DIR --tokens tokens_train.npy \
         --windows eval_windows.npy --out OUT/smollm2-135m-lma [--match SUMMARY.json]
-    python -m benchmarks.pipeline.real_train_gpu table nll_*.parquet                          # here (CPU)
+    python -m scripts.real_train_gpu table nll_*.parquet                          # here (CPU)
 
-``train`` runs the stage's own body (``pipelines.real_train.train_real``) with the real_model keys
+``train`` runs the stage's own body (``pipelines.real.train.train_real``) with the real_model keys
 of --params (params.yaml: the recipe the committed checkpoints record), then scores the trained
 variant and the base on the windows at every --depths (``wise.looped.text_task.window_nll``, fp32,
 no TF32): ``nll_<variant>.parquet`` beside the folder, one row per (variant, T, window). t1 is
@@ -41,8 +41,8 @@ def split_ids(split: str, params: str):
     """(real_model params, one split's token ids, where they came from): the corpus stage's export,
     else that split's text rows of the corpus tokenized by the base's tokenizer."""
     from pipelines.config.params import load_params
-    from pipelines.real_model import base_folder, load_corpus, load_tokenizer
-    from pipelines.real_train import base_config, document_separator, tokens_file
+    from pipelines.real.model import base_folder, load_corpus, load_tokenizer
+    from pipelines.real.train import base_config, document_separator, tokens_file
     from wise.looped.token_windows import split_tokens, tokens_from_texts
 
     p = load_params(params).real_model
@@ -74,8 +74,8 @@ def windows_command(args) -> None:
 
 
 def base_command(args) -> None:
-    from wise.fingerprint import base_fingerprint
-    from wise.packaged_gguf import PACKAGED, convert
+    from wise.model_files.fingerprint import base_fingerprint
+    from wise.model_files.packaged_gguf import PACKAGED, convert
 
     started = time.monotonic()
     folder = convert(PACKAGED[args.preset], args.out, gguf_path=args.gguf)
@@ -104,7 +104,7 @@ def base_rows(base, windows: torch.Tensor) -> list[dict]:
 
 def evaluate(variant: str, folder: Path, base_dir: Path, windows_path: Path, depths, device: str) -> list[dict]:
     """NLL vs loops of the trained `folder` and of the base on the windows (fp32, no TF32)."""
-    from wise.fingerprint import base_fingerprint
+    from wise.model_files.fingerprint import base_fingerprint
     from wise.models.looped.base import load_base, no_tf32
     from wise.models.looped.checkpoint import load_retrofit, read_config
 
@@ -126,8 +126,8 @@ def evaluate(variant: str, folder: Path, base_dir: Path, windows_path: Path, dep
 
 def train_command(args) -> None:
     from pipelines.config.params import load_params
-    from pipelines.real_model import load_tokenizer
-    from pipelines.real_train import base_config, train_real
+    from pipelines.real.model import load_tokenizer
+    from pipelines.real.train import base_config, train_real
     from wise.looped.token_windows import split_tokens
 
     p = load_params(args.params).real_model

@@ -1,8 +1,8 @@
-"""Several ``benchmarks.pipeline.bench_conditions`` command lines in one process, sharing each model load
+"""Several ``scripts.bench_conditions`` command lines in one process, sharing each model load
 (a random-init Huginn-0125 takes about a minute to build; every line's output is that of the
 command run alone).
 
-    python -m benchmarks.pipeline.bench_many \\
+    python -m scripts.bench_many \\
         "--params params/huginn-paper.yaml --source preset:huginn-0125@0 --context 1024 --n 1" \\
         "--params params/huginn-paper.yaml --source preset:huginn-0125@0 --context 1024 --dtype float32"
 
@@ -16,14 +16,14 @@ import sys
 import time
 from unittest import mock
 
-import benchmarks.pipeline.bench_conditions as bench
+import scripts.bench_conditions as bench
 from pipelines.compute.pool import ModelWorker
 
 
 def main(argv=None) -> int:
     lines = list(sys.argv[1:] if argv is None else argv)
     if not lines:
-        raise SystemExit("usage: python -m benchmarks.pipeline.bench_many '<bench_conditions args>' ...")
+        raise SystemExit("usage: python -m scripts.bench_many '<bench_conditions args>' ...")
     workers: dict[tuple, ModelWorker] = {}
     adapters: dict[tuple, object] = {}  # each model's adapter weights as loaded
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         return workers[key]
 
     for line in lines:
-        print(f"\n$ python -m benchmarks.pipeline.bench_conditions {line}", flush=True)
+        print(f"\n$ python -m scripts.bench_conditions {line}", flush=True)
         start = time.perf_counter()
         with mock.patch.object(bench, "ModelWorker", shared):
             rc = bench.main(shlex.split(line))

@@ -5,7 +5,7 @@ differ only in what a step computes (``step_loss``) and in what they do between 
     progress = StepProgress()
     log = run_steps(cfg, params, opt, stream, device, step_loss, tokens_of, progress, desc="train")
 
-Per step: the learning rate from ``wise.objective.lr_at`` at max(step / max_steps, elapsed /
+Per step: the learning rate from ``wise.training.objective.lr_at`` at max(step / max_steps, elapsed /
 time_limit_s), a batch from the stream, ``step_loss(batch, step) -> (total, answer, lm, extra)``,
 backward, gradient clipping, the optimiser step. Every ``log_every`` steps (and the last) a log row:
 step, tokens, the three losses, grad norm, lr, ``extra`` (tensors read then), elapsed seconds and
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from wise.objective import lr_at
+from wise.training.objective import lr_at
 
 
 @dataclass
