@@ -5,6 +5,7 @@ reads "did not converge", a small default run is labelled a smoke test, and the 
 tables stand beside it."""
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.reports.real_findings import (accuracy_sentence, conditions_sentence, converged_cell, mechanism_sentence,
@@ -117,6 +118,11 @@ def test_the_report_shows_the_committed_gpu_study_beside_the_default_run(monkeyp
         pytest.skip("no committed GPU study under benchmarks/results")
     md = gpu_study_markdown(load_params(ROOT / "params.yaml"), ROOT)
     assert "**Real model, GPU study** (`benchmarks/results/real-h200/" in md
-    assert "| LMA retrofit | 32 |" in md and "| LMA retrofit | 128 |" in md  # its n beside its intervals
+    run = latest_run(ROOT / REAL_MODEL[0], REAL_MODEL[1])
+    curves = pq.read_table(run / "curves.parquet").to_pylist()
+    n = {task: next(r["n"] for r in curves if (r["variant"], r["task"]) == ("lma", task) and r.get("hops") is None)
+         for task in ("text", "needle")}
+    assert f"| LMA retrofit | {n['text']} |" in md and f"| LMA retrofit | {n['needle']} |" in md  # n beside its CIs
+    assert "is at the ceiling (1.000)" not in md.split("**Needle accuracy**")[1].split("|")[0]  # over all items
     assert "**WISE on the real model, GPU study**" in md and "(did not converge)" in md
     assert "Where it fails:" in md

@@ -9,7 +9,8 @@ import numpy as np
 
 from wise.data.splits import derive_seed
 from wise.looped.depth import loops_for_step
-from wise.training import TrainConfig, sample_recurrence
+from wise.training.config import TrainConfig
+from wise.training.loop import sample_recurrence
 
 
 def backbone_reference(config: TrainConfig, index: int) -> int:

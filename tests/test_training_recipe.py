@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from wise.looped.training_config import BaseTraining, RetrofitTraining, Training
-from wise.training import TrainConfig
+from wise.training.config import TrainConfig
 from wise.typed_params import TrainingRecipe, from_mapping
 
 SHARED = [f.name for f in dataclasses.fields(TrainingRecipe)]

@@ -128,6 +128,7 @@ def small_sample_label(table: list[dict], halting: list[dict]) -> list[str]:
 
 def curve_lines(table: list[dict], trained: tuple[int, int]) -> list[str]:
     """The NLL and needle-accuracy tables (variant x loops), each with n, its sentence and its warnings."""
+    table = [r for r in table if r.get("hops") is None]  # over all items; per hop count: hop_lines
     depths = sorted({r["T"] for r in table if r["variant"] != "base"})
     L = []
     for task, title, key, low, high, sentence in (
