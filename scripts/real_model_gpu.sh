@@ -23,7 +23,7 @@
 # (corpus.parquet, corpus_manifest.json, tokens_test.npy: what real_eval reads) under data/real/ and the
 # converted base at data/models/smollm2-135m-instruct of the device's copy of the tree, runs
 # `python -m stages.real_eval --params $PARAMS` and writes the outputs, real_eval.log and nvidia-smi's
-# line under $OUT. Checked on the CPU machine with tiny sizes and ray/dvc/duckdb unimportable.
+# line under $OUT. Run on an H200 without ray, dvc or duckdb (journal 2026-12-04 (d)).
 #
 # `receive` and `train` first take in whatever .real-gpu/call-NN folder the call carried; the base is
 # converted as soon as the GGUF and the wheel are complete. `train VARIANT` writes $OUT/<name>-VARIANT/
