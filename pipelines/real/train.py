@@ -58,12 +58,12 @@ def training_tokens(tokenizer, vocab_size: int, eos: int, export: Path | None) -
 
 
 def recipe(p: RealModelParams, variant: str, tokens: np.ndarray) -> dict:
-    """What a checkpoint was trained from: its params (real_eval's device and the eval and halting
-    keys excluded) and the token ids it read."""
+    """What a checkpoint was trained from: its params (real_eval's device and the eval, halting and
+    hop-task keys excluded: training never reads them) and the token ids it read."""
     from wise.looped.token_windows import tokens_sha256
 
     keep = {k: v for k, v in dataclasses.asdict(p).items()
-            if k != "device" and not k.startswith(("eval_", "halting_"))}
+            if k != "device" and not k.startswith(("eval_", "halting_", "hop_"))}
     return json.loads(json.dumps({"variant": variant, "params": keep, "train_tokens_sha256": tokens_sha256(tokens)}))
 
 
