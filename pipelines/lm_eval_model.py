@@ -55,11 +55,11 @@ from wise.engine.decoding import GENERATION_MODES, evaluate_examples
 from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.engine.exit_criteria import parse_exit
 from wise.engine.routing import BACKENDS
-from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, state_seed
 from wise.models.checkpoint import LOOPED_MODEL_TYPE, TOKENIZER_NAME, load_checkpoint
 from wise.models.dtypes import DTYPES
 
-_DEFAULT = WiseSettings()
+_DEFAULT = PAPER_SETTINGS  # the paper's proportions and the flags' defaults
 _RULE = AdaptiveDiscovery()
 
 

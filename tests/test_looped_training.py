@@ -13,7 +13,7 @@ import yaml
 
 from wise.looped.data import IGNORE, BatchSpec, SpecialIds, make_batch
 from wise.looped.depth import loops_for_step, sample_loops
-from pipelines.recurtrace.params import RetrofitParams
+from params_files import retrofit_params
 
 
 def test_loop_count_sampler_moments():
@@ -65,13 +65,13 @@ def test_worker_processes_make_the_same_batches():
 
 
 def test_retrofit_params_name_the_bad_key():
-    RetrofitParams.from_dict(None)  # every default is valid
+    retrofit_params()  # params.yaml's section is valid
     for raw, key in [({"train": {"lr": 0}}, "retrofit.train.lr"), ({"train": {"loops_min": 1}}, "retrofit.train.loops_min"),
                      ({"eval": {"benchmarks": ["nope"]}}, "retrofit.eval.benchmarks"),
                      ({"base_train": {"epochs": 3}}, "retrofit.base_train.epochs"),
                      ({"window": 0}, "retrofit.window"), ({"dtype": "int8"}, "retrofit.dtype")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            RetrofitParams.from_dict(raw)
+            retrofit_params(raw)
 
 
 def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
@@ -81,9 +81,6 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     load_params("params.yaml")  # `retrofit:` is an allowed section
     p = load_retrofit_params("params.yaml")
     assert p.base == "data/models/recurtrace-base" and p.train.loops_max == 8
-    # the defaults are params.yaml's section, so a params file with only `retrofit: {name: recurtrace}`
-    # (what dvc.yaml interpolates) keeps the committed embedded checkpoints
-    assert p == RetrofitParams.from_dict({"name": "recurtrace"})
     q = load_retrofit_params("params/recurtrace-qwen3.yaml")
     assert q.base == "Qwen/Qwen3-0.6B" and q.dtype == "bfloat16"
     load_params("params/recurtrace-qwen3.yaml")
@@ -131,9 +128,9 @@ def smoke_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("recurtrace")
     tokenizer = str(Path("data/models/wise-small/tokenizer.json").resolve())
-    section = merge(json.loads(json.dumps(dataclasses.asdict(RetrofitParams()))), SMOKE)
+    section = merge(json.loads(json.dumps(dataclasses.asdict(retrofit_params()))), SMOKE)
     section["base_train"]["tokenizer"] = tokenizer
-    params = RetrofitParams.from_dict(section)
+    params = retrofit_params(section)
     assert set(params.eval.benchmarks) == {"synthchain", "syntharith"}
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump({"retrofit": json.loads(json.dumps(dataclasses.asdict(params)))}))

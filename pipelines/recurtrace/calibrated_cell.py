@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -352,6 +352,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lma-steps", type=int, default=0, help="train a fresh LMA retrofit this many steps instead (CPU)")
     ap.add_argument("--wise-n", type=int, default=64, help="test items run under WISE at the oracle's depth (0: none)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--params", default="params.yaml", help="params file whose retrofit.calibration gives the other keys")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -360,8 +361,11 @@ def main(argv=None) -> int:
         from wise.models.looped.checkpoint import load_retrofit
 
         lma = load_retrofit(args.lma)
-    cell = run_cell(CellParams(seed=args.seed, n=args.n, fit_n=args.fit_n, bimodal_n=args.bimodal_n,
-                               lma_steps=args.lma_steps, wise_n=args.wise_n),
+    from pipelines.recurtrace.params import load_retrofit_params  # the other keys: the params file's
+
+    cell = run_cell(replace(load_retrofit_params(args.params).calibration, seed=args.seed, n=args.n,
+                            fit_n=args.fit_n, bimodal_n=args.bimodal_n, lma_steps=args.lma_steps,
+                            wise_n=args.wise_n),
                     log=lambda m: print(m, file=sys.stderr, flush=True), lma=lma)
     print("\n".join(report_lines(cell)))
     if cell["wise"]:
