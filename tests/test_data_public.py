@@ -206,7 +206,7 @@ def test_cohorts_stage_lists_dropped_rows_and_local_files_must_be_a_dvc_dependen
            "cohorts": {"benchmarks": ["hotpotqa"], "examples_per_benchmark": 2, "context_lengths": [256],
                        "sources": {"hotpotqa": {"path": f"{LOCAL_BENCHMARKS}/hotpot.jsonl"}},
                        "max_bad_rows_fraction": 0.1},
-           "sweeps": {"context_length": 256}}
+           "sweeps": {"context_length": 256, "examples_per_benchmark": 2}}
     rows = build_cohort(validate(parse_over(raw)))
     assert {r["base_id"] for r in rows} <= {f"hotpotqa-5a8b{i:04d}" for i in range(37)} and rows
     out = capsys.readouterr().out

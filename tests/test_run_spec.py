@@ -13,6 +13,7 @@ from pipelines.config import schemas
 from pipelines.store.artifacts import to_table
 from pipelines.conditions import PairingError, SupportMismatchError, result_rows
 from params_files import default_params
+from pipelines.config.params import Params
 from pipelines.compute.pool import ModelWorker
 from pipelines.compute.tasks.contexts import TraceContext
 from pipelines.config.run_spec import code_id, code_version, run_spec, weights_id

@@ -163,7 +163,8 @@ def test_command_line_runs_on_cpu_and_refuses_a_missing_gpu(tmp_path, monkeypatc
 
 def _params(**timing_changes) -> Params:
     p = default_params()
-    return dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64, 128), layers=1,
+    return dataclasses.replace(p, model=dataclasses.replace(p.model, source=str(ROOT / "data/models/wise-tiny-random")),
+                               timing=dataclasses.replace(p.timing, context_lengths=(64, 128), layers=1,
                                                               densities=(0.37, 0.5), **timing_changes),
                                recurrence=dataclasses.replace(p.recurrence, steps=6),
                                wise=dataclasses.replace(p.wise, discovery_step=3, window=2, block_size=32))
