@@ -18,8 +18,8 @@ POOL_SCRIPT = textwrap.dedent("""
     import sys
     from dataclasses import replace
     import pipelines
-from pathlib import Path as _Path
-from pipelines.config.params import load_params
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
     P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
@@ -94,8 +94,8 @@ KILL_SCRIPT = textwrap.dedent("""
     import ray
     from dataclasses import replace
     import pipelines
-from pathlib import Path as _Path
-from pipelines.config.params import load_params
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
     P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
@@ -164,8 +164,8 @@ RETRY_SCRIPT = textwrap.dedent("""
     from ray.exceptions import RayActorError
     from dataclasses import replace
     import pipelines
-from pathlib import Path as _Path
-from pipelines.config.params import load_params
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
     P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
@@ -213,8 +213,8 @@ def test_a_retry_does_not_go_to_an_idle_actor_that_died_too(tmp_path):
 def test_a_failing_task_names_its_example():
     from dataclasses import replace
     import pipelines
-from pathlib import Path as _Path
-from pipelines.config.params import load_params
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
     P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
