@@ -274,7 +274,8 @@ def test_eta_between_0875_and_0999_decides_answers_and_the_engine_follows(model)
         assert differ, (a, b)
         cases += [c for c in differ[:2] if c not in cases]
     for eta in etas:
-        assert mismatches(model, cases, PAPER_SETTINGS.replace(eta=eta, backend="gather"), ["wise", "freeze_a"]) == [], eta
+        settings = PAPER_SETTINGS.replace(eta=eta, backend="gather")
+        assert mismatches(model, cases, settings, ["wise", "freeze_a"]) == [], eta
 
 
 def test_question_row_convergence_steps_match_their_expectation(model):
@@ -431,7 +432,8 @@ FAULTS = {
     "MassMatched's target: the whole row's step-1 mass": (
         _mass_matched_whole_row, "mass_matched", _mass_matched_whole_row_changes),
     "working set from the last step only": (
-        _last_step_only, "wise", lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", PAPER_SETTINGS).correct),
+        _last_step_only, "wise",
+        lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", PAPER_SETTINGS).correct),
     "window shifted by one": (
         _window_shifted, "wise",
         lambda lay: _wise_with(lay, range(8, 12)) != expected_outcome(lay, "wise", PAPER_SETTINGS).correct),

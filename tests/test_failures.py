@@ -58,7 +58,8 @@ RAY_STAGE = textwrap.dedent("""
         with WorkerPool(p.model, p.compute, len(items)) as pool:
             pool.map("trace", items, CTX)
 
-    CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9, backend="reference"), init_seed=0,
+    CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
     sys.exit(stage_main("traces", run))
 """)

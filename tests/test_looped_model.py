@@ -264,8 +264,8 @@ def test_kernel_backend_matches_the_reference_on_the_looped_model():
                                          num_hidden_layers=4)).eval()
     model = build_looped(base, block_start=1, block_layers=2, lma_heads=1, lma_head_dim=8, gate_hidden=2)
     ids = ids_of(64)[0]
-    out = {be: run_condition(model, ids, "wise", PAPER_SETTINGS.replace(steps=4, discovery_step=2, window=1, block_size=16,
-                                                              backend=be), 0)
+    out = {be: run_condition(model, ids, "wise", PAPER_SETTINGS.replace(
+        steps=4, discovery_step=2, window=1, block_size=16, backend=be), 0)
            for be in ("reference", "kernel")}
     assert out["kernel"].state_hash == out["reference"].state_hash
     assert torch.equal(out["kernel"].layouts, out["reference"].layouts)

@@ -25,7 +25,8 @@ POOL_SCRIPT = textwrap.dedent("""
     from pipelines.compute.tasks.contexts import TraceContext
     from wise.engine.runner import WiseSettings
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 20 + i))} for i in range(3)]
-    ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9, backend="reference"), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
     with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, num_workers=2), 3) as pool:
         out = pool.map("trace", items, ctx)
@@ -101,7 +102,8 @@ KILL_SCRIPT = textwrap.dedent("""
     from pipelines.compute.tasks.contexts import TraceContext
     from wise.engine.runner import WiseSettings
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 40 + i))} for i in range(6)]
-    ctx = TraceContext(WiseSettings(steps=12, discovery_step=4, window=2, block_size=16, eta=0.9, backend="reference"), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=12, discovery_step=4, window=2, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
     with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, num_workers=2, max_retries=1),
                     len(items)) as pool:
@@ -173,7 +175,8 @@ RETRY_SCRIPT = textwrap.dedent("""
     # ex1 runs for seconds (2000 tokens, 32 steps), ex0 for milliseconds: ex1 is still running
     # when ex0 comes back.
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + n))} for i, n in enumerate((20, 2000))]
-    ctx = TraceContext(WiseSettings(steps=32, discovery_step=4, window=2, block_size=16, eta=0.9, backend="reference"), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=32, discovery_step=4, window=2, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
     with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, num_workers=2, max_retries=1),
                     len(items)) as pool:

@@ -57,7 +57,8 @@ def params():
     from params_files import default_params
     from pipelines.config.params import StatisticsParams
 
-    p = dataclasses.replace(default_params().real_model, window_tokens=24, needle_facts=2, needle_words=24, eval_windows=2,
+    p = dataclasses.replace(default_params().real_model, window_tokens=24, needle_facts=2, needle_words=24,
+                            eval_windows=2,
                             eval_needles=3, eval_depths=(1, 3), halting_train=4, halting_heldout=4,
                             halting_t_max=3, halting_steps=5, lma_window=2)
     return p, StatisticsParams(bootstrap_resamples=200, bootstrap_seed=1, ci_level=0.9)

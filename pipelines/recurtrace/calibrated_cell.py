@@ -352,7 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lma-steps", type=int, default=0, help="train a fresh LMA retrofit this many steps instead (CPU)")
     ap.add_argument("--wise-n", type=int, default=64, help="test items run under WISE at the oracle's depth (0: none)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    ap.add_argument("--params", default="params.yaml", help="params file whose retrofit.calibration gives the other keys")
+    ap.add_argument("--params", default="params.yaml",
+                    help="params file whose retrofit.calibration gives the other keys")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
