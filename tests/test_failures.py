@@ -2,6 +2,7 @@
 
 A failure inside a Ray task used to reach the user as ~60 lines of Ray and driver traceback, and a
 conditions work item (a batch of examples) was named by its position ("example #1")."""
+import dataclasses
 import os
 import subprocess
 import sys
