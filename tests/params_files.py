@@ -51,9 +51,9 @@ def default_params():
 
 
 def retrofit_params(changes: dict | None = None):
-    """params.yaml's ``retrofit:`` section with `changes`, parsed (its checks raise ValueError)."""
+    """params.yaml's ``recurtrace:`` section with `changes`, parsed (its checks raise ValueError)."""
     from pipelines.recurtrace.params import RetrofitParams
     from wise.typed_params import from_mapping
 
-    return from_mapping(RetrofitParams, overlay(RetrofitParams, _raw()["retrofit"], changes or {}), "retrofit",
+    return from_mapping(RetrofitParams, overlay(RetrofitParams, _raw()["recurtrace"], changes or {}), "retrofit",
                         complete=True)

@@ -256,15 +256,15 @@ def test_mcnemar_on_adaptive_pairs_equals_wise_stats():
 def test_halting_and_adaptive_params_name_the_bad_key():
     from params_files import retrofit_params
 
-    for raw, key in [({"halting": {"t_max": 2}}, "retrofit.halting.t_max"),  # must exceed t_min = 2
-                     ({"halting": {"tau_grid": [0.5, 1.5]}}, "retrofit.halting.tau_grid"),
-                     ({"halting": {"confidence_grid": []}}, "retrofit.halting.confidence_grid"),
-                     ({"halting": {"pool": "max"}}, "retrofit.halting.pool"),
-                     ({"halting": {"variant": "big"}}, "retrofit.halting.variant"),
-                     ({"halting": {"act_epsilon": 1.0}}, "retrofit.halting.act_epsilon"),
-                     ({"adaptive": {"wise": {"window": 3}}}, "retrofit.adaptive.wise.window"),  # > t_d = 2
-                     ({"adaptive": {"wise": {"discovery_step": 8}}}, "retrofit.adaptive.wise.discovery_step"),
-                     ({"adaptive": {"timing_repeats": 0}}, "retrofit.adaptive.timing_repeats")]:
+    for raw, key in [({"halting": {"t_max": 2}}, "recurtrace.halting.t_max"),  # must exceed t_min = 2
+                     ({"halting": {"tau_grid": [0.5, 1.5]}}, "recurtrace.halting.tau_grid"),
+                     ({"halting": {"confidence_grid": []}}, "recurtrace.halting.confidence_grid"),
+                     ({"halting": {"pool": "max"}}, "recurtrace.halting.pool"),
+                     ({"halting": {"variant": "big"}}, "recurtrace.halting.variant"),
+                     ({"halting": {"act_epsilon": 1.0}}, "recurtrace.halting.act_epsilon"),
+                     ({"halting_eval": {"wise": {"window": 3}}}, "recurtrace.halting_eval.wise.window"),  # > t_d = 2
+                     ({"halting_eval": {"wise": {"discovery_step": 8}}}, "recurtrace.halting_eval.wise.discovery_step"),
+                     ({"halting_eval": {"timing_repeats": 0}}, "recurtrace.halting_eval.timing_repeats")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             retrofit_params(raw)
     # the heads and the evaluation are downstream of the checkpoints: not part of their recipe
@@ -279,12 +279,12 @@ def test_validate_requires_every_halting_and_adaptive_key():
 
     raw = yaml.safe_load(open("params.yaml").read())
     check_retrofit(raw, "params.yaml")
-    for section, key in (("halting", "delta"), ("adaptive", "wise.eta")):
+    for section, key in (("halting", "delta"), ("halting_eval", "wise.eta")):
         broken = yaml.safe_load(open("params.yaml").read())
         *parents, last = key.split(".")
-        node = broken["retrofit"][section]
+        node = broken["recurtrace"][section]
         for k in parents:
             node = node[k]
         del node[last]
-        with pytest.raises(ParamsError, match=rf"retrofit\.{section}\.{key}"):
+        with pytest.raises(ParamsError, match=rf"recurtrace\.{section}\.{key}"):
             check_retrofit(broken, "params.yaml")

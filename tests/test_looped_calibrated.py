@@ -52,8 +52,8 @@ def checks(cell: dict) -> list[str]:
 
 
 def cell_params(**changes):
-    """params.yaml's retrofit.calibration with `changes` (its checks run again)."""
-    return dataclasses.replace(retrofit_params().calibration, **changes)
+    """params.yaml's recurtrace.calibrated with `changes` (its checks run again)."""
+    return dataclasses.replace(retrofit_params().calibrated, **changes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,7 +188,7 @@ def test_wise_expectation_follows_eta_and_the_block_size():
     assert C.question_block_support(5, 8, 0.85) == {0}  # 7/8 of the mass already past eta
     assert C.question_block_support(0, 8, 0.95) == {0}
     assert C.question_block_support(3, 1, 0.95) == {3}
-    with pytest.raises(ValueError, match=r"retrofit\.calibration\.wise\.block_size"):
+    with pytest.raises(ValueError, match=r"recurtrace\.calibrated\.wise\.block_size"):
         cell_params(wise=WiseReuse(discovery_step=3, window=2, block_size=16, eta=0.95))
 
 

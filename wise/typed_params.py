@@ -1,7 +1,7 @@
 """The one parser of params sections: a mapping (a section of params.yaml, a stored recipe) -> a
 frozen dataclass, every key checked against its field's annotated type.
 
-    from_mapping(RetrofitParams, raw["retrofit"], "retrofit", complete=True)
+    from_mapping(RetrofitParams, raw["recurtrace"], "recurtrace", complete=True)
 
 Every section of the project goes through it: the WISE stages' (``pipelines.config.params``), the
 RecurTrace stages' (``pipelines.recurtrace.params``) and the backbone's training recipe
@@ -10,7 +10,7 @@ error naming it (a silent default would run something other than what the file s
 ``complete=False`` fills absent keys from the dataclass defaults where a class has them (the
 training recipes stored beside checkpoints); the params sections' dataclasses have none (params.yaml
 is the one home of their values), so an absent key is an error there too.
-Errors are ``ValueError`` naming the full key (``retrofit.train.lr = 'x': must be a number``); value
+Errors are ``ValueError`` naming the full key (``recurtrace.train.lr = 'x': must be a number``); value
 ranges and relations are the dataclasses' own checks (``need`` in their ``__post_init__``).
 """
 from __future__ import annotations

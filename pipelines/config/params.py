@@ -3,7 +3,7 @@
 Every stage loads the whole file once (so a typo anywhere is caught early) and reads only its own
 sections. params.yaml is the one home of every value: the dataclasses below carry no defaults, so a
 params file must give every key of every section (a missing key is an error naming it, raised while
-parsing, before any work) and no unknown section; ``train:`` and ``retrofit:`` belong to their stages
+parsing, before any work) and no unknown section; ``train:`` and ``recurtrace:`` belong to their stages
 and are checked by ``stages/validate.py``. Library callers and tests start from params.yaml too
 (``load_params``, then ``dataclasses.replace``). The checks of values and of relations between keys
 are in ``pipelines.config.validate``; ``load_params`` runs them.
@@ -257,9 +257,9 @@ class Params:
 
 # Sections read by their own stages through the same parser (wise.typed_params), so the WISE
 # stages' import closures hold none of their code: `train:` (stages/train_backbone.py,
-# wise.training.TrainConfig) and `retrofit:` (the RecurTrace stages, pipelines.recurtrace.params);
+# wise.training.TrainConfig) and `recurtrace:` (the RecurTrace stages, pipelines.recurtrace.params);
 # stages/validate.py checks them before any stage runs. Every other section is a dataclass of Params.
-STAGE_SECTIONS = ("train", "retrofit")
+STAGE_SECTIONS = ("train", "recurtrace")
 
 
 def _coerce(section: str, cls: type, raw: Any) -> Any:

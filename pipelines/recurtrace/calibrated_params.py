@@ -1,5 +1,5 @@
-"""Typed params of the RecurTrace calibrated case (``retrofit.calibration`` in params.yaml; read by
-``pipelines.recurtrace.params.RetrofitParams`` like every other ``retrofit:`` key, so the validate stage
+"""Typed params of the RecurTrace calibrated case (``recurtrace.calibrated`` in params.yaml; read by
+``pipelines.recurtrace.params.RetrofitParams`` like every other ``recurtrace:`` key, so the validate stage
 checks them): the constructed base, the known-depth items, the halting heads and their knobs, the
 LMA latch training, and the seeds of the cells. A bad value raises ``ValueError`` naming the key.
 """
@@ -11,7 +11,7 @@ from typing import Any
 from pipelines.recurtrace.wise_reuse import WiseReuse
 from wise.typed_params import need
 
-SECTION = "retrofit.calibration"
+SECTION = "recurtrace.calibrated"
 
 
 def _need(ok: bool, obj: Any, key: str, why: str) -> None:

@@ -1,20 +1,20 @@
-"""Typed params of the RecurTrace stages (the ``retrofit:`` section of params.yaml), validated
+"""Typed params of the RecurTrace stages (the ``recurtrace:`` section of params.yaml), validated
 before any work starts; a bad value raises ``ValueError`` naming the key
-(``retrofit.train.lr = -1: must be > 0``). A params file must give every key
+(``recurtrace.train.lr = -1: must be > 0``). A params file must give every key
 (``load_retrofit_params``, through the project's one parser ``wise.typed_params``); the dataclasses
 carry no defaults (params.yaml is the one home of the values), so library use starts from a params
 file too.
 
-    retrofit:            the retrofit: base, block, LMA shape, and where the checkpoints go
+    recurtrace:          the retrofit: base, block, LMA shape, and where the checkpoints go
       probe:             the angular-distance probe that picks the block (block_start: -1)
       train:             variable-depth training of the added modules
       eval:              the fixed-depth table
       base_train:        the project's own embedded base decoder (a small Qwen3)
       halting:           the halting heads on the frozen retrofit (oracle-distilled, ACT, PonderNet)
                          and the held-out choice of their thresholds
-      adaptive:          the adaptive-depth evaluation on eval's test rows: wall time, WISE under
-                         adaptive depth
-      calibration:       the calibrated case on the constructed base (pipelines/recurtrace/calibrated_params.py)
+      halting_eval:      every depth rule (fixed, the halting heads) on eval's test rows: wall time,
+                         WISE at the halting head's depth
+      calibrated:        the calibrated case on the constructed base (pipelines/recurtrace/calibrated_params.py)
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ProbeParams:
     seed: int
 
     def __post_init__(self) -> None:
-        s = "retrofit.probe"
+        s = "recurtrace.probe"
         need(len(self.benchmarks) > 0, s, self, "benchmarks", "must not be empty")
         check_benchmarks(s, self, list(self.benchmarks), self.sources)
         need(self.n >= 1, s, self, "n", "must be >= 1")
@@ -57,7 +57,7 @@ class EvalParams:
     batch_rows: int
 
     def __post_init__(self) -> None:
-        s = "retrofit.eval"
+        s = "recurtrace.eval"
         need(len(self.benchmarks) > 0, s, self, "benchmarks", "must not be empty")
         check_benchmarks(s, self, list(self.benchmarks), self.sources)
         need(self.n >= 1, s, self, "n", "must be >= 1")
@@ -99,7 +99,7 @@ class HaltingParams:
     pondernet_prior: float  # lambda_p of the prior (mean 1 / lambda_p loops)
 
     def __post_init__(self) -> None:
-        s = "retrofit.halting"
+        s = "recurtrace.halting"
         need(self.variant in VARIANTS, s, self, "variant", f"must be one of {list(VARIANTS)}")
         need(self.train_n >= 1, s, self, "train_n", "must be >= 1")
         need(self.heldout_n >= 1, s, self, "heldout_n", "must be >= 1")
@@ -120,7 +120,7 @@ class HaltingParams:
 
 
 @dataclass(frozen=True)
-class AdaptiveParams:
+class HaltingEvalParams:
     """The adaptive-depth evaluation on eval's test rows (every row: accuracy, loops, McNemar)."""
 
     timing_examples: int  # per benchmark: online runs of every method, batch of one, for wall time
@@ -130,7 +130,7 @@ class AdaptiveParams:
     wise: WiseReuse
 
     def __post_init__(self) -> None:
-        s = "retrofit.adaptive"
+        s = "recurtrace.halting_eval"
         need(self.timing_examples >= 1, s, self, "timing_examples", "must be >= 1")
         need(self.timing_repeats >= 1, s, self, "timing_repeats", "must be >= 1")
         need(self.wise_examples >= 1, s, self, "wise_examples", "must be >= 1")
@@ -160,11 +160,11 @@ class RetrofitParams:
     eval: EvalParams
     base_train: BaseTraining
     halting: HaltingParams
-    adaptive: AdaptiveParams
-    calibration: CellParams
+    halting_eval: HaltingEvalParams
+    calibrated: CellParams
 
     def __post_init__(self) -> None:
-        s = "retrofit"
+        s = "recurtrace"
         need(bool(self.base), s, self, "base", "must name a hub id or a folder")
         need(bool(self.name) and "/" not in self.name, s, self, "name", "must be a plain folder name")
         need(self.dtype in DTYPES, s, self, "dtype", f"must be one of {DTYPES}")
@@ -178,12 +178,12 @@ class RetrofitParams:
         need(self.gate_hidden >= 1, s, self, "gate_hidden", "must be >= 1")
         need(0 < self.max_added_fraction <= 1, s, self, "max_added_fraction", "must be in (0, 1]")
         need(self.mean_recurrence >= 1, s, self, "mean_recurrence", "must be >= 1")
-        if self.adaptive.wise.discovery_step >= self.halting.t_max:
-            raise ValueError(f"retrofit.adaptive.wise.discovery_step = {self.adaptive.wise.discovery_step}: must be "
-                             f"< retrofit.halting.t_max = {self.halting.t_max} (no loop would reuse the working set)")
+        if self.halting_eval.wise.discovery_step >= self.halting.t_max:
+            raise ValueError(f"recurtrace.halting_eval.wise.discovery_step = {self.halting_eval.wise.discovery_step}: must be "
+                             f"< recurtrace.halting.t_max = {self.halting.t_max} (no loop would reuse the working set)")
 
     def halting_out(self) -> str:
-        """The halting heads' folder (stage train_halting)."""
+        """The halting heads' folder (stage recurtrace_train_halting)."""
         return f"data/models/{self.name}-halting"
 
     def out(self, variant: str) -> str:
@@ -195,7 +195,7 @@ class RetrofitParams:
     def recipe(self, variant: str) -> dict:
         """What a retrofit checkpoint of `variant` was trained from (its train_recipe.json)."""
         d = dataclasses.asdict(self)
-        for key in ("eval", "base_train", "halting", "adaptive", "calibration"):  # not the checkpoint's
+        for key in ("eval", "base_train", "halting", "halting_eval", "calibrated"):  # not the checkpoint's
             d.pop(key)
         if variant == "plain":  # the memory's shape does not change a plain retrofit
             for key in ("window", "lma_heads", "lma_head_dim", "gate_hidden", "gamma_init", "gate_bias_init"):
@@ -209,16 +209,16 @@ EMBEDDED_BASE = "data/models/recurtrace-base"
 
 
 def load_retrofit_params(path: str = "params.yaml") -> RetrofitParams:
-    """The ``retrofit:`` section of a params file, every key given (a missing one is an error
+    """The ``recurtrace:`` section of a params file, every key given (a missing one is an error
     naming it, as for every other section); a bad value raises ``ParamsError`` naming the key."""
     return parse_retrofit(read_params_file(path), str(path))
 
 
 def parse_retrofit(raw: Any, where: str) -> RetrofitParams:
-    """The ``retrofit:`` section of a parsed params file (`where` names the file in errors)."""
-    if not isinstance(raw, dict) or "retrofit" not in raw:
+    """The ``recurtrace:`` section of a parsed params file (`where` names the file in errors)."""
+    if not isinstance(raw, dict) or "recurtrace" not in raw:
         raise ParamsError(f"{where}: missing section retrofit (the RecurTrace stages' section)")
     try:
-        return from_mapping(RetrofitParams, raw["retrofit"], "retrofit", complete=True)
+        return from_mapping(RetrofitParams, raw["recurtrace"], "recurtrace", complete=True)
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"{where}: {exc}") from None

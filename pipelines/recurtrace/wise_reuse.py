@@ -1,9 +1,9 @@
-"""The WISE settings a RecurTrace section runs WISE under (``retrofit.adaptive.wise``,
-``retrofit.calibration.wise``): the working-set keys of ``wise.engine.runner.WiseSettings`` under
+"""The WISE settings a RecurTrace section runs WISE under (``recurtrace.halting_eval.wise``,
+``recurtrace.calibrated.wise``): the working-set keys of ``wise.engine.runner.WiseSettings`` under
 the same names, types and meanings (tests/test_looped_calibrated.py checks they are
 WiseSettings'). T is each example's own depth (the halting rule's), so it is not a key here; the
 stages that run WISE build the engine's settings from these keys, at that depth, on the reference
-backend. Written out rather than derived from WiseSettings so that parsing ``retrofit:`` imports no
+backend. Written out rather than derived from WiseSettings so that parsing ``recurtrace:`` imports no
 engine code (a training stage's code deps hold no engine or kernel).
 """
 from __future__ import annotations
