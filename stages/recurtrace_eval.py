@@ -1,6 +1,7 @@
 """Stage `recurtrace_eval`: the fixed-depth table of the LMA and the plain retrofit.
 
-    python -m stages.recurtrace_eval       # -> data/retrofit/<recurtrace.name>/fixed_depth{_examples.parquet,.parquet,.json,_recipe.json,.md}
+    python -m stages.recurtrace_eval
+    # -> data/retrofit/<recurtrace.name>/fixed_depth{_examples.parquet,.parquet,.json,_recipe.json,.md}
 
 Accuracy and teacher-forced NLL of the gold answer at each T of `recurtrace.eval.depths`, on the
 test split of `recurtrace.eval.benchmarks`, next to the base (wise/looped/fixed_depth.py). The table

@@ -1,6 +1,7 @@
 """Stage `recurtrace_halting_eval`: every depth rule on the fixed-depth table's test rows.
 
-    python -m stages.recurtrace_halting_eval     # -> data/retrofit/<recurtrace.name>/adaptive_*.parquet, adaptive.{md,json}
+    python -m stages.recurtrace_halting_eval
+    # -> data/retrofit/<recurtrace.name>/adaptive_*.parquet, adaptive.{md,json}
 
 Accuracy, mean loops and wall time per example of every fixed depth, the halting head, the
 confidence rule, ACT, PonderNet and the two oracles; exact McNemar against the best fixed depth;

@@ -1,6 +1,7 @@
 """Stage `recurtrace_train_halting`: the halting heads on the frozen retrofit, and their held-out thresholds.
 
-    python -m stages.recurtrace_train_halting     # -> data/models/<recurtrace.name>-halting/{heads.safetensors,halting.json}
+    python -m stages.recurtrace_train_halting
+    # -> data/models/<recurtrace.name>-halting/{heads.safetensors,halting.json}
                                        #    data/retrofit/<recurtrace.name>/halting_{loops,selection}.parquet
 
 Trajectories of recurtrace.eval's benchmarks (train and validation splits, recurtrace.halting's sizes),

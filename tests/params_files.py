@@ -55,5 +55,5 @@ def retrofit_params(changes: dict | None = None):
     from pipelines.recurtrace.params import RetrofitParams
     from wise.typed_params import from_mapping
 
-    return from_mapping(RetrofitParams, overlay(RetrofitParams, _raw()["recurtrace"], changes or {}), "retrofit",
+    return from_mapping(RetrofitParams, overlay(RetrofitParams, _raw()["recurtrace"], changes or {}), "recurtrace",
                         complete=True)

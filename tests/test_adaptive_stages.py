@@ -54,12 +54,12 @@ def run(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        assert train_halting.main(["--device", "cpu"]) == 0
-        assert adaptive_eval.main(["--device", "cpu"]) == 0
+        assert recurtrace_train_halting.main(["--device", "cpu"]) == 0
+        assert recurtrace_halting_eval.main(["--device", "cpu"]) == 0
         # a card trained for other params is refused, naming the stage to run
         r["halting"]["delta"] = 0.5
         (root / "stale.yaml").write_text(yaml.safe_dump(raw))
-        assert adaptive_eval.main(["--device", "cpu", "--params", "stale.yaml"]) == 1
+        assert recurtrace_halting_eval.main(["--device", "cpu", "--params", "stale.yaml"]) == 1
     finally:
         os.chdir(cwd)
     return root

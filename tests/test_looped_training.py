@@ -66,7 +66,8 @@ def test_worker_processes_make_the_same_batches():
 
 def test_retrofit_params_name_the_bad_key():
     retrofit_params()  # params.yaml's section is valid
-    for raw, key in [({"train": {"lr": 0}}, "recurtrace.train.lr"), ({"train": {"loops_min": 1}}, "recurtrace.train.loops_min"),
+    for raw, key in [({"train": {"lr": 0}}, "recurtrace.train.lr"),
+                     ({"train": {"loops_min": 1}}, "recurtrace.train.loops_min"),
                      ({"eval": {"benchmarks": ["nope"]}}, "recurtrace.eval.benchmarks"),
                      ({"base_train": {"epochs": 3}}, "recurtrace.base_train.epochs"),
                      ({"window": 0}, "recurtrace.window"), ({"dtype": "int8"}, "recurtrace.dtype")]:
@@ -138,8 +139,8 @@ def smoke_run(tmp_path_factory):
     os.chdir(root)
     try:
         for what in ("base", "lma", "plain"):
-            assert train_retrofit.main([what, "--params", str(path), "--device", "cpu", "--retrain"]) == 0
-        assert retrofit_eval.main(["--params", str(path), "--device", "cpu", "--recompute"]) == 0
+            assert recurtrace_train.main([what, "--params", str(path), "--device", "cpu", "--retrain"]) == 0
+        assert recurtrace_eval.main(["--params", str(path), "--device", "cpu", "--recompute"]) == 0
     finally:
         os.chdir(cwd)
     return root, path, params
@@ -192,9 +193,9 @@ def test_stages_keep_what_the_smoke_run_wrote(smoke_run, capsys):
     os.chdir(root)
     try:
         for what in ("base", "lma", "plain"):
-            assert train_retrofit.main([what, "--params", str(path)]) == 0
+            assert recurtrace_train.main([what, "--params", str(path)]) == 0
             assert "keeping it" in capsys.readouterr().out
-        assert retrofit_eval.main(["--params", str(path)]) == 0
+        assert recurtrace_eval.main(["--params", str(path)]) == 0
         assert "keeping it" in capsys.readouterr().out
         # a table from before the metrics file and the recipe were split (fixed_depth.json held the
         # recipe) is kept too, and brought to the current layout without evaluating again
@@ -203,7 +204,7 @@ def test_stages_keep_what_the_smoke_run_wrote(smoke_run, capsys):
         stored, headline = json.loads(recipe_file.read_text()), json.loads(metrics_file.read_text())
         metrics_file.write_text(json.dumps({**stored, "summary": []}))
         recipe_file.unlink()
-        assert retrofit_eval.main(["--params", str(path)]) == 0
+        assert recurtrace_eval.main(["--params", str(path)]) == 0
         assert "keeping it" in capsys.readouterr().out
         assert json.loads(recipe_file.read_text()) == stored and json.loads(metrics_file.read_text()) == headline
         # a changed recipe is not kept, and without a GPU the stage refuses to train
@@ -212,6 +213,6 @@ def test_stages_keep_what_the_smoke_run_wrote(smoke_run, capsys):
         (root / "changed.yaml").write_text(yaml.safe_dump(changed))
         if not torch.cuda.is_available():
             with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-                train_retrofit.main(["lma", "--params", str(root / "changed.yaml")])
+                recurtrace_train.main(["lma", "--params", str(root / "changed.yaml")])
     finally:
         os.chdir(cwd)

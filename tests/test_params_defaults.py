@@ -16,7 +16,7 @@ from stages.validate import check_retrofit, check_train
 from wise.training import TrainConfig
 
 # Section -> its dataclass, as the parsers read them (pipelines.config.params, stages/validate.py).
-SECTIONS = {**typing.get_type_hints(Params), "train": TrainConfig, "retrofit": RetrofitParams}
+SECTIONS = {**typing.get_type_hints(Params), "train": TrainConfig, "recurtrace": RetrofitParams}
 # Dataclasses of the wise floor shared with library use and stored recipes (a checkpoint's
 # train_recipe.json is read back with them), parsed complete from a params file like every section.
 LIBRARY_RECIPES = ("TrainConfig", "RetrofitTraining", "BaseTraining")

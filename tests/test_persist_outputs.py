@@ -83,7 +83,8 @@ def _fake_outputs(tmp: Path, stage: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage, section, key, value, why", [
     ("conditions", "compute", "cpus_per_worker", (os.cpu_count() or 1) + 1, "CPU(s); an actor asking for more"),
-    ("recurtrace_halting_eval", "retrofit", "adaptive.wise.eta", 1.5, "recurtrace.halting_eval.wise.eta = 1.5: must be in (0, 1]"),
+    ("recurtrace_halting_eval", "recurtrace", "halting_eval.wise.eta", 1.5,
+     "recurtrace.halting_eval.wise.eta = 1.5: must be in (0, 1]"),
 ])
 def test_a_single_stage_with_bad_params_deletes_nothing(project, stage, section, key, value, why):
     tmp, env, raw = project

@@ -90,7 +90,8 @@ def test_all_stages_write_outputs(project):
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
                   "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
                   "sweep@adaptive_threshold",
-                  "recurtrace_train_halting", "recurtrace_halting_eval", "real_base", "real_corpus", "real_eval", "real_wise"):
+                  "recurtrace_train_halting", "recurtrace_halting_eval", "real_base", "real_corpus", "real_eval",
+                  "real_wise"):
         assert f"Running stage '{stage}'" in repro.stdout
     # The shipped model is never retrained: the stage does not run, or (its code changed since the
     # committed lock) it runs and keeps the folder, whose recipe matches `train:`.

@@ -150,7 +150,7 @@ CALIBRATED_WISE = _schema(_ints("seed"), [("example_id", STR)], _ints("hops", "r
                           [("full_correct", BOOL), ("wise_correct", BOOL), ("expected_full", BOOL),
                            ("expected_wise", BOOL), ("late_density", FLOAT)], _ints("full_tiles", "wise_tiles"))
 
-# -- RecurTrace adaptive depth (pipelines.recurtrace.halting_eval: stages recurtrace_train_halting, recurtrace_halting_eval) -----------
+# -- RecurTrace halting depth (pipelines.recurtrace.halting_eval: recurtrace_train_halting, recurtrace_halting_eval) --
 # which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_id", STR), ("pool", STR)] + \

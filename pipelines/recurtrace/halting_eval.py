@@ -156,7 +156,8 @@ def run_halting_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     _check_card(card, params, weights_id)
     spec = {"model": folder, "weights_id": weights_id, "base_sha256": config.base_sha256,
             "heads_id": "sha256:" + file_sha256(Path(params.halting_out()) / WEIGHTS), "dtype": params.dtype,
-            "device": str(device), "threads": torch.get_num_threads(), **code_version("recurtrace_halting_eval"), "pool": h.pool,
+            "device": str(device), "threads": torch.get_num_threads(),
+            **code_version("recurtrace_halting_eval"), "pool": h.pool,
             "t_min": h.t_min, "t_max": h.t_max, "delta": h.delta}
     rows = rows_of(params, tok, special, "test", params.eval.n, params.eval.seed)
     trajs = run_trajectories(model, rows, h.t_max, h.pool, "test")

@@ -179,7 +179,8 @@ class RetrofitParams:
         need(0 < self.max_added_fraction <= 1, s, self, "max_added_fraction", "must be in (0, 1]")
         need(self.mean_recurrence >= 1, s, self, "mean_recurrence", "must be >= 1")
         if self.halting_eval.wise.discovery_step >= self.halting.t_max:
-            raise ValueError(f"recurtrace.halting_eval.wise.discovery_step = {self.halting_eval.wise.discovery_step}: must be "
+            raise ValueError(f"recurtrace.halting_eval.wise.discovery_step = "
+                             f"{self.halting_eval.wise.discovery_step}: must be "
                              f"< recurtrace.halting.t_max = {self.halting.t_max} (no loop would reuse the working set)")
 
     def halting_out(self) -> str:

@@ -90,7 +90,8 @@ def table_recipe(params: RetrofitParams, folders: dict) -> dict:
         absent = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (Path(folder) / n).is_file()]
         if absent:
             raise FileNotFoundError(f"retrofit {variant}: {folder} has no {', '.join(absent)}; train it first "
-                                    f"(stage recurtrace_train@{variant}, or benchmarks/pipeline/recurtrace_gpu.sh on a GPU)")
+                                    f"(stage recurtrace_train@{variant}, or benchmarks/pipeline/recurtrace_gpu.sh "
+                                    "on a GPU)")
 
     return {"eval": dataclasses.asdict(params.eval), "dtype": params.dtype,
             "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}
