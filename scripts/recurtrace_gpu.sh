@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded RecurTrace case on one GPU: the four stages dvc.yaml runs for it, in its order and
-# with its commands, each forced to train again (--retrain / --recompute): train_recurtrace_base,
-# train_retrofit@lma, train_retrofit@plain, retrofit_eval (about 7 minutes on one H200). What
+# with its commands, each forced to train again (--retrain / --recompute): recurtrace_train_base,
+# recurtrace_train@lma, recurtrace_train@plain, recurtrace_eval (about 7 minutes on one H200). What
 # `dvc repro -f` of those stages does, for a GPU machine without DVC. Logs, seconds per stage and a
 # tarball of the checkpoints and the table go to $1 (default $OUT, else ./recurtrace-gpu-logs); copy
 # the folders into data/ and `dvc commit` the four stages.
@@ -23,9 +23,9 @@ run() {  # stage label, then its command line
   "$py" -m "$@" --params "$params" 2>&1 | grep -v "it/s]" | tee "$logs/$label.log"
   echo "$label $(( $(date +%s) - t0 )) s" | tee -a "$logs/seconds.txt"
 }
-run train_recurtrace_base stages.train_retrofit base --retrain --device cuda
-run train_retrofit-lma stages.train_retrofit lma --retrain --device cuda
-run train_retrofit-plain stages.train_retrofit plain --retrain --device cuda
-run retrofit_eval stages.retrofit_eval --recompute --device cuda
+run recurtrace_train_base stages.recurtrace_train base --retrain --device cuda
+run recurtrace_train-lma stages.recurtrace_train lma --retrain --device cuda
+run recurtrace_train-plain stages.recurtrace_train plain --retrain --device cuda
+run recurtrace_eval stages.recurtrace_eval --recompute --device cuda
 tar -czf "$logs/recurtrace.tgz" data/models/recurtrace-base "data/models/$name-lma" "data/models/$name-plain" \
   "data/retrofit/$name"

@@ -2,7 +2,7 @@
 
     python -m stages.recurtrace_calibrated [--params params.yaml] [--threads N]
 
-Reads only `retrofit.calibration`; writes data/models/<name> and data/retrofit/<name>/.
+Reads only `recurtrace.calibrated`; writes data/models/<name> and data/retrofit/<name>/.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ edited keys. Checked: every section and key of pipelines.config.params (present,
 relations between keys), the names and rules the library defines (pipelines.config.library_checks:
 conditions, benchmarks, the adaptive and exit rules), the model's positions and the kernel backend
 where the model can be read now (the calibration model is checked from `calibration:`, which builds it later), `train:`
-(every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `retrofit:`
+(every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `recurtrace:`
 (every key of pipelines.recurtrace.params.RetrofitParams, as the RecurTrace stages read it), and before
 any work: model.source a local folder with config.json and tokenizer.json (a preset or a hub id has
 none; pipelines.config.model_source), and (pipelines.config.preflight) the compute request against
@@ -43,7 +43,7 @@ def check_train(raw: dict, where: str) -> None:
 
 
 def check_retrofit(raw: dict, where: str) -> None:
-    """`retrofit:` (the RecurTrace stages): every key given, typed and in range."""
+    """`recurtrace:` (the RecurTrace stages): every key given, typed and in range."""
     parse_retrofit(raw, where)
 
 
@@ -55,9 +55,9 @@ def main(argv=None) -> int:
     try:
         raw = yaml.safe_load(Path(args.params).read_text()) or {}
         source = (raw.get("model") or {}).get("source") if isinstance(raw, dict) else None
-        # Folders this pipeline writes after this stage (build_calibration, train_retrofit@*) are
+        # Folders this pipeline writes after this stage (build_calibration, recurtrace_train@*) are
         # checked from their own sections instead.
-        name = ((raw.get("retrofit") or {}).get("name") if isinstance(raw, dict) else None) or ""
+        name = ((raw.get("recurtrace") or {}).get("name") if isinstance(raw, dict) else None) or ""
         built = {paths.CALIBRATION_MODEL, *(Path("data/models") / f"{name}-{v}" for v in ("lma", "plain"))}
         check_model = source is not None and Path(str(source)) not in built
         params = check_params_file(args.params, check_model=check_model)

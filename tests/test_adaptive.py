@@ -13,7 +13,7 @@ from wise.halting.trajectory import LoopSignal, Trajectory, trajectory
 from wise.models.looped.base import build_base
 from wise.looped.data import PromptRow
 from wise.models.looped.model import build_looped
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 from wise.analysis.stats import mcnemar
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
@@ -205,7 +205,7 @@ def test_wise_under_adaptive_depth(model):
     n = len(row.prompt_ids) + len(row.answer_ids)
     per_loop = 2 * 4 * causal_tiles(n, 16)
     go = R.Halting(constant_head(hidden, 1.0), 0.5, 2)  # never stops: to the budget
-    dense = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16, eta=1.0)
+    dense = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16, eta=1.0)
     res = wise_adaptive(model, row, go, 6, "mean", dense, seed=0)
     tr = trajectory(model, row, 6, "mean")
     assert res["full"]["decision"] == R.replay(go, tr) == R.Decision(6, 6)
@@ -213,7 +213,7 @@ def test_wise_under_adaptive_depth(model):
     # eta = 1 keeps every causal tile: WISE is Full
     assert res["density"] == 1.0 and res["wise"]["tiles"] == res["full"]["tiles"] == 6 * per_loop
     assert res["wise"]["answer"].nll == pytest.approx(res["full"]["answer"].nll, abs=1e-4)
-    sparse = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16, eta=0.5)
+    sparse = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16, eta=0.5)
     res = wise_adaptive(model, row, go, 6, "mean", sparse, seed=0)
     assert res["density"] < 1.0
     assert res["wise"]["tiles"] == 3 * per_loop + 3 * round(res["density"] * per_loop)
@@ -254,21 +254,21 @@ def test_mcnemar_on_adaptive_pairs_equals_wise_stats():
 
 # -- params --------------------------------------------------------------------------------------------
 def test_halting_and_adaptive_params_name_the_bad_key():
-    from pipelines.recurtrace.params import RetrofitParams
+    from params_files import retrofit_params
 
-    for raw, key in [({"halting": {"t_max": 2}}, "retrofit.halting.t_max"),  # must exceed t_min = 2
-                     ({"halting": {"tau_grid": [0.5, 1.5]}}, "retrofit.halting.tau_grid"),
-                     ({"halting": {"confidence_grid": []}}, "retrofit.halting.confidence_grid"),
-                     ({"halting": {"pool": "max"}}, "retrofit.halting.pool"),
-                     ({"halting": {"variant": "big"}}, "retrofit.halting.variant"),
-                     ({"halting": {"act_epsilon": 1.0}}, "retrofit.halting.act_epsilon"),
-                     ({"adaptive": {"wise": {"window": 3}}}, "retrofit.adaptive.wise.window"),  # > t_d = 2
-                     ({"adaptive": {"wise": {"discovery_step": 8}}}, "retrofit.adaptive.wise.discovery_step"),
-                     ({"adaptive": {"timing_repeats": 0}}, "retrofit.adaptive.timing_repeats")]:
+    for raw, key in [({"halting": {"t_max": 2}}, "recurtrace.halting.t_max"),  # must exceed t_min = 2
+                     ({"halting": {"tau_grid": [0.5, 1.5]}}, "recurtrace.halting.tau_grid"),
+                     ({"halting": {"confidence_grid": []}}, "recurtrace.halting.confidence_grid"),
+                     ({"halting": {"pool": "max"}}, "recurtrace.halting.pool"),
+                     ({"halting": {"variant": "big"}}, "recurtrace.halting.variant"),
+                     ({"halting": {"act_epsilon": 1.0}}, "recurtrace.halting.act_epsilon"),
+                     ({"halting_eval": {"wise": {"window": 3}}}, "recurtrace.halting_eval.wise.window"),  # > t_d = 2
+                     ({"halting_eval": {"wise": {"discovery_step": 8}}}, "recurtrace.halting_eval.wise.discovery_step"),
+                     ({"halting_eval": {"timing_repeats": 0}}, "recurtrace.halting_eval.timing_repeats")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            RetrofitParams.from_dict(raw)
+            retrofit_params(raw)
     # the heads and the evaluation are downstream of the checkpoints: not part of their recipe
-    assert RetrofitParams.from_dict({"halting": {"delta": 0.5}}).recipe("lma") == RetrofitParams().recipe("lma")
+    assert retrofit_params({"halting": {"delta": 0.5}}).recipe("lma") == retrofit_params().recipe("lma")
 
 
 def test_validate_requires_every_halting_and_adaptive_key():
@@ -279,12 +279,12 @@ def test_validate_requires_every_halting_and_adaptive_key():
 
     raw = yaml.safe_load(open("params.yaml").read())
     check_retrofit(raw, "params.yaml")
-    for section, key in (("halting", "delta"), ("adaptive", "wise.eta")):
+    for section, key in (("halting", "delta"), ("halting_eval", "wise.eta")):
         broken = yaml.safe_load(open("params.yaml").read())
         *parents, last = key.split(".")
-        node = broken["retrofit"][section]
+        node = broken["recurtrace"][section]
         for k in parents:
             node = node[k]
         del node[last]
-        with pytest.raises(ParamsError, match=rf"retrofit\.{section}\.{key}"):
+        with pytest.raises(ParamsError, match=rf"recurtrace\.{section}\.{key}"):
             check_retrofit(broken, "params.yaml")

@@ -1,4 +1,4 @@
-"""The stages train_halting and adaptive_eval end to end on a tiny random retrofit (in-process,
+"""The stages recurtrace_train_halting and recurtrace_halting_eval end to end on a tiny random retrofit (in-process,
 seconds): every artifact with exactly its schema, the heads' card, the table's McNemar equal to
 wise.analysis.stats.mcnemar on the example rows, WISE rows paired with Full-adaptive, a stale card refused."""
 import json
@@ -39,27 +39,27 @@ def make_retrofit(root):
 def run(tmp_path_factory):
     import os
 
-    from stages import adaptive_eval, train_halting
+    from stages import recurtrace_halting_eval, recurtrace_train_halting
 
     root = tmp_path_factory.mktemp("adaptive")
     make_retrofit(root)
     raw = yaml.safe_load(open("params.yaml").read())
-    r = raw["retrofit"]
+    r = raw["recurtrace"]
     r.update(base="data/models/tiny-base", name="tiny")
     r["eval"].update(n=3, context=256)
     r["halting"].update(train_n=3, heldout_n=3, t_max=4, steps=20)
-    r["adaptive"].update(timing_examples=1, timing_repeats=2, wise_examples=2)
-    r["adaptive"]["wise"].update(discovery_step=2, window=1)
+    r["halting_eval"].update(timing_examples=1, timing_repeats=2, wise_examples=2)
+    r["halting_eval"]["wise"].update(discovery_step=2, window=1)
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        assert train_halting.main(["--device", "cpu"]) == 0
-        assert adaptive_eval.main(["--device", "cpu"]) == 0
+        assert recurtrace_train_halting.main(["--device", "cpu"]) == 0
+        assert recurtrace_halting_eval.main(["--device", "cpu"]) == 0
         # a card trained for other params is refused, naming the stage to run
         r["halting"]["delta"] = 0.5
         (root / "stale.yaml").write_text(yaml.safe_dump(raw))
-        assert adaptive_eval.main(["--device", "cpu", "--params", "stale.yaml"]) == 1
+        assert recurtrace_halting_eval.main(["--device", "cpu", "--params", "stale.yaml"]) == 1
     finally:
         os.chdir(cwd)
     return root
@@ -70,7 +70,7 @@ def test_every_artifact_has_exactly_its_schema(run):
 
     for view in ("halting_loops", "halting_selection", "adaptive_loops", "adaptive_examples", "adaptive_summary",
                  "adaptive_depth", "adaptive_histogram", "adaptive_wise", "adaptive_wise_summary"):
-        [path] = run.glob(paths.VIEWS[view].as_posix())  # data/retrofit/<retrofit.name>/...
+        [path] = run.glob(paths.VIEWS[view].as_posix())  # data/retrofit/<recurtrace.name>/...
         got = pq.read_schema(path)
         assert got.equals(schemas.BY_VIEW[view]), view
     assert (run / "data/retrofit/tiny" / paths.ADAPTIVE_MD).read_text().startswith("# RecurTrace — adaptive depth")

@@ -32,7 +32,7 @@ from wise.engine.mechanism import TrajectoryObserver
 from wise.models.chain_card import write_chain_checkpoint
 from wise.models.construct import NOISE_DIMS, ChainSpec, build_chain_model
 from wise.engine.routing import MaskedSupportAttention
-from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_condition, state_seed
 from wise.analysis.scoring import full_settings
 from wise.engine.support import causal_attention_probs, num_blocks
 
@@ -58,7 +58,7 @@ def prompts(n: int, budget: int, seed: int = 11, **options):
 
 
 def settings_of(w: WiseSettings) -> WiseSettings:
-    return WiseSettings(w.steps, w.discovery_step, w.window, w.block_size, w.eta)
+    return WiseSettings(w.steps, w.discovery_step, w.window, w.block_size, w.eta, w.backend)
 
 
 def engine_answers(model, cases, conditions, settings: WiseSettings) -> list[dict[str, str]]:
@@ -153,7 +153,7 @@ def test_full_is_right_exactly_when_T_reaches_each_tokens_depth(model, budget):
     for ex, ids, lay in prompts(4, 256, follow_hops=0):  # one-token questions: the answer, then EOS
         with torch.no_grad():
             runs = evaluate_example(model, ids, TOK.encode(ex.answers[0], add_special_tokens=False).ids, ["full"],
-                                    WiseSettings(), state_seed(ex.example_id, 0), 3, {1}, "rerun")
+                                    PAPER_SETTINGS, state_seed(ex.example_id, 0), 3, {1}, "rerun")
         assert [TOK.id_to_token(i) for i in runs["full"].tokens] == [ex.answers[0]]
 
 
@@ -194,14 +194,14 @@ def test_greedy_answer_is_followed_by_eos(model):
     ex, ids, lay = prompts(1, 256, seed=5)[0]
     answer = TOK.encode(ex.answers[0], add_special_tokens=False).ids + [1]
     for generation in ("cached", "rerun"):
-        runs = evaluate_example(model, ids, answer, ["full"], WiseSettings(), state_seed(ex.example_id, 0), 4, {1},
+        runs = evaluate_example(model, ids, answer, ["full"], PAPER_SETTINGS, state_seed(ex.example_id, 0), 4, {1},
                                 generation)
         assert " ".join(TOK.id_to_token(i) for i in runs["full"].tokens) == ex.answers[0]
         assert runs["full"].gold_logprob > -1e-3  # both tokens and the EOS are certain
 
 
 def test_a_question_row_without_a_visible_fact_keeps_its_pointer(model):
-    settings = WiseSettings()
+    settings = PAPER_SETTINGS
     for ex, ids, lay in prompts(4, 512, seed=2):
         M = num_blocks(len(ids), 32)
         only_bos = torch.zeros(2, 2, M, M, dtype=torch.bool)
@@ -227,8 +227,8 @@ def test_every_condition_matches_its_expectation_on_the_pipeline_engine(model):
     """Both answer tokens, every condition, the cached batched engine with the default run's
     backend (gather), 24 prompts at 256 and 8 at 1024."""
     cases = prompts(24, 256) + prompts(8, 1024, seed=4)
-    assert mismatches(model, cases, WiseSettings(backend="gather")) == []
-    s = WiseSettings()
+    assert mismatches(model, cases, PAPER_SETTINGS.replace(backend="gather")) == []
+    s = PAPER_SETTINGS
     cases = prompts(120, 256) + prompts(40, 1024, seed=4)  # the expectations alone: more examples
     expected = {c: [expected_outcome(lay, c, s) for _, _, lay in cases] for c in CONDITIONS}
     # the simple reading of the expectations (DESIGN §6)
@@ -244,7 +244,7 @@ def test_every_condition_matches_its_expectation_on_the_pipeline_engine(model):
 
 def test_first_tokens_match_their_expectation_on_run_condition(model):
     """The one-pass engine (``run_condition``: no cache, no batching) gives the same first tokens."""
-    s, settings = WiseSettings(), WiseSettings()
+    s, settings = PAPER_SETTINGS, PAPER_SETTINGS
     for ex, ids, lay in prompts(12, 256, seed=6):
         for c in CONDITIONS:
             right = first_token(model, ex, ids, c, settings) == ex.answers[0].split()[0]
@@ -253,8 +253,8 @@ def test_first_tokens_match_their_expectation_on_run_condition(model):
 
 def test_other_settings_match_their_expectation(model):
     cases = prompts(8, 384, seed=8)
-    for settings in (WiseSettings(discovery_step=8, window=2, block_size=16, eta=0.9),
-                     WiseSettings(steps=20, discovery_step=16, window=8, block_size=64, eta=0.99)):
+    for settings in (PAPER_SETTINGS.replace(discovery_step=8, window=2, block_size=16, eta=0.9),
+                     PAPER_SETTINGS.replace(steps=20, discovery_step=16, window=8, block_size=64, eta=0.99)):
         assert mismatches(model, cases, settings) == [], settings
 
 
@@ -266,7 +266,7 @@ def test_eta_between_0875_and_0999_decides_answers_and_the_engine_follows(model)
     pool = prompts(64, 256, seed=21)
 
     def right(lay, eta):
-        return tuple(expected_outcome(lay, c, WiseSettings(eta=eta)).correct for c in ("wise", "freeze_a"))
+        return tuple(expected_outcome(lay, c, PAPER_SETTINGS.replace(eta=eta)).correct for c in ("wise", "freeze_a"))
 
     cases = []
     for a, b in zip(etas, etas[1:]):  # prompts whose predicted answers change between neighbouring etas
@@ -274,13 +274,14 @@ def test_eta_between_0875_and_0999_decides_answers_and_the_engine_follows(model)
         assert differ, (a, b)
         cases += [c for c in differ[:2] if c not in cases]
     for eta in etas:
-        assert mismatches(model, cases, WiseSettings(eta=eta, backend="gather"), ["wise", "freeze_a"]) == [], eta
+        settings = PAPER_SETTINGS.replace(eta=eta, backend="gather")
+        assert mismatches(model, cases, settings, ["wise", "freeze_a"]) == [], eta
 
 
 def test_question_row_convergence_steps_match_their_expectation(model):
     for ex, ids, lay in prompts(20, 256, seed=9):
         obs = TrajectoryObserver(32, rows=lay.question_span)
-        run_condition(model, torch.tensor(ids), "full", WiseSettings(), state_seed(ex.example_id, 0),
+        run_condition(model, torch.tensor(ids), "full", PAPER_SETTINGS, state_seed(ex.example_id, 0),
                       observer=obs)
         series = obs.step_series(32)
         measured = convergence_summary({q: series[q + "_q"] for q in "SAHO"})
@@ -342,7 +343,7 @@ def _mass_matched_whole_row(mp):  # MassMatched's target: the row's whole step-1
     mp.setitem(wise.engine.conditions.SUPPORT_RULES, "mass_matched", rule)
 
 
-def _mass_matched_whole_row_changes(lay, s=WiseSettings()):
+def _mass_matched_whole_row_changes(lay, s=PAPER_SETTINGS):
     """The construction's answer under MassMatched with that target differs from the right one."""
     real = wise.analysis.calibration.support_row
 
@@ -385,7 +386,7 @@ def _heads_swapped(mp):
         mp.setattr(module, "condition_support", wise.engine.conditions.condition_support)
 
 
-def _renorm_needed(lay, s=WiseSettings()):
+def _renorm_needed(lay, s=PAPER_SETTINGS):
     """Freeze-A right, refining after t_d, and layer 0 head 1's support (the RENORM_SPLIT : 1 head)
     drops the +m row's block, so only renormalised frozen weights still sum to 1 there."""
     q, m_block = lay.answer_row // s.block_size, lay.question_rows[0] // s.block_size
@@ -394,7 +395,7 @@ def _renorm_needed(lay, s=WiseSettings()):
         and m_block not in kept
 
 
-def _late_need(lay, s=WiseSettings()):  # WISE right, and the question rows need a fact after t_d
+def _late_need(lay, s=PAPER_SETTINGS):  # WISE right, and the question rows need a fact after t_d
     return expected_outcome(lay, "wise", s).correct and lay.hops + lay.refine > s.discovery_step
 
 
@@ -402,9 +403,9 @@ def _wise_with(lay, window):
     """WISE's expected answer if the working set came from `window` (steps) with t_d unchanged."""
     from wise.analysis.calibration import block_masses, chase_progress, refine_visible, support_row
 
-    s = WiseSettings()
+    s = PAPER_SETTINGS
     steps = list(window)
-    shifted = WiseSettings(discovery_step=steps[-1], window=len(steps))
+    shifted = PAPER_SETTINGS.replace(discovery_step=steps[-1], window=len(steps))
     q = lay.answer_row // s.block_size
     first = support_row("wise", lambda t: block_masses(lay, t, s.block_size, q), q, shifted)
     # the +m row's head splits the same way at every step, so its support does not move with the window
@@ -419,22 +420,23 @@ def _wise_with(lay, window):
 # name: (plant, condition that shows it, which prompts must show it: a rule on the expectations)
 FAULTS = {
     "appended rows attend every key": (
-        _attend_every_key, "wise", lambda lay: (o := expected_outcome(lay, "wise", WiseSettings())).first_correct
+        _attend_every_key, "wise", lambda lay: (o := expected_outcome(lay, "wise", PAPER_SETTINGS)).first_correct
         and not o.correct),
     "new tokens get row 0's initial state": (_row0_initial_state, "full", lambda lay: lay.follow.hops >= 2),
     "Freeze-A not renormalised": (_freeze_a_not_renormalised, "freeze_a", _renorm_needed),
     "eta ignored (a fixed 0.9)": (
         _eta_fixed, "wise",
-        lambda lay: expected_outcome(lay, "wise", WiseSettings(eta=0.9)).correct
-        != expected_outcome(lay, "wise", WiseSettings()).correct),
+        lambda lay: expected_outcome(lay, "wise", PAPER_SETTINGS.replace(eta=0.9)).correct
+        != expected_outcome(lay, "wise", PAPER_SETTINGS).correct),
     "eta compared with < (one block short)": (_eta_strict, "wise", _late_need),
     "MassMatched's target: the whole row's step-1 mass": (
         _mass_matched_whole_row, "mass_matched", _mass_matched_whole_row_changes),
     "working set from the last step only": (
-        _last_step_only, "wise", lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", WiseSettings()).correct),
+        _last_step_only, "wise",
+        lambda lay: _wise_with(lay, [12]) != expected_outcome(lay, "wise", PAPER_SETTINGS).correct),
     "window shifted by one": (
         _window_shifted, "wise",
-        lambda lay: _wise_with(lay, range(8, 12)) != expected_outcome(lay, "wise", WiseSettings()).correct),
+        lambda lay: _wise_with(lay, range(8, 12)) != expected_outcome(lay, "wise", PAPER_SETTINGS).correct),
     "layer index swapped": (_layers_swapped, "wise", _late_need),
     "head index swapped": (_heads_swapped, "wise", _late_need),
 }
@@ -457,7 +459,7 @@ def test_a_planted_fault_is_caught(model, fault_pool, monkeypatch, fault):
         [c for c in fault_pool if len(c[1]) > 256 and shows(c[2])][:3]
     assert cases, fault
     plant(monkeypatch)
-    assert mismatches(model, cases, WiseSettings(backend="gather"), [condition]), fault
+    assert mismatches(model, cases, PAPER_SETTINGS.replace(backend="gather"), [condition]), fault
 
 
 # -- the same faults through `python -m wise.evaluate cell` -----------------------------------------

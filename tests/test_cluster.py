@@ -137,14 +137,20 @@ def test_every_process_the_cluster_started_is_gone(run):
 
 ATTACH = """
 import sys
-from pipelines.config.params import ComputeParams, ModelParams
+from dataclasses import replace
+import pipelines
+from pathlib import Path as _Path
+from pipelines.config.params import load_params
+P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
 from pipelines.compute.pool import WorkerPool
 from pipelines.compute.tasks.contexts import TraceContext
 from wise.engine.runner import WiseSettings
 items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 23 + i))} for i in range(4)]
-ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
+                                backend="reference"), init_seed=0,
                    topk=16, diagnostics=True)
-with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(ray_address=sys.argv[1]), 4) as pool:
+with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, ray_address=sys.argv[1]),
+                4) as pool:
     out = pool.map("trace", items, ctx)
     print("ATTACHED", len(out), pool.placement)
 """

@@ -11,7 +11,7 @@ from wise.analysis.calibration import CONDITIONS
 from wise.engine.conditions import ADAPTIVE
 from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 
 
 def row(i, n):
@@ -33,7 +33,7 @@ def test_a_batched_item_gives_every_example_its_own_rows():
     cfg = RecurrentConfig.from_name("tiny-random").replace(mean_recurrence=8)
     model = init_weights(RecurrentDepthModel(cfg), seed=0).eval()
     # wise_adaptive: the random model's supports hold from step 1, so it settles at min_step
-    settings = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6,
+    settings = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6,
                             adaptive=AdaptiveDiscovery(threshold=0.5, min_step=2, max_step=7, window=2))
     context = ConditionsContext(settings=settings, init_seed=0, conditions=(*CONDITIONS, ADAPTIVE), max_new_tokens=3,
                                 stop_ids=(1,), generation="cached")

@@ -195,7 +195,7 @@ def test_cohorts_stage_lists_dropped_rows_and_local_files_must_be_a_dvc_dependen
     import yaml
 
     from pipelines.cohorts import build_cohort
-    from pipelines.config.params import parse
+    from params_files import parse_over
     from pipelines.config.validate import LOCAL_BENCHMARKS, ParamsError, validate
 
     root = Path(__file__).resolve().parents[1]
@@ -206,23 +206,23 @@ def test_cohorts_stage_lists_dropped_rows_and_local_files_must_be_a_dvc_dependen
            "cohorts": {"benchmarks": ["hotpotqa"], "examples_per_benchmark": 2, "context_lengths": [256],
                        "sources": {"hotpotqa": {"path": f"{LOCAL_BENCHMARKS}/hotpot.jsonl"}},
                        "max_bad_rows_fraction": 0.1},
-           "sweeps": {"context_length": 256}}
-    rows = build_cohort(validate(parse(raw, complete=False)))
+           "sweeps": {"context_length": 256, "examples_per_benchmark": 2}}
+    rows = build_cohort(validate(parse_over(raw)))
     assert {r["base_id"] for r in rows} <= {f"hotpotqa-5a8b{i:04d}" for i in range(37)} and rows
     out = capsys.readouterr().out
     assert "cohorts: hotpotqa row hotpotqa-5a8b0101 dropped: supporting title(s) not in context" in out
     raw["cohorts"]["max_bad_rows_fraction"] = 0.05
     with pytest.raises(ValueError, match=str(path.name)):
-        build_cohort(validate(parse(raw, complete=False)))
+        build_cohort(validate(parse_over(raw)))
     # A file outside data/raw would not be seen by DVC: refused, naming the key.
     outside = tmp_path / "hotpot.jsonl"
     outside.write_text(path.read_text())
     raw["cohorts"]["sources"] = {"hotpotqa": {"path": str(outside)}}
     with pytest.raises(ParamsError, match=r"cohorts\.sources\.hotpotqa\.path .* under data/raw/"):
-        validate(parse(raw, complete=False))
+        validate(parse_over(raw))
     raw["cohorts"]["sources"] = {}
     raw["cohorts"]["max_bad_rows_fraction"] = 1.5
     with pytest.raises(ParamsError, match=r"cohorts\.max_bad_rows_fraction = 1\.5"):
-        validate(parse(raw, complete=False))
+        validate(parse_over(raw))
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["cohorts"]["deps"]
     assert LOCAL_BENCHMARKS in deps

@@ -9,9 +9,9 @@ from wise.data.tokenizer import load_tokenizer
 from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights, load_checkpoint
 from wise.models.construct import build_chain_model
-from wise.engine.runner import WiseSettings, initial_state, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, initial_state, state_seed
 
-SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
+SETTINGS = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,8 @@ def agreement(model, tok, benchmark, budget, n, max_new):
         prompt = [0] + tok.encode(format_prompt(var), add_special_tokens=False).ids
         answer = tok.encode(" " + ex.answers[0], add_special_tokens=False).ids + [1]
         seed = state_seed(ex.example_id, 0)
-        a = evaluate_example(model, prompt, answer, CONDITIONS, WiseSettings(), seed, max_new, {1}, "rerun")
-        b = evaluate_example(model, prompt, answer, CONDITIONS, WiseSettings(), seed, max_new, {1}, "cached")
+        a = evaluate_example(model, prompt, answer, CONDITIONS, PAPER_SETTINGS, seed, max_new, {1}, "rerun")
+        b = evaluate_example(model, prompt, answer, CONDITIONS, PAPER_SETTINGS, seed, max_new, {1}, "cached")
         same += sum(a[c].tokens == b[c].tokens for c in CONDITIONS)
         total += len(CONDITIONS)
     return same / total

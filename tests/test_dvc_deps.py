@@ -82,8 +82,8 @@ def test_dvc_yaml_stays_short():
 
 # Stages that never run the kernel: editing kernels/ must not rerun them (train_backbone runs the
 # WISE conditions through the engine for its eval table, and the engine's routing is the kernel's).
-NO_KERNEL = {"train_recurtrace_base", "train_retrofit@lma", "train_retrofit@plain", "train_real_retrofit@lma",
-             "train_real_retrofit@plain", "train_halting", "retrofit_eval", "real_base", "real_corpus",
+NO_KERNEL = {"recurtrace_train_base", "recurtrace_train@lma", "recurtrace_train@plain", "train_real_retrofit@lma",
+             "train_real_retrofit@plain", "recurtrace_train_halting", "recurtrace_eval", "real_base", "real_corpus",
              "build_calibration", "cohorts", "real_eval"}
 
 
@@ -158,7 +158,7 @@ def test_dvc_metrics_show_prints_at_most_40_values():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
 
     def resolve(path: str) -> str:
-        for key in ("retrofit.calibration.name", "retrofit.name"):
+        for key in ("recurtrace.calibrated.name", "recurtrace.name"):
             sec = raw
             for part in key.split("."):
                 sec = sec[part]

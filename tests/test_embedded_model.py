@@ -12,7 +12,7 @@ from wise.data.probes import build_prompts
 from wise.analysis.metrics import exact_match
 from wise.models.checkpoint import load_checkpoint, load_config
 from wise.engine.decoding import evaluate_example
-from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, state_seed
 from wise.training.config import TrainConfig
 
 MODEL = Path("data/models/wise-small")
@@ -68,7 +68,7 @@ def test_golden_questions_are_answered(model):
     tok = load_tokenizer(MODEL / "tokenizer.json")
     prompts = {p.example_id: p for p in build_prompts(tok, "synthhop", 512, 101, 123,
                                                       model.config.max_positions, 8)}
-    settings = WiseSettings(steps=32)
+    settings = PAPER_SETTINGS.replace(steps=32)
     for example_id in GOLDEN:
         p = prompts[example_id]
         answer = tok.encode(" " + p.answers[0], add_special_tokens=False).ids

@@ -9,7 +9,7 @@ import pytest
 
 from wise.data.probes import build_prompts
 from wise.data.tokenizer import load_tokenizer
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 from wise.evaluate import main, parser
 from wise.evaluate.flags import settings_from
 from wise.evaluate.model_folder import load_model
@@ -119,7 +119,7 @@ def test_settings_flags_default_to_the_settings_and_build_them():
     """The WISE settings flags are generated from WiseSettings (and its AdaptiveDiscovery rule):
     each defaults to its field's default (--backend to auto: the device picks), and the flags given
     build the settings back."""
-    default = WiseSettings()
+    default = PAPER_SETTINGS
     args = parser().parse_args(["cell"])
     assert args.backend == "auto"
     for name in ("steps", "discovery_step", "window", "block_size", "eta"):

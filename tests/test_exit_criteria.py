@@ -22,14 +22,14 @@ from wise.engine.decoding import evaluate_examples
 from wise.engine.exit_criteria import (CRITERIA, ExitCriterion, ExitTest, Reading, argmax_stability, cosine,
                                        entropy_diff, kl, latent_diff, minp_kl, parse_exit)
 from wise.engine.extension import extend, extend_exiting
-from wise.engine.runner import WiseSettings, run_late_rows, run_prefix, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_late_rows, run_prefix, state_seed
 from wise.models.chain_card import write_chain_checkpoint
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
 from wise.models.construct import build_chain_model
 
 TOK = build_tokenizer()
 # t_d = 4 with 16-token blocks: WISE stops the second token's chase on two of these prompts (4 of 5 hops)
-SETTINGS = WiseSettings(steps=16, discovery_step=4, window=2, block_size=16)
+SETTINGS = PAPER_SETTINGS.replace(steps=16, discovery_step=4, window=2, block_size=16)
 PICK = (0, 2, 12, 19)  # of 20 synthchain test questions (seed 11): L2 = 2, 5, 5, 5
 EOS = {1}
 
@@ -124,7 +124,7 @@ def test_defaults_are_huginns_and_bad_criteria_are_refused_by_name():
     with pytest.raises(ValueError, match="threshold='x'"):
         parse_exit("kl", "x")
     with pytest.raises(TypeError, match="exit_criterion"):
-        WiseSettings(exit_criterion="kl")
+        PAPER_SETTINGS.replace(exit_criterion="kl")
 
 
 # -- on the calibration model ----------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_a_skipped_step_leaves_the_keys_and_values_of_the_exit_step():
     values change every step (wise-chain's are nearly step-free)."""
     cfg = RecurrentConfig.from_name("tiny-random").replace(mean_recurrence=8)
     tiny = init_weights(RecurrentDepthModel(cfg), seed=0).eval()
-    s = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
+    s = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
     ids = torch.randint(3, 2048, (40,), generator=torch.Generator().manual_seed(0))
     prefix = run_prefix(tiny, ids, s, 7, record=True, cache=True)
     group = RowGroup(tiny, s, [prefix], run_late_rows(tiny, [(prefix, "full"), (prefix, "wise")], s, cache=True), [0, 0])

@@ -120,14 +120,14 @@ def test_argmax_stability_counts_the_run_of_an_unchanged_argmax():
 @pytest.fixture(scope="module")
 def group():
     from wise.engine.appended_rows import RowGroup
-    from wise.engine.runner import WiseSettings, run_late_rows, run_prefix
+    from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_late_rows, run_prefix
     from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model's matmuls are far slower with two threads on a shared CPU
     cfg = RecurrentConfig.from_name("tiny-random").replace(mean_recurrence=8)
     tiny = init_weights(RecurrentDepthModel(cfg), seed=0).eval()
-    s = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
+    s = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
     g = torch.Generator().manual_seed(0)
     prefixes = [run_prefix(tiny, torch.randint(3, 2048, (40,), generator=g), s, 7 + i, record=True, cache=True)
                 for i in range(3)]

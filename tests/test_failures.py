@@ -2,6 +2,7 @@
 
 A failure inside a Ray task used to reach the user as ~60 lines of Ray and driver traceback, and a
 conditions work item (a batch of examples) was named by its position ("example #1")."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,10 +15,10 @@ import pytest
 from pipelines.config.failures import log_failure, one_line
 from pipelines.compute.tasks.contexts import TraceContext
 from pipelines.compute.work import example_ids
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+CTX = TraceContext(PAPER_SETTINGS.replace(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
                    topk=16, diagnostics=True)
 
 
@@ -29,12 +30,13 @@ def test_work_items_are_named_by_their_example_ids():
 
 
 def test_a_task_failure_is_one_line_naming_the_example_and_the_cause(tmp_path):
-    from pipelines.config.params import ComputeParams, ModelParams
+    from params_files import default_params
     from pipelines.compute.pool import WorkerPool
 
     items = [{"example_id": "ok@64", "token_ids": list(range(3, 40))},
              {"examples": [{"example_id": "broken@64"}, {"example_id": "also@64"}]}]
-    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(executor="local"), 2) as pool:
+    with WorkerPool(dataclasses.replace(default_params().model, source="preset:tiny-random@0"),
+                    dataclasses.replace(default_params().compute, executor="local"), 2) as pool:
         with pytest.raises(KeyError) as err:
             pool.map("trace", items, CTX)
     line = one_line("traces", err.value)
@@ -57,7 +59,8 @@ RAY_STAGE = textwrap.dedent("""
         with WorkerPool(p.model, p.compute, len(items)) as pool:
             pool.map("trace", items, CTX)
 
-    CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+    CTX = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
     sys.exit(stage_main("traces", run))
 """)

@@ -8,9 +8,9 @@ import wise.engine.graph_decode
 from wise.analysis.calibration import CONDITIONS
 from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 
-SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
+SETTINGS = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 
 
 def tiny(device="cpu"):

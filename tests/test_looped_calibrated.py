@@ -7,6 +7,7 @@ mutation tests assert it is not empty under each fault.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -15,7 +16,8 @@ import torch
 
 from wise.looped import calibrated_expectations as C
 from wise.halting import batched_trajectories
-from pipelines.recurtrace.calibrated_cell import CellParams, items_and_rows, run_cell
+from params_files import retrofit_params
+from pipelines.recurtrace.calibrated_cell import items_and_rows, run_cell
 from pipelines.recurtrace.wise_reuse import WiseReuse
 from wise.looped.chain_base import HOP_LAYER, ChainBaseSpec, build_chain_base, save_chain_base
 from wise.looped.known_depth import make_items
@@ -49,9 +51,14 @@ def checks(cell: dict) -> list[str]:
     return failed
 
 
+def cell_params(**changes):
+    """params.yaml's recurtrace.calibrated with `changes` (its checks run again)."""
+    return dataclasses.replace(retrofit_params().calibrated, **changes)
+
+
 @functools.lru_cache(maxsize=None)
 def _cell(**kw) -> dict:
-    return run_cell(CellParams(seed=0, **kw), log=lambda m: None)
+    return run_cell(cell_params(seed=0, **kw), log=lambda m: None)
 
 
 def test_base_is_a_llama_saved_and_loaded_by_the_retrofit_loader(tmp_path):
@@ -77,7 +84,7 @@ def test_probe_picks_the_hop_layer():
     from wise.looped.probe import block_distances
 
     base, _ = build_chain_base()
-    _, rows = items_and_rows(CellParams(n=16), "validation", "mixed", 16)
+    _, rows = items_and_rows(cell_params(n=16), "validation", "mixed", 16)
     table = block_distances(base, [_probe_batch(rows)], 1, min_prefix=1, min_suffix=1)
     assert [r["start"] for r in table if r["chosen"]] == [HOP_LAYER]
 
@@ -98,7 +105,7 @@ def test_fixed_depth_matches_the_construction(overshoot):
     from pipelines.recurtrace.calibrated_cell import models
 
     model = models()[0 if overshoot else 1]
-    items, rows = items_and_rows(CellParams(n=40), "test", "mixed", 40)
+    items, rows = items_and_rows(cell_params(n=40), "test", "mixed", 40)
     trajs = batched_trajectories.batched_trajectories(model, rows, 8)
     bad = [(it.example_id, T) for it, tr in zip(items, trajs) for T in range(1, 9)
            if tr.signals[T - 1].correct != C.correct(it, T, overshoot)]
@@ -123,7 +130,7 @@ def test_planted_faults_fail_the_checks(fault, monkeypatch):
         monkeypatch.setattr(H, "oracle_labels", shifted)
     else:
         monkeypatch.setattr(batched_trajectories, "POOLED_ROW", -2)  # the "Answer" row: no pointer, no flags
-    cell = run_cell(CellParams(seed=0, **SMALL), log=lambda m: None)
+    cell = run_cell(cell_params(seed=0, **SMALL), log=lambda m: None)
     assert checks(cell) != []
 
 
@@ -135,7 +142,7 @@ def _wise_mismatches(items, rows, p) -> tuple[int, list[dict]]:
 
 
 def test_wise_under_adaptive_depth_matches_the_construction():
-    p = CellParams(seed=1, wise_n=24)
+    p = cell_params(seed=1, wise_n=24)
     mismatches, rows = _wise_mismatches(*items_and_rows(p, "test", "mixed", p.wise_n), p)
     assert mismatches == 0, [r for r in rows if r["wise_correct"] != r["expected_wise"]]
     # the case must separate: some answers kept by WISE, some lost to a fact outside the working set
@@ -157,7 +164,7 @@ def test_wise_faults_show_as_mismatches(fault, monkeypatch):
     import wise.engine.runner
     from wise.data.synthchain import build_tokenizer
 
-    p = CellParams(seed=1, wise_n=3)
+    p = cell_params(seed=1, wise_n=3)
     td, w, tok = p.wise.discovery_step, p.wise.window, build_tokenizer()
     if fault == "window_shifted":  # discovery loops t_d-w..t_d-1
         monkeypatch.setattr(wise.engine.runner, "discovery_steps", lambda td, w: list(range(td - w, td)))
@@ -181,8 +188,8 @@ def test_wise_expectation_follows_eta_and_the_block_size():
     assert C.question_block_support(5, 8, 0.85) == {0}  # 7/8 of the mass already past eta
     assert C.question_block_support(0, 8, 0.95) == {0}
     assert C.question_block_support(3, 1, 0.95) == {3}
-    with pytest.raises(ValueError, match=r"retrofit\.calibration\.wise\.block_size"):
-        CellParams(wise=WiseReuse(discovery_step=3, window=2, block_size=16, eta=0.95))
+    with pytest.raises(ValueError, match=r"recurtrace\.calibrated\.wise\.block_size"):
+        cell_params(wise=WiseReuse(discovery_step=3, window=2, block_size=16, eta=0.95))
 
 
 LMA_CHECKPOINT = "data/models/recurtrace-chain-lma"  # stage recurtrace_calibrated (committed)
@@ -190,7 +197,7 @@ LMA_CHECKPOINT = "data/models/recurtrace-chain-lma"  # stage recurtrace_calibrat
 
 def latch_accuracy(model, n: int = 60) -> float:
     """Accuracy after t_max = 8 loops on the reachable test items with d < 8."""
-    items, rows = items_and_rows(CellParams(seed=0), "test", "mixed", n)
+    items, rows = items_and_rows(cell_params(seed=0), "test", "mixed", n)
     trajs = batched_trajectories.batched_trajectories(model, rows, 8)
     sel = [tr for it, tr in zip(items, trajs) if it.reachable and it.depth < 8]
     return sum(tr.signals[7].correct for tr in sel) / len(sel)

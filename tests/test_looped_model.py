@@ -11,7 +11,7 @@ from wise.models.looped.base import build_base, parameter_count
 from wise.models.looped.checkpoint import load_retrofit, save_retrofit
 from wise.models.looped.lma import LoopMemoryAttention, alibi_slopes
 from wise.models.looped.model import LoopedModel, build_looped, check_safe_floor
-from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_condition, state_seed
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
@@ -219,7 +219,7 @@ def test_every_runner_condition_runs_on_the_looped_model(fam):
         assert r.layouts.shape == (2, 4, 4, 4)  # block layers, heads, query blocks, key blocks
         assert torch.isfinite(r.logits).all()
     # eta = 1 keeps every causal block: the reference late attention then equals Full
-    dense = run_condition(model, ids, "wise", WiseSettings(steps=8, discovery_step=3, window=2,
+    dense = run_condition(model, ids, "wise", PAPER_SETTINGS.replace(steps=8, discovery_step=3, window=2,
                                                             block_size=16, eta=1.0), seed)
     assert torch.allclose(dense.logits, full, atol=1e-4)
 
@@ -264,8 +264,8 @@ def test_kernel_backend_matches_the_reference_on_the_looped_model():
                                          num_hidden_layers=4)).eval()
     model = build_looped(base, block_start=1, block_layers=2, lma_heads=1, lma_head_dim=8, gate_hidden=2)
     ids = ids_of(64)[0]
-    out = {be: run_condition(model, ids, "wise", WiseSettings(steps=4, discovery_step=2, window=1, block_size=16,
-                                                              backend=be), 0)
+    out = {be: run_condition(model, ids, "wise", PAPER_SETTINGS.replace(
+        steps=4, discovery_step=2, window=1, block_size=16, backend=be), 0)
            for be in ("reference", "kernel")}
     assert out["kernel"].state_hash == out["reference"].state_hash
     assert torch.equal(out["kernel"].layouts, out["reference"].layouts)
@@ -283,7 +283,7 @@ def test_cached_decoding_equals_rerun_on_the_looped_model(fam):
         model.alpha.fill_(0.5)
         for lma in model.lma:
             lma.gamma.fill_(0.5)
-    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16)
+    settings = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16)
     prompt = ids_of(40)[0].tolist()
     answer = [5, 6, 7]
     runs = {g: evaluate_example(model, prompt, answer, CONDITIONS, settings, state_seed("ex", 0), max_new_tokens=3,
@@ -328,7 +328,7 @@ def test_decoding_sizes_its_gpu_batches_from_the_looped_config():
     from wise.engine.decoding import _cache_bytes
 
     model = build_looped(tiny_base("llama"), **LMA)
-    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16)
+    settings = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16)
     prefix, row, frozen = _cache_bytes(model, settings, 40, CONDITIONS)
     per_step = LMA["block_layers"] * 2 * 40 * TINY["num_key_value_heads"] * 16 * 4
     assert prefix == 3 * per_step and frozen == LMA["block_layers"] * TINY["num_attention_heads"] * 40 * 40 * 4
@@ -344,7 +344,7 @@ def test_a_cached_prefix_is_the_uncached_one_bit_for_bit(family):
 
     model = build_looped(tiny_base(family), **LMA)
     assert KVRecorder(model=model).defer
-    settings = WiseSettings(steps=6, discovery_step=3, window=2, block_size=16)
+    settings = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16)
     ids = ids_of(40)[0]
     cached = run_prefix(model, ids, settings, state_seed("ex", 0), cache=True)
     plain = run_prefix(model, ids, settings, state_seed("ex", 0), cache=False)

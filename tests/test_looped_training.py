@@ -1,5 +1,5 @@
 """Variable-depth training pieces: the loop-count sampler's moments, the training rows, the typed
-`retrofit:` params, and the whole embedded path (base -> LMA and plain retrofits -> fixed-depth
+`recurtrace:` params, and the whole embedded path (base -> LMA and plain retrofits -> fixed-depth
 table) through its stages on tiny settings on the CPU, including that the stages then keep what
 they wrote."""
 import dataclasses
@@ -13,7 +13,7 @@ import yaml
 
 from wise.looped.data import IGNORE, BatchSpec, SpecialIds, make_batch
 from wise.looped.depth import loops_for_step, sample_loops
-from pipelines.recurtrace.params import RetrofitParams
+from params_files import retrofit_params
 
 
 def test_loop_count_sampler_moments():
@@ -65,25 +65,23 @@ def test_worker_processes_make_the_same_batches():
 
 
 def test_retrofit_params_name_the_bad_key():
-    RetrofitParams.from_dict(None)  # every default is valid
-    for raw, key in [({"train": {"lr": 0}}, "retrofit.train.lr"), ({"train": {"loops_min": 1}}, "retrofit.train.loops_min"),
-                     ({"eval": {"benchmarks": ["nope"]}}, "retrofit.eval.benchmarks"),
-                     ({"base_train": {"epochs": 3}}, "retrofit.base_train.epochs"),
-                     ({"window": 0}, "retrofit.window"), ({"dtype": "int8"}, "retrofit.dtype")]:
+    retrofit_params()  # params.yaml's section is valid
+    for raw, key in [({"train": {"lr": 0}}, "recurtrace.train.lr"),
+                     ({"train": {"loops_min": 1}}, "recurtrace.train.loops_min"),
+                     ({"eval": {"benchmarks": ["nope"]}}, "recurtrace.eval.benchmarks"),
+                     ({"base_train": {"epochs": 3}}, "recurtrace.base_train.epochs"),
+                     ({"window": 0}, "recurtrace.window"), ({"dtype": "int8"}, "recurtrace.dtype")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            RetrofitParams.from_dict(raw)
+            retrofit_params(raw)
 
 
 def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
     from pipelines.config.params import load_params
     from pipelines.recurtrace.params import load_retrofit_params
 
-    load_params("params.yaml")  # `retrofit:` is an allowed section
+    load_params("params.yaml")  # `recurtrace:` is an allowed section
     p = load_retrofit_params("params.yaml")
     assert p.base == "data/models/recurtrace-base" and p.train.loops_max == 8
-    # the defaults are params.yaml's section, so a params file with only `retrofit: {name: recurtrace}`
-    # (what dvc.yaml interpolates) keeps the committed embedded checkpoints
-    assert p == RetrofitParams.from_dict({"name": "recurtrace"})
     q = load_retrofit_params("params/recurtrace-qwen3.yaml")
     assert q.base == "Qwen/Qwen3-0.6B" and q.dtype == "bfloat16"
     load_params("params/recurtrace-qwen3.yaml")
@@ -93,8 +91,8 @@ def test_params_yaml_retrofit_section_is_valid_and_accepted_by_the_pipeline():
                                                "params/recurtrace-embedded.yaml")}
     for f, r in raw.items():
         assert r["train"] == raw["params.yaml"]["train"], f
-        assert r["retrofit"]["base_train"] == raw["params.yaml"]["retrofit"]["base_train"], f
-    assert raw["params/recurtrace-embedded.yaml"]["retrofit"] == raw["params.yaml"]["retrofit"]
+        assert r["recurtrace"]["base_train"] == raw["params.yaml"]["recurtrace"]["base_train"], f
+    assert raw["params/recurtrace-embedded.yaml"]["recurtrace"] == raw["params.yaml"]["recurtrace"]
 
 
 # Tiny settings (merged over the defaults): the whole path in seconds on a CPU.
@@ -127,22 +125,22 @@ def smoke_run(tmp_path_factory):
     import os
     from pathlib import Path
 
-    from stages import retrofit_eval, train_retrofit
+    from stages import recurtrace_eval, recurtrace_train
 
     root = tmp_path_factory.mktemp("recurtrace")
     tokenizer = str(Path("data/models/wise-small/tokenizer.json").resolve())
-    section = merge(json.loads(json.dumps(dataclasses.asdict(RetrofitParams()))), SMOKE)
+    section = merge(json.loads(json.dumps(dataclasses.asdict(retrofit_params()))), SMOKE)
     section["base_train"]["tokenizer"] = tokenizer
-    params = RetrofitParams.from_dict(section)
+    params = retrofit_params(section)
     assert set(params.eval.benchmarks) == {"synthchain", "syntharith"}
     path = root / "params.yaml"
-    path.write_text(yaml.safe_dump({"retrofit": json.loads(json.dumps(dataclasses.asdict(params)))}))
+    path.write_text(yaml.safe_dump({"recurtrace": json.loads(json.dumps(dataclasses.asdict(params)))}))
     cwd = Path.cwd()
     os.chdir(root)
     try:
         for what in ("base", "lma", "plain"):
-            assert train_retrofit.main([what, "--params", str(path), "--device", "cpu", "--retrain"]) == 0
-        assert retrofit_eval.main(["--params", str(path), "--device", "cpu", "--recompute"]) == 0
+            assert recurtrace_train.main([what, "--params", str(path), "--device", "cpu", "--retrain"]) == 0
+        assert recurtrace_eval.main(["--params", str(path), "--device", "cpu", "--recompute"]) == 0
     finally:
         os.chdir(cwd)
     return root, path, params
@@ -188,16 +186,16 @@ def test_smoke_run_writes_checkpoints_and_table(smoke_run):
 def test_stages_keep_what_the_smoke_run_wrote(smoke_run, capsys):
     import os
 
-    from stages import retrofit_eval, train_retrofit
+    from stages import recurtrace_eval, recurtrace_train
 
     root, path, _ = smoke_run
     cwd = os.getcwd()
     os.chdir(root)
     try:
         for what in ("base", "lma", "plain"):
-            assert train_retrofit.main([what, "--params", str(path)]) == 0
+            assert recurtrace_train.main([what, "--params", str(path)]) == 0
             assert "keeping it" in capsys.readouterr().out
-        assert retrofit_eval.main(["--params", str(path)]) == 0
+        assert recurtrace_eval.main(["--params", str(path)]) == 0
         assert "keeping it" in capsys.readouterr().out
         # a table from before the metrics file and the recipe were split (fixed_depth.json held the
         # recipe) is kept too, and brought to the current layout without evaluating again
@@ -206,15 +204,15 @@ def test_stages_keep_what_the_smoke_run_wrote(smoke_run, capsys):
         stored, headline = json.loads(recipe_file.read_text()), json.loads(metrics_file.read_text())
         metrics_file.write_text(json.dumps({**stored, "summary": []}))
         recipe_file.unlink()
-        assert retrofit_eval.main(["--params", str(path)]) == 0
+        assert recurtrace_eval.main(["--params", str(path)]) == 0
         assert "keeping it" in capsys.readouterr().out
         assert json.loads(recipe_file.read_text()) == stored and json.loads(metrics_file.read_text()) == headline
         # a changed recipe is not kept, and without a GPU the stage refuses to train
         changed = yaml.safe_load(path.read_text())
-        changed["retrofit"]["train"]["lr"] = 0.5
+        changed["recurtrace"]["train"]["lr"] = 0.5
         (root / "changed.yaml").write_text(yaml.safe_dump(changed))
         if not torch.cuda.is_available():
             with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-                train_retrofit.main(["lma", "--params", str(root / "changed.yaml")])
+                recurtrace_train.main(["lma", "--params", str(root / "changed.yaml")])
     finally:
         os.chdir(cwd)

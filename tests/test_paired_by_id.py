@@ -112,7 +112,7 @@ def test_real_halting_pairs_each_method_with_its_fixed_depth_by_example():
 
 def test_statistics_gives_the_same_summary_whatever_the_row_order():
     pytest.importorskip("duckdb")  # pipelines.statistics reads through pipelines.store.db
-    from pipelines.config.params import Params
+    from params_files import default_params
     from pipelines.statistics import summarise
 
     rows = []
@@ -122,7 +122,7 @@ def test_statistics_gives_the_same_summary_whatever_the_row_order():
                          "base_id": i, "f1": f1, "em": float(f1 > 0.6), "full_f1": 0.5, "full_em": 0.0,
                          "gold_logprob": -f1, "full_logprob": -0.5, "density": None, "retained_future_mass": None,
                          "answer_change": "same", "expected_em": None, "support_matches_trace": None})
-    p = Params()
+    p = default_params()
     p = dataclasses.replace(p, statistics=dataclasses.replace(p.statistics, bootstrap_resamples=300),
                             conditions=dataclasses.replace(p.conditions, names=("full", "wise")))
     ordered = summarise(sorted(rows, key=lambda r: (r["condition"], r["example_id"])), p)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipelines.config.library_checks import check_model_source, check_params_file
+from params_files import parse_over
 from pipelines.config.params import load_params, parse
 from pipelines.config.validate import ParamsError, validate
 
@@ -109,7 +110,7 @@ def test_unknown_section_is_named(tmp_path):
                                           ("conditions", "allow_support_mismatch")])
 def test_a_missing_key_is_an_error_naming_it(tmp_path, section, key):
     # Before: the dataclass default filled it in silently (no eta ran with 0.95, no steps with T=32).
-    with pytest.raises(ParamsError, match=rf"missing key\(s\) {section}\.{key}\b"):
+    with pytest.raises(ParamsError, match=rf"missing key {section}\.{key}\b"):
         load_params(write(tmp_path, lambda r: r[section].pop(key)))
 
 
@@ -125,7 +126,7 @@ def test_train_is_a_known_section_checked_key_by_key_by_the_validate_stage(tmp_p
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     load_params(write(tmp_path, lambda r: None))  # the pipeline's loader accepts `train:` as is
     check_train(raw, "params.yaml")
-    for edit, message in ((lambda t: t.pop("lr"), r"missing key\(s\) train\.lr\b"),
+    for edit, message in ((lambda t: t.pop("lr"), r"missing key train\.lr\b"),
                           (lambda t: t.update(lrr=0.1), r"unknown key\(s\) train\.lrr")):
         bad = yaml.safe_load((ROOT / "params.yaml").read_text())
         edit(bad["train"])
@@ -158,9 +159,9 @@ def test_relations_between_keys_are_checked_up_front(tmp_path, edit, key, why):
 def test_the_calibration_model_runs_in_float32_only():
     raw = {"model": {"source": "data/models/wise-chain", "dtype": "float16"}}
     with pytest.raises(ParamsError, match=r"model\.dtype = 'float16'.*float32 for the calibration model"):
-        validate(parse(raw, complete=False))
+        validate(parse_over(raw))
     raw["model"]["dtype"] = "float32"
-    validate(parse(raw, complete=False))
+    validate(parse_over(raw))
 
 
 def test_calibration_model_positions_come_from_the_calibration_section():
@@ -168,9 +169,9 @@ def test_calibration_model_positions_come_from_the_calibration_section():
     raw = {"model": {"source": "data/models/wise-chain"}, "calibration": {"max_positions": 1024},
            "cohorts": {"context_lengths": [512, 2048]}, "sweeps": {"context_length": 512}}
     with pytest.raises(ParamsError, match=r"cohorts\.context_lengths .*calibration\.max_positions \(1024\)"):
-        validate(parse(raw, complete=False))
+        validate(parse_over(raw))
     raw["calibration"]["max_positions"] = 2048
-    validate(parse(raw, complete=False))
+    validate(parse_over(raw))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
@@ -193,8 +194,8 @@ def test_errors_name_the_params_file(tmp_path):
 
 
 def test_context_beyond_model_positions_is_rejected():
-    p = parse({"model": {"source": str(ROOT / "data/models/wise-tiny-random")},
-               "cohorts": {"context_lengths": [512, 8192]}}, complete=False)
+    p = parse_over({"model": {"source": str(ROOT / "data/models/wise-tiny-random")},
+                    "cohorts": {"context_lengths": [512, 8192]}})
     with pytest.raises(ParamsError, match="exceed the model's 4096 positions"):
         check_model_source(p)
 
@@ -242,17 +243,3 @@ def test_presets_carry_the_train_section_of_params_yaml():
     main = yaml.safe_load(Path("params.yaml").read_text())["train"]
     for preset in sorted(Path("params").glob("*.yaml")):
         assert yaml.safe_load(preset.read_text()).get("train") == main, preset
-
-
-def test_the_params_defaults_the_engine_also_defines_are_the_engines():
-    """pipelines.config.params writes these out (parsing imports no engine code); they must not drift."""
-    import dataclasses
-
-    from pipelines.config import params
-    from wise.engine.conditions import ALL_CONDITIONS
-    from wise.engine.diagnostics import THRESHOLD_SETTINGS
-    from wise.engine.discovery_depth import AdaptiveDiscovery
-
-    assert params.CONDITION_NAMES == ALL_CONDITIONS
-    assert params.ADAPTIVE_RULE == dataclasses.asdict(AdaptiveDiscovery())
-    assert params.THRESHOLDS == THRESHOLD_SETTINGS

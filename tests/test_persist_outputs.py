@@ -3,7 +3,7 @@ file while a stage reruns.
 
 DVC deletes a stage's (non-persistent) outs before running its command. `validate` guards a full
 `dvc repro`, but `dvc repro -s <stage>` skips it: the stage's outputs were gone before the stage
-found `compute.cpus_per_worker: 4` on a 2-core machine or `retrofit.adaptive.wise.eta: 1.5`, and
+found `compute.cpus_per_worker: 4` on a 2-core machine or `recurtrace.halting_eval.wise.eta: 1.5`, and
 every query over them failed for the whole run. Now every out is persistent and replaced by an
 atomic rename once the stage is done; the stage checks its params (and the compute request) first.
 """
@@ -83,7 +83,8 @@ def _fake_outputs(tmp: Path, stage: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage, section, key, value, why", [
     ("conditions", "compute", "cpus_per_worker", (os.cpu_count() or 1) + 1, "CPU(s); an actor asking for more"),
-    ("adaptive_eval", "retrofit", "adaptive.wise.eta", 1.5, "retrofit.adaptive.wise.eta = 1.5: must be in (0, 1]"),
+    ("recurtrace_halting_eval", "recurtrace", "halting_eval.wise.eta", 1.5,
+     "recurtrace.halting_eval.wise.eta = 1.5: must be in (0, 1]"),
 ])
 def test_a_single_stage_with_bad_params_deletes_nothing(project, stage, section, key, value, why):
     tmp, env, raw = project

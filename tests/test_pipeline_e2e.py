@@ -61,9 +61,9 @@ def project():
     params["sweeps"].update(eta=[0.8, 0.95], discovery_step=[2, 3], window=[1, 2], block_size=[16, 32],
                             adaptive_threshold=[1.0], examples_per_benchmark=1, context_length=160)
     # RecurTrace on the committed embedded retrofit: a few rows and loops (the checkpoints are kept)
-    params["retrofit"]["eval"].update(n=3, depths=[1, 2])
-    params["retrofit"]["halting"].update(train_n=3, heldout_n=3, t_max=3, steps=20)
-    params["retrofit"]["adaptive"].update(timing_examples=1, timing_repeats=1, wise_examples=1)
+    params["recurtrace"]["eval"].update(n=3, depths=[1, 2])
+    params["recurtrace"]["halting"].update(train_n=3, heldout_n=3, t_max=3, steps=20)
+    params["recurtrace"]["halting_eval"].update(timing_examples=1, timing_repeats=1, wise_examples=1)
     # The real model on the committed retrofits: one window, two needle items, two depths
     params["real_model"].update(eval_depths=[1, 2], eval_windows=1, eval_needles=2, halting_train=2,
                                 halting_heldout=2, halting_t_max=2, halting_steps=20)
@@ -90,7 +90,8 @@ def test_all_stages_write_outputs(project):
     for stage in ("validate", "build_calibration", "cohorts", "traces", "supports", "conditions", "timing",
                   "statistics", "sweep@eta", "sweep@discovery_step", "sweep@window", "sweep@block_size",
                   "sweep@adaptive_threshold",
-                  "train_halting", "adaptive_eval", "real_base", "real_corpus", "real_eval", "real_wise"):
+                  "recurtrace_train_halting", "recurtrace_halting_eval", "real_base", "real_corpus", "real_eval",
+                  "real_wise"):
         assert f"Running stage '{stage}'" in repro.stdout
     # The shipped model is never retrained: the stage does not run, or (its code changed since the
     # committed lock) it runs and keeps the folder, whose recipe matches `train:`.

@@ -16,14 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 POOL_SCRIPT = textwrap.dedent("""
     import sys
-    from pipelines.config.params import ModelParams, ComputeParams
+    from dataclasses import replace
+    import pipelines
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
+    P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
     from wise.engine.runner import WiseSettings
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 20 + i))} for i in range(3)]
-    ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
-    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2), 3) as pool:
+    with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, num_workers=2), 3) as pool:
         out = pool.map("trace", items, ctx)
     assert [o["example_id"] for o in out] == ["ex0", "ex1", "ex2"], out
     assert out[2]["masses"].shape[:2] == (4, 2)
@@ -88,14 +93,19 @@ def test_detector_sees_probes_of_an_unprotected_ray_start(tmp_path):
 KILL_SCRIPT = textwrap.dedent("""
     import dataclasses
     import ray
-    from pipelines.config.params import ComputeParams, ModelParams
+    from dataclasses import replace
+    import pipelines
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
+    P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
     from wise.engine.runner import WiseSettings
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + 40 + i))} for i in range(6)]
-    ctx = TraceContext(WiseSettings(steps=12, discovery_step=4, window=2, block_size=16, eta=0.9), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=12, discovery_step=4, window=2, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
-    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2, max_retries=1),
+    with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, num_workers=2, max_retries=1),
                     len(items)) as pool:
         first = pool.stats()
         assert [s["model_loads"] for s in first] == [1, 1], first
@@ -154,16 +164,21 @@ RETRY_SCRIPT = textwrap.dedent("""
     import time
     import ray
     from ray.exceptions import RayActorError
-    from pipelines.config.params import ComputeParams, ModelParams
+    from dataclasses import replace
+    import pipelines
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
+    P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
     from wise.engine.runner import WiseSettings
     # ex1 runs for seconds (2000 tokens, 32 steps), ex0 for milliseconds: ex1 is still running
     # when ex0 comes back.
     items = [{"example_id": f"ex{i}", "token_ids": list(range(3, 3 + n))} for i, n in enumerate((20, 2000))]
-    ctx = TraceContext(WiseSettings(steps=32, discovery_step=4, window=2, block_size=16, eta=0.9), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=32, discovery_step=4, window=2, block_size=16, eta=0.9,
+                                    backend="reference"), init_seed=0,
                        topk=16, diagnostics=True)
-    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(num_workers=2, max_retries=1),
+    with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, num_workers=2, max_retries=1),
                     len(items)) as pool:
         first = list(pool.actors)
         assert len(first) == 2, first
@@ -199,15 +214,20 @@ def test_a_retry_does_not_go_to_an_idle_actor_that_died_too(tmp_path):
 
 
 def test_a_failing_task_names_its_example():
-    from pipelines.config.params import ComputeParams, ModelParams
+    from dataclasses import replace
+    import pipelines
+    from pathlib import Path as _Path
+    from pipelines.config.params import load_params
+    P = load_params(_Path(pipelines.__file__).resolve().parents[1] / "params.yaml")  # the other keys
     from pipelines.compute.pool import WorkerPool
     from pipelines.compute.tasks.contexts import TraceContext
     from wise.engine.runner import WiseSettings
 
     items = [{"example_id": "ok", "token_ids": list(range(3, 40))}, {"example_id": "broken"}]
-    ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+    ctx = TraceContext(WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9, backend="reference"),
+                       init_seed=0,
                        topk=16, diagnostics=True)
-    with WorkerPool(ModelParams(source="preset:tiny-random@0"), ComputeParams(executor="local"), 2) as pool:
+    with WorkerPool(replace(P.model, source="preset:tiny-random@0"), replace(P.compute, executor="local"), 2) as pool:
         with pytest.raises(KeyError) as err:  # the task's own error type, not retried
             pool.map("trace", items, ctx)
         assert "trace: while running example broken" in err.value.__notes__

@@ -11,17 +11,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config.params import ComputeParams, ParamsError
+from params_files import default_params
+from pipelines.config.params import ParamsError
 from pipelines.config.preflight import check_compute, check_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def compute_params(**changes):
+    """params.yaml's compute section with `changes`."""
+    return dataclasses.replace(default_params().compute, **changes)
+
+
 @pytest.mark.parametrize("compute, resources, key", [
-    (ComputeParams(cpus_per_worker=4), {"CPU": 2, "GPU": 0}, "compute.cpus_per_worker = 4: this machine has 2 CPU"),
-    (ComputeParams(num_workers=3), {"CPU": 2, "GPU": 0}, "compute.num_workers = 3: 3 workers x"),
-    (ComputeParams(gpus_per_worker=2.0), {"CPU": 16, "GPU": 1}, "compute.gpus_per_worker = 2: this machine has 1 GPU"),
-    (ComputeParams(num_workers=3, gpus_per_worker=1.0), {"CPU": 16, "GPU": 2}, "compute.num_workers = 3"),
+    (compute_params(cpus_per_worker=4), {"CPU": 2, "GPU": 0}, "compute.cpus_per_worker = 4: this machine has 2 CPU"),
+    (compute_params(num_workers=3), {"CPU": 2, "GPU": 0}, "compute.num_workers = 3: 3 workers x"),
+    (compute_params(gpus_per_worker=2.0), {"CPU": 16, "GPU": 1}, "compute.gpus_per_worker = 2: this machine has 1 GPU"),
+    (compute_params(num_workers=3, gpus_per_worker=1.0), {"CPU": 16, "GPU": 2}, "compute.num_workers = 3"),
 ])
 def test_a_compute_request_the_machine_cannot_meet_names_the_key(compute, resources, key):
     with pytest.raises(ParamsError, match=key.replace("(", r"\(")):
@@ -29,10 +35,10 @@ def test_a_compute_request_the_machine_cannot_meet_names_the_key(compute, resour
 
 
 def test_requests_that_fit_pass():
-    check_compute(ComputeParams(), {"CPU": 1, "GPU": 0})
-    check_compute(ComputeParams(num_workers=2, cpus_per_worker=1), {"CPU": 2, "GPU": 0})
-    check_compute(ComputeParams(gpus_per_worker=0.5, num_workers=4), {"CPU": 8, "GPU": 2})
-    check_compute(ComputeParams(executor="local", cpus_per_worker=64), {"CPU": 1, "GPU": 0})
+    check_compute(compute_params(), {"CPU": 1, "GPU": 0})
+    check_compute(compute_params(num_workers=2, cpus_per_worker=1), {"CPU": 2, "GPU": 0})
+    check_compute(compute_params(gpus_per_worker=0.5, num_workers=4), {"CPU": 8, "GPU": 2})
+    check_compute(compute_params(executor="local", cpus_per_worker=64), {"CPU": 1, "GPU": 0})
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """How many actors a cluster's live nodes can host, and which Ray addresses are loopback (no Ray
 is started here; tests/test_cluster.py runs a real cluster)."""
-from pipelines.config.params import ComputeParams
+import dataclasses
+
+from params_files import default_params
 from pipelines.compute.ray_runtime import actor_request, is_loopback, node_capacity
 
 NODES = [{"Alive": True, "Resources": {"CPU": 3.0, "GPU": 1.0}},
@@ -18,7 +20,7 @@ def test_capacity_counts_whole_actors_on_live_nodes_only():
 
 
 def test_an_actor_asks_for_gpus_only_where_it_uses_them():
-    compute = ComputeParams(cpus_per_worker=2, gpus_per_worker=0.5)
+    compute = dataclasses.replace(default_params().compute, cpus_per_worker=2, gpus_per_worker=0.5)
     assert actor_request(compute, use_gpu=False) == {"CPU": 2}
     assert actor_request(compute, use_gpu=True) == {"CPU": 2, "GPU": 0.5}
 

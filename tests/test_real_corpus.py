@@ -184,13 +184,13 @@ def test_the_same_pins_give_the_same_documents_whatever_the_worker_count():
 def test_the_stage_refuses_a_changed_pin_before_writing_anything(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from pipelines.config.params import RealModelParams
+    from params_files import default_params
     from pipelines.real.corpus import run_real_corpus
 
     monkeypatch.chdir(tmp_path)
     pyproject = _pyproject(tmp_path, ["scipy==0.1.0", "numpy==0.0.1"])
     with pytest.raises(RuntimeError) as err:
-        run_real_corpus(SimpleNamespace(real_model=RealModelParams()), pyproject)
+        run_real_corpus(SimpleNamespace(real_model=default_params().real_model), pyproject)
     assert "\n" not in str(err.value) and str(err.value).startswith("pyproject.toml pins numpy==0.0.1 but ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pyproject.toml"]
 
@@ -209,7 +209,7 @@ def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     import pipelines.real.corpus as stage
-    from pipelines.config.params import RealModelParams
+    from params_files import default_params
 
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 1}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -218,7 +218,7 @@ def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice
     monkeypatch.setattr(stage, "eos_id", lambda path: 1)
     monkeypatch.setattr(stage, "pinned_distributions", lambda path: {n: version(n) for n in ("gguf", "markdown")})
     sizes = dict(heldout_fraction=0.3, test_fraction=0.05)  # gguf (tiny) to test, markdown to held-out
-    params = SimpleNamespace(real_model=dataclasses.replace(RealModelParams(), **sizes))
+    params = SimpleNamespace(real_model=dataclasses.replace(default_params().real_model, **sizes))
     digests = []
     for build in ("a", "b"):
         (tmp_path / build).mkdir()

@@ -54,9 +54,10 @@ def corpus(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def params():
-    from pipelines.config.params import RealModelParams, StatisticsParams
+    from params_files import default_params
+    from pipelines.config.params import StatisticsParams
 
-    p = dataclasses.replace(RealModelParams(), window_tokens=24, hop_counts=(1, 2), hop_distractors=1,
+    p = dataclasses.replace(default_params().real_model, window_tokens=24, hop_counts=(1, 2), hop_distractors=1,
                             needle_facts=2, needle_words=24, eval_windows=2,
                             eval_needles=3, eval_depths=(1, 3), halting_train=4, halting_heldout=4,
                             halting_t_max=3, halting_steps=5, lma_window=2)

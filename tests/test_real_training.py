@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from params_files import default_params
 from pipelines.config.params import RealModelParams
 from wise.looped.data import IGNORE, PromptRow
 from wise.looped.token_windows import (WindowBatches, WindowSpec, document_texts, spaced_windows, split_tokens,
@@ -33,7 +34,7 @@ def tiny_params(**changes) -> RealModelParams:
                   train_tokens=2 * 256 * 2, train_time_limit_s=0.0, train_needles=8, needle_words=20,
                   train_needle_fraction=0.5, train_dtype="bfloat16", train_autocast=True, train_warmup_steps=1)
     fields.update(changes)
-    return RealModelParams(**fields)
+    return dataclasses.replace(default_params().real_model, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def test_t1_matches_lma_within_one_percent_at_smollm2_shape():
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     with torch.device("meta"):  # shapes only: no weights are allocated
         base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    p = RealModelParams()
+    p = default_params().real_model
     lma = build_looped(base, **variant_fields(p, "lma", base, 13)).parameter_counts()
     t1 = build_looped(base, **variant_fields(p, "t1", base, 13)).parameter_counts()
     assert 0.02 < lma["added_fraction"] <= p.max_added_fraction

@@ -209,7 +209,8 @@ def test_a_real_cohort_runs_through_the_pipelines_traces_supports_and_conditions
 
 
 def test_real_wise_reads_b_eta_backend_and_conditions_from_the_pipelines_keys():
-    from pipelines.config.params import ParamsError, parse
+    from params_files import parse_over
+    from pipelines.config.params import ParamsError
     from pipelines.real.wise_study import setting
 
     p = _params()
@@ -220,16 +221,17 @@ def test_real_wise_reads_b_eta_backend_and_conditions_from_the_pipelines_keys():
     assert s.adaptive.max_step == p.real_wise.adaptive["max_step"]  # the backbone's own rule
     for key in ("eta", "block_size", "backend", "conditions", "max_new_tokens", "topk"):
         with pytest.raises(ParamsError, match=f"real_wise.*{key}"):
-            parse({"real_wise": {key: 1}}, complete=False)
+            parse_over({"real_wise": {key: 1}})
 
 
 def test_bad_real_wise_params_are_refused_by_key():
     from pipelines.config.library_checks import check_against_library
-    from pipelines.config.params import ParamsError, parse
+    from params_files import parse_over
+    from pipelines.config.params import ParamsError
     from pipelines.config.validate import validate
 
     def check(conditions=None, **changes):  # the validate stage's checks: the values, then against the library
-        p = parse({"real_wise": changes, **({"conditions": conditions} if conditions else {})}, complete=False)
+        p = parse_over({"real_wise": changes, **({"conditions": conditions} if conditions else {})})
         check_against_library(validate(p))
 
     with pytest.raises(ParamsError, match=r"real_wise.settings = \[8, 8, 1\]"):

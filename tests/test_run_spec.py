@@ -12,11 +12,12 @@ import pytest
 from pipelines.config import schemas
 from pipelines.store.artifacts import to_table
 from pipelines.conditions import PairingError, SupportMismatchError, result_rows
-from pipelines.config.params import ModelParams, Params
+from params_files import default_params
+from pipelines.config.params import Params
 from pipelines.compute.pool import ModelWorker
 from pipelines.compute.tasks.contexts import TraceContext
 from pipelines.config.run_spec import code_id, code_version, run_spec, weights_id
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data/models/wise-tiny-random"
@@ -82,12 +83,14 @@ def test_code_id_hashes_exactly_the_code_deps_that_dvc_yaml_lists(tmp_path):
 
 
 def test_a_worker_stamps_its_device_and_dtype_on_every_result():
-    worker = ModelWorker(ModelParams(source="preset:tiny-random@0", device="cpu", dtype="float32"))
-    ctx = TraceContext(WiseSettings(steps=3, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
+    worker = ModelWorker(dataclasses.replace(default_params().model, source="preset:tiny-random@0", device="cpu",
+                                             dtype="float32"))
+    ctx = TraceContext(PAPER_SETTINGS.replace(steps=3, discovery_step=2, window=1, block_size=16, eta=0.9), init_seed=0,
                        topk=16, diagnostics=True)
     out = worker.run("trace", {"example_id": "e", "token_ids": list(range(3, 40)), "question_start": 30}, ctx)
     assert out["worker"] == CPU
-    assert ModelWorker(ModelParams(source="preset:tiny-random@0", device="cpu", dtype="bfloat16")).spec()["dtype"] \
+    assert ModelWorker(dataclasses.replace(default_params().model, source="preset:tiny-random@0", device="cpu",
+                                    dtype="bfloat16")).spec()["dtype"] \
         == "bfloat16"
 
 
@@ -112,7 +115,7 @@ def _stage_inputs(run_bits: bytes, trace_bits: bytes, hashes=("h", "h")):
 
 
 def _params(allow: bool) -> Params:
-    p = Params()
+    p = default_params()
     return dataclasses.replace(p, model=dataclasses.replace(p.model, source=str(TINY)),
                                conditions=dataclasses.replace(p.conditions, names=("full", "wise"),
                                                               allow_support_mismatch=allow))

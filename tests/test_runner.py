@@ -7,10 +7,10 @@ from wise.models import RecurrentDepthModel, RecurrentConfig, init_weights
 from wise.engine.mechanism import TrajectoryObserver
 from wise.engine.routing import MaskedSupportAttention
 from wise.engine.decoding import evaluate_example
-from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_condition, state_seed
 from wise.engine.support import density
 
-SETTINGS = WiseSettings(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
+SETTINGS = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,6 @@ def test_trajectory_observer_series():
 
 def test_settings_validate_relations():
     with pytest.raises(ValueError):
-        WiseSettings(steps=8, discovery_step=9, window=2)
+        PAPER_SETTINGS.replace(steps=8, discovery_step=9, window=2)
     with pytest.raises(ValueError):
-        WiseSettings(steps=8, discovery_step=3, window=4)
+        PAPER_SETTINGS.replace(steps=8, discovery_step=3, window=4)

@@ -11,9 +11,9 @@ import pytest
 from pipelines.compute.tasks.contexts import ConditionsContext, SweepContext, TraceContext
 from pipelines.compute.work import get_task
 from wise.engine.discovery_depth import AdaptiveDiscovery
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 
-SETTINGS = WiseSettings(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
+SETTINGS = PAPER_SETTINGS.replace(steps=4, discovery_step=2, window=1, block_size=16, eta=0.9,
                         adaptive=AdaptiveDiscovery(threshold=0.5, min_step=2, max_step=3, window=2))
 DECODING = dict(settings=SETTINGS, init_seed=0, max_new_tokens=3, stop_ids=[1, 2], generation="cached")
 CONTEXTS = [
@@ -89,4 +89,4 @@ def test_a_context_round_trips_through_pickle(ctx):
 
 def test_wise_settings_refuse_an_untyped_adaptive_rule():
     with pytest.raises(TypeError, match="AdaptiveDiscovery"):
-        WiseSettings(adaptive={"criterion": "jaccard_min", "threshold": 1.0})
+        PAPER_SETTINGS.replace(adaptive={"criterion": "jaccard_min", "threshold": 1.0})

@@ -61,7 +61,25 @@ def test_a_bad_value_names_its_full_key(raw, message):
 def test_a_params_file_must_give_every_key_nested_ones_too():
     whole = {"name": "y", "flag": True, "grid": [3], "options": {}, "revision": None, "inner": {"a": 2, "b": 1}}
     from_mapping(Outer, whole, "outer", complete=True)
-    with pytest.raises(ValueError, match=r"missing key\(s\) outer\.inner\.b: a params file must give every key"):
+    with pytest.raises(ValueError, match=r"missing key outer\.inner\.b: a params file must give every key"):
         from_mapping(Outer, {**whole, "inner": {"a": 2}}, "outer", complete=True)
-    with pytest.raises(ValueError, match=r"missing key\(s\) outer\.flag, outer\.revision"):
+    with pytest.raises(ValueError, match=r"missing keys outer\.flag, outer\.revision"):
         from_mapping(Outer, {k: v for k, v in whole.items() if k not in ("flag", "revision")}, "outer", complete=True)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A params section as the pipelines declare them: no defaults (params.yaml holds the values)."""
+
+    steps: int
+    rate: float
+    inner: Inner
+
+
+def test_a_section_without_defaults_takes_its_types_from_the_annotations_and_needs_every_key():
+    got = from_mapping(Section, {"steps": 3, "rate": 1, "inner": {"a": 2, "b": 1}}, "section")
+    assert got == Section(3, 1.0, Inner(2, 1.0)) and isinstance(got.rate, float)
+    with pytest.raises(ValueError, match=r"^missing key section\.rate: "):
+        from_mapping(Section, {"steps": 3, "inner": {"a": 2, "b": 1}}, "section")  # no defaults to fill it
+    with pytest.raises(ValueError, match=r"section\.steps = 2\.5: must be an integer"):
+        from_mapping(Section, {"steps": 2.5, "rate": 1, "inner": {}}, "section")

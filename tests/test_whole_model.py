@@ -14,7 +14,8 @@ from pipelines.config import schemas
 from benchmarks import timers
 from benchmarks import whole_model as wm
 from pipelines.store.artifacts import write_parquet
-from pipelines.config.params import Params, parse
+from params_files import ROOT, default_params, parse_over
+from pipelines.config.params import Params
 from pipelines.config.validate import ParamsError, validate
 from pipelines.reports.timing_report import whole_model_markdown
 from wise.models.config import RecurrentConfig
@@ -161,8 +162,9 @@ def test_command_line_runs_on_cpu_and_refuses_a_missing_gpu(tmp_path, monkeypatc
 
 
 def _params(**timing_changes) -> Params:
-    p = Params()
-    return dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64, 128), layers=1,
+    p = default_params()
+    return dataclasses.replace(p, model=dataclasses.replace(p.model, source=str(ROOT / "data/models/wise-tiny-random")),
+                               timing=dataclasses.replace(p.timing, context_lengths=(64, 128), layers=1,
                                                               densities=(0.37, 0.5), **timing_changes),
                                recurrence=dataclasses.replace(p.recurrence, steps=6),
                                wise=dataclasses.replace(p.wise, discovery_step=3, window=2, block_size=32))
@@ -216,7 +218,8 @@ def test_stage_passes_its_params_to_the_whole_model_rows(monkeypatch):
 
 
 def test_whole_model_shape_follows_the_configured_model(tmp_path):
-    base = Params()
+    p = default_params()
+    base = dataclasses.replace(p, model=dataclasses.replace(p.model, source=str(ROOT / "data/models/wise-tiny-random")))
     cfg, own = timing.whole_model_config(base)  # data/models/wise-tiny-random: its config.json
     assert (cfg.name, own) == ("tiny-random", True)
     with_source = lambda s: dataclasses.replace(base, model=dataclasses.replace(base.model, source=s))
@@ -233,8 +236,8 @@ def test_bad_whole_model_params_name_the_key(value, key):
     from pipelines.config.library_checks import check_against_library
 
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):  # the validate stage's checks
-        check_against_library(validate(parse({"timing": {key.split(".")[1]: value}}, complete=False)))
-    assert validate(parse({"timing": {"whole_model": False, "model_preset": "huginn-0125"}}, complete=False))
+        check_against_library(validate(parse_over({"timing": {key.split(".")[1]: value}})))
+    assert validate(parse_over({"timing": {"whole_model": False, "model_preset": "huginn-0125"}}))
 
 
 def test_report_rows_and_sentence_come_from_the_measured_numbers():

@@ -12,13 +12,13 @@ from wise.engine.decoding import evaluate_examples
 from wise.engine.discovery_depth import AdaptiveDiscovery, fires, settled_step, support_jaccard
 from wise.engine.mechanism import TrajectoryObserver
 from wise.models.construct import build_chain_model
-from wise.engine.runner import WiseSettings, run_condition, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_condition, state_seed
 
 from test_calibration import TOK, prompts
 
 RULE = AdaptiveDiscovery()  # the params.yaml defaults (threshold 1, window 3, steps 3..24)
-SETTINGS = WiseSettings(backend="gather", adaptive=RULE)
-EXPECTED = WiseSettings(adaptive=RULE)
+SETTINGS = PAPER_SETTINGS.replace(backend="gather", adaptive=RULE)
+EXPECTED = PAPER_SETTINGS.replace(adaptive=RULE)
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +88,11 @@ def test_the_criterion_evaluated_one_step_late_is_caught(model, monkeypatch):
     discovery ends one step late; the recorded discovery steps and, on prompts where the later
     working set changes the answer, the answers disagree with the construction."""
     pool = prompts(64, 256, seed=33)
-    rule_late = WiseSettings(adaptive=RULE)
+    rule_late = PAPER_SETTINGS.replace(adaptive=RULE)
 
     def changes_answer(lay):
         t = adaptive_step(lay, rule_late)
-        later = WiseSettings(discovery_step=min(t + 1, RULE.max_step), window=RULE.window)
+        later = PAPER_SETTINGS.replace(discovery_step=min(t + 1, RULE.max_step), window=RULE.window)
         return t < RULE.max_step and expected_outcome(lay, "wise", later).correct != \
             expected_outcome(lay, ADAPTIVE, EXPECTED).correct
 

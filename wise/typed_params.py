@@ -1,19 +1,23 @@
 """The one parser of params sections: a mapping (a section of params.yaml, a stored recipe) -> a
-frozen dataclass, every key checked against the type of its field's default.
+frozen dataclass, every key checked against its field's annotated type.
 
-    from_mapping(RetrofitParams, raw["retrofit"], "retrofit", complete=True)
+    from_mapping(RetrofitParams, raw["recurtrace"], "recurtrace", complete=True)
 
 Every section of the project goes through it: the WISE stages' (``pipelines.config.params``), the
 RecurTrace stages' (``pipelines.recurtrace.params``) and the backbone's training recipe
 (``wise.training.TrainConfig``). ``complete=True`` is what a params file gets: a missing key is an
 error naming it (a silent default would run something other than what the file says);
-``complete=False`` fills absent keys from the dataclass defaults (library use, stored recipes).
-Errors are ``ValueError`` naming the full key (``retrofit.train.lr = 'x': must be a number``); value
+``complete=False`` fills absent keys from the dataclass defaults where a class has them (the
+training recipes stored beside checkpoints); the params sections' dataclasses have none (params.yaml
+is the one home of their values), so an absent key is an error there too.
+Errors are ``ValueError`` naming the full key (``recurtrace.train.lr = 'x': must be a number``); value
 ranges and relations are the dataclasses' own checks (``need`` in their ``__post_init__``).
 """
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from typing import Any
 
 MISSING_HINT = "a params file must give every key (params.yaml lists them all)"
@@ -25,39 +29,54 @@ def need(ok: bool, section: str, obj: Any, key: str, why: str) -> None:
         raise ValueError(f"{section}.{key} = {getattr(obj, key)!r}: {why}")
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """Field name -> type, the annotations evaluated (the modules use ``from __future__ import annotations``)."""
+    return typing.get_type_hints(cls)
+
+
 def missing_keys(cls: type, raw: dict, section: str) -> list[str]:
     """Keys of dataclass `cls`, and of its nested dataclass sections, absent from `raw`."""
-    defaults = cls()
+    hints = _hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         if f.name not in raw:
             out.append(f"{section}.{f.name}")
-            continue
-        sub = getattr(defaults, f.name)
-        if dataclasses.is_dataclass(sub) and isinstance(raw[f.name], dict):
-            out += missing_keys(type(sub), raw[f.name], f"{section}.{f.name}")
+        elif dataclasses.is_dataclass(hints[f.name]) and isinstance(raw[f.name], dict):
+            out += missing_keys(hints[f.name], raw[f.name], f"{section}.{f.name}")
     return out
 
 
-def _value(key: str, default: Any, value: Any, complete: bool) -> Any:
-    """`value` checked (and normalised: lists -> tuples, ints -> floats) against `default`'s type."""
-    if dataclasses.is_dataclass(default):
-        return _build(type(default), value, key, complete, default)
-    if isinstance(default, bool):
+def missing_error(missing: list[str]) -> ValueError:
+    """The one-line error of absent keys: ``missing key wise.eta: ...``."""
+    return ValueError(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}: {MISSING_HINT}")
+
+
+def _value(key: str, kind: Any, value: Any, complete: bool, default: Any) -> Any:
+    """`value` checked (and normalised: lists -> tuples, ints -> floats) against the field's type
+    `kind`; `default`: a nested section's instance that absent keys come from (library use)."""
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, key, complete, default)
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None:
+            return value
+        kind = next(a for a in args if a is not type(None))
+        if kind is str and not isinstance(value, str):
+            raise ValueError(f"{key} = {value!r}: must be a string or null (quote a commit hash or a number)")
+    origin = typing.get_origin(kind) or kind
+    if kind is bool:
         ok, want = isinstance(value, bool), "true or false"
-    elif default is None:
-        ok, want = value is None or isinstance(value, str), "a string or null (quote a commit hash or a number)"
-    elif isinstance(default, int):
+    elif kind is int:
         ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif isinstance(default, float):
+    elif kind is float:
         ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
         value = float(value) if ok else value
-    elif isinstance(default, str):
+    elif kind is str:
         ok, want = isinstance(value, str), "a string"
-    elif isinstance(default, tuple):
+    elif origin is tuple:
         ok, want = isinstance(value, (list, tuple)), "a list"
         value = tuple(value) if ok else value
-    elif isinstance(default, dict):
+    elif origin is dict:
         ok, want = isinstance(value, dict), "a mapping"
     else:
         ok, want = True, ""
@@ -66,20 +85,36 @@ def _value(key: str, default: Any, value: Any, complete: bool) -> Any:
     return value
 
 
+def _library_defaults(cls: type) -> Any:
+    """``cls()`` where every field has a default (the training recipes), else None (the params
+    sections, whose every key comes from the file)."""
+    try:
+        return cls()
+    except TypeError:
+        return None
+
+
 def _build(cls: type, raw: Any, section: str, complete: bool, defaults: Any = None):
-    """`defaults`: the instance absent keys come from (a nested section's own default, which may
-    differ from its class's: ``retrofit.adaptive.wise`` is not ``WiseSettings()``)."""
+    """`defaults`: the instance absent keys come from in library use (a nested section's own
+    default, which may differ from its class's)."""
     if raw is None and not complete:
         raw = {}
     if not isinstance(raw, dict):
         raise ValueError(f"{section} must be a mapping, got {type(raw).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    hints = _hints(cls)
+    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}")
-    defaults = cls() if defaults is None else defaults
-    values = {name: _value(f"{section}.{name}", getattr(defaults, name), value, complete) for name, value in raw.items()}
-    return dataclasses.replace(defaults, **values)
+    if defaults is None and not complete:
+        defaults = _library_defaults(cls)
+    values = {name: _value(f"{section}.{name}", hints[name], value, complete, getattr(defaults, name, None))
+              for name, value in raw.items()}
+    if defaults is not None:
+        return dataclasses.replace(defaults, **values)
+    missing = [f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.name not in values]
+    if missing:
+        raise missing_error(missing)
+    return cls(**values)
 
 
 def from_mapping(cls: type, raw: Any, section: str, complete: bool = False):
@@ -87,7 +122,7 @@ def from_mapping(cls: type, raw: Any, section: str, complete: bool = False):
     if complete and isinstance(raw, dict):
         missing = missing_keys(cls, raw, section)
         if missing:
-            raise ValueError(f"missing key(s) {', '.join(missing)}: {MISSING_HINT}")
+            raise missing_error(missing)
     return _build(cls, raw, section, complete)
 
 

@@ -34,7 +34,7 @@ def stage_main(name: str, run: Callable, argv: list[str] | None = None, check_mo
                arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     """The entry of every stage script: parse --params (and the stage's own `arguments`), load and
     check the params before any work, then ``run(params)`` (``run(params, args)`` for a stage with
-    arguments). `load` reads another section family (the RecurTrace stages' ``retrofit:``); the
+    arguments). `load` reads another section family (the RecurTrace stages' ``recurtrace:``); the
     default is the WISE stages' (check_model=False for a stage that builds the model `model.source`
     names). `check`: more checks of the loaded params before any work (the stages that run the engine
     pass ``library_checks.check_against_library``, so a run outside ``dvc repro`` is checked as the

@@ -18,7 +18,7 @@ METRICS_JSON = DATA / "metrics.json"
 SUMMARY_MD = DATA / "report" / "summary.md"
 DUCKDB = DATA / "wise.duckdb"
 RETROFIT_DIR = DATA / "retrofit"  # RecurTrace tables (wise.looped, wise.halting), one folder per retrofit name
-# Files of a retrofit's folder, data/retrofit/<retrofit.name>/ (retrofit_tables), so presets never
+# Files of a retrofit's folder, data/retrofit/<recurtrace.name>/ (retrofit_tables), so presets never
 # overwrite each other's tables.
 HALTING_LOOPS = "halting_loops.parquet"
 HALTING_SELECTION = "halting_selection.parquet"
@@ -77,7 +77,7 @@ EXIT_CRITERIA_DIR = DATA / "exit_criteria"
 EXIT_CRITERIA = EXIT_CRITERIA_DIR / "exit_criteria.parquet"
 EXIT_CRITERIA_MD = EXIT_CRITERIA_DIR / "exit_criteria.md"
 
-# the calibrated case of the default retrofit.calibration.name (stage recurtrace_calibrated)
+# the calibrated case of the default recurtrace.calibrated.name (stage recurtrace_calibrated)
 RECURTRACE_CALIBRATED_MD = RETROFIT_DIR / "recurtrace-chain" / "calibrated.md"
 
 # DuckDB view name -> Parquet file. Names and columns are documented in docs/sql.md.

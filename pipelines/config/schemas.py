@@ -126,7 +126,7 @@ CONTEXT_SCALING = _schema([("context_length", INT), ("n", INT)],
 EXIT_CRITERIA = _schema([("criterion", STR), ("threshold", FLOAT)], _ints("min_step", "T"), [("condition", STR)],
                         _ints("n"), _floats("em", "mean_steps", "expected_em", "expected_steps"), MODEL_SPEC,
                         _ints("t_d", "B", "w", "seed"), [("eta", FLOAT), ("context_length", INT)])
-# -- RecurTrace checkpoints and fixed-depth table (pipelines.recurtrace.runs: stage retrofit_eval) ------
+# -- RecurTrace checkpoints and fixed-depth table (pipelines.recurtrace.runs: stage recurtrace_eval) ------
 FIXED_DEPTH_EXAMPLES = _schema([("variant", STR)], _ints("T"), [("example_id", STR), ("benchmark", STR)],
                                _ints("hops"), [("nll", FLOAT), ("correct", BOOL)], _ints("answer_tokens"),
                                [("base", STR), ("base_sha256", STR), ("dtype", STR), ("device", STR)],
@@ -150,7 +150,7 @@ CALIBRATED_WISE = _schema(_ints("seed"), [("example_id", STR)], _ints("hops", "r
                           [("full_correct", BOOL), ("wise_correct", BOOL), ("expected_full", BOOL),
                            ("expected_wise", BOOL), ("late_density", FLOAT)], _ints("full_tiles", "wise_tiles"))
 
-# -- RecurTrace adaptive depth (pipelines.recurtrace.adaptive_eval: stages train_halting, adaptive_eval) -----------
+# -- RecurTrace halting depth (pipelines.recurtrace.halting_eval: recurtrace_train_halting, recurtrace_halting_eval) --
 # which retrofit, heads and code a row came from (weights ids: sha256 over the checkpoint files)
 ADAPTIVE_SPEC = [("model", STR), ("weights_id", STR), ("base_sha256", STR), ("heads_id", STR), ("dtype", STR),
                  ("device", STR), ("threads", INT), ("code_version", STR), ("code_id", STR), ("pool", STR)] + \

@@ -12,8 +12,8 @@ fingerprint must be the one the retrofit was trained on).
 
 Settings not given come from the model: ``steps`` is its config's ``mean_recurrence`` (its default
 depth; a retrofit's trained depth), ``discovery_step`` and ``window`` the paper's proportions of it
-(``WiseSettings``' 12 and 4 of 32, rounded half up, 1 <= w <= t_d < T), ``block_size`` and ``eta``
-``WiseSettings``' defaults. The run spec (``config.wise_run_spec``) names each derived setting and
+(``PAPER_SETTINGS``' 12 and 4 of 32, rounded half up, 1 <= w <= t_d < T), ``block_size`` and ``eta``
+``PAPER_SETTINGS``' (wise.engine.runner). The run spec (``config.wise_run_spec``) names each derived setting and
 its rule under ``derived``.
 
 ``wise-lm-eval`` (or ``python -m pipelines.lm_eval.model``) is lm-eval's own command line with
@@ -55,11 +55,11 @@ from wise.engine.decoding import GENERATION_MODES, evaluate_examples
 from wise.engine.discovery_depth import AdaptiveDiscovery
 from wise.engine.exit_criteria import parse_exit
 from wise.engine.routing import BACKENDS
-from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, state_seed
 from wise.models.checkpoint import LOOPED_MODEL_TYPE, TOKENIZER_NAME, load_checkpoint
 from wise.models.dtypes import DTYPES
 
-_DEFAULT = WiseSettings()
+_DEFAULT = PAPER_SETTINGS  # the paper's proportions and the flags' defaults
 _RULE = AdaptiveDiscovery()
 
 
@@ -73,7 +73,7 @@ def _arg(kwargs: dict, key: str, kind, default):
 
 
 def depth_settings(steps: int) -> tuple[int, int]:
-    """(t_d, w) for T = `steps` in the paper's proportions (``WiseSettings``' defaults: t_d 12 and w 4
+    """(t_d, w) for T = `steps` in the paper's proportions (``PAPER_SETTINGS``: t_d 12 and w 4
     of T 32), rounded half up, with 1 <= w <= t_d < T (t_d = T = 1 at one loop: every condition Full)."""
     def share(part: int) -> int:  # round(steps * part / 32), halves up
         return (2 * steps * part + _DEFAULT.steps) // (2 * _DEFAULT.steps)

@@ -1,4 +1,4 @@
-"""Stage recurtrace_calibrated: the RecurTrace calibrated case (``retrofit.calibration``).
+"""Stage recurtrace_calibrated: the RecurTrace calibrated case (``recurtrace.calibrated``).
 
 Writes the constructed base ``data/models/<name>`` (``wise.looped.chain_base``: save_pretrained,
 tokenizer, card), loads it back through the retrofit loader (``wise.models.looped.base.load_base``, as a
@@ -35,11 +35,11 @@ MODELS = ("plain", "lma", "ideal")
 
 
 def out_dir(params: RetrofitParams) -> Path:
-    return Path("data/retrofit") / params.calibration.name
+    return Path("data/retrofit") / params.calibrated.name
 
 
 def base_dir(params: RetrofitParams) -> Path:
-    return Path("data/models") / params.calibration.name
+    return Path("data/models") / params.calibrated.name
 
 
 def _spread(values) -> str:
@@ -170,7 +170,7 @@ def ensure_lma(params: RetrofitParams, base_folder: Path, log=print):
     from wise.looped.latch import LMA_SHAPE, train_latch
     from wise.models.looped.model import build_looped
 
-    c = params.calibration
+    c = params.calibrated
     out = Path("data/models") / f"{c.name}-lma"
     seed = c.seeds[0]
     recipe = {"lma_steps": c.lma_steps, "lma": dict(c.lma), "seed": seed, "fit_n": c.fit_n, "context": c.context,
@@ -199,7 +199,7 @@ def run(params: RetrofitParams, log=print) -> dict:
     from wise.models.looped.model import build_looped
     from wise.looped.probe import block_distances
 
-    c = params.calibration
+    c = params.calibrated
     folder = save_chain_base(base_dir(params), ChainBaseSpec(seed=c.base_seed))
     base = load_base(folder)  # the retrofit loader: LlamaForCausalLM from the saved folder
     _, rows = items_and_rows(replace(c, seed=0), "validation", "mixed", 16)
@@ -207,7 +207,7 @@ def run(params: RetrofitParams, log=print) -> dict:
     picked = next(r["start"] for r in probe if r["chosen"])
     if picked != c.block_start or picked != HOP_LAYER:
         raise RuntimeError(f"the angular-distance probe picked layer {picked}, not the pinned block "
-                           f"retrofit.calibration.block_start = {c.block_start} (the hop layer {HOP_LAYER})")
+                           f"recurtrace.calibrated.block_start = {c.block_start} (the hop layer {HOP_LAYER})")
     plain = build_looped(base, use_lma=False, block_start=HOP_LAYER, block_layers=1, name=f"{c.name}-plain")
     latched = models(c.base_seed)[1]
     lma = ensure_lma(params, folder, log) if c.lma_steps > 0 else None

@@ -16,7 +16,7 @@ items, and the bimodal d in {1, 6} variant's three splits, and measures on the t
   accuracy vs mean loops over each knob; the stability rule, the loss oracle and the correctness
   ceiling; the head's AUC against the oracle labels; exact McNemar of each method at its chosen
   knob against the fixed depth of matched mean loops. τ and λ are chosen on the validation items:
-  the smallest mean depth whose accuracy is within ``margin`` (retrofit.calibration.margin) of the
+  the smallest mean depth whose accuracy is within ``margin`` (recurtrace.calibrated.margin) of the
   best on that curve (the paper's "smallest mean depth without losing accuracy", with the
   tolerance stated).
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -352,6 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lma-steps", type=int, default=0, help="train a fresh LMA retrofit this many steps instead (CPU)")
     ap.add_argument("--wise-n", type=int, default=64, help="test items run under WISE at the oracle's depth (0: none)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--params", default="params.yaml",
+                    help="params file whose recurtrace.calibrated gives the other keys")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -360,8 +362,11 @@ def main(argv=None) -> int:
         from wise.models.looped.checkpoint import load_retrofit
 
         lma = load_retrofit(args.lma)
-    cell = run_cell(CellParams(seed=args.seed, n=args.n, fit_n=args.fit_n, bimodal_n=args.bimodal_n,
-                               lma_steps=args.lma_steps, wise_n=args.wise_n),
+    from pipelines.recurtrace.params import load_retrofit_params  # the other keys: the params file's
+
+    cell = run_cell(replace(load_retrofit_params(args.params).calibrated, seed=args.seed, n=args.n,
+                            fit_n=args.fit_n, bimodal_n=args.bimodal_n, lma_steps=args.lma_steps,
+                            wise_n=args.wise_n),
                     log=lambda m: print(m, file=sys.stderr, flush=True), lma=lma)
     print("\n".join(report_lines(cell)))
     if cell["wise"]:

@@ -1,17 +1,17 @@
-"""Typed params of the RecurTrace calibrated case (``retrofit.calibration`` in params.yaml; read by
-``pipelines.recurtrace.params.RetrofitParams`` like every other ``retrofit:`` key, so the validate stage
+"""Typed params of the RecurTrace calibrated case (``recurtrace.calibrated`` in params.yaml; read by
+``pipelines.recurtrace.params.RetrofitParams`` like every other ``recurtrace:`` key, so the validate stage
 checks them): the constructed base, the known-depth items, the halting heads and their knobs, the
 LMA latch training, and the seeds of the cells. A bad value raises ``ValueError`` naming the key.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pipelines.recurtrace.wise_reuse import WiseReuse
 from wise.typed_params import need
 
-SECTION = "retrofit.calibration"
+SECTION = "recurtrace.calibrated"
 
 
 def _need(ok: bool, obj: Any, key: str, why: str) -> None:
@@ -27,36 +27,36 @@ def _grid(obj, key: str, low: float, high: float | None) -> None:
 
 @dataclass(frozen=True)
 class CellParams:
-    seed: int = 0  # items of the cell (train / validation / test) and the LMA training draws
-    seeds: tuple = (0, 1, 2)  # the stage runs one cell per seed (spread across seeds)
-    name: str = "recurtrace-chain"  # data/models/<name> (the constructed base), data/retrofit/<name>/
-    base_seed: int = 0  # the constructed base's code-frequency search
-    block_start: int = 3  # the looped block: the hop layer (the stage checks that the probe picks it)
-    n: int = 500  # test items (mixed depths): every table and curve is measured on them
-    fit_n: int = 100  # train items (the heads learn) and validation items (tau, lambda are chosen), mixed
-    bimodal_n: int = 100  # items per split (train, validation, test) of the bimodal variant (d in {1, 6})
-    context: int = 96  # tokens per prompt (the chain's facts, then distractor chains)
-    max_hops: int = 6  # L in 1..max_hops
-    max_refine: int = 2  # m in 0..max_refine
-    unreachable: float = 0.2  # share of items with a hop fact removed
-    t_min: int = 1  # floor of the halting head, confidence and stability rules
-    t_max: int = 8  # budget
-    delta: float = 0.01  # oracle margin (nats per answer token)
-    margin: float = 0.01  # tau, lambda: smallest validation mean loops with accuracy within this of the curve's best
-    tau_grid: tuple = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95)  # halting head: stop when p_continue < tau
-    confidence_grid: tuple = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)  # confidence: stop when the least top-1 >= lambda
-    act_costs: tuple = (0.0, 0.01, 0.1)  # ACT ponder cost (one head per value; the middle one is tabled)
-    pondernet_betas: tuple = (0.0, 0.1, 1.0)  # PonderNet KL weight (one head per value)
-    pondernet_prior: float = 0.25
-    act_epsilon: float = 0.01
-    head_steps: int = 200  # full-batch Adam steps per head
-    head_lr: float = 0.05
-    head_l2: float = 0.001
-    lma_steps: int = 300  # LMA latch training steps on the CPU (0: none)
-    lma: dict = field(default_factory=lambda: {"rows_per_step": 16, "lr": 0.01})  # wise.looped.latch.train_latch options
-    wise_n: int = 64  # test items run under WISE at the oracle's depth (0: none)
+    seed: int  # items of the cell (train / validation / test) and the LMA training draws
+    seeds: tuple  # the stage runs one cell per seed (spread across seeds)
+    name: str  # data/models/<name> (the constructed base), data/retrofit/<name>/
+    base_seed: int  # the constructed base's code-frequency search
+    block_start: int  # the looped block: the hop layer (the stage checks that the probe picks it)
+    n: int  # test items (mixed depths): every table and curve is measured on them
+    fit_n: int  # train items (the heads learn) and validation items (tau, lambda are chosen), mixed
+    bimodal_n: int  # items per split (train, validation, test) of the bimodal variant (d in {1, 6})
+    context: int  # tokens per prompt (the chain's facts, then distractor chains)
+    max_hops: int  # L in 1..max_hops
+    max_refine: int  # m in 0..max_refine
+    unreachable: float  # share of items with a hop fact removed
+    t_min: int  # floor of the halting head, confidence and stability rules
+    t_max: int  # budget
+    delta: float  # oracle margin (nats per answer token)
+    margin: float  # tau, lambda: smallest validation mean loops with accuracy within this of the curve's best
+    tau_grid: tuple  # halting head: stop when p_continue < tau
+    confidence_grid: tuple  # confidence: stop when the least top-1 >= lambda
+    act_costs: tuple  # ACT ponder cost (one head per value; the middle one is tabled)
+    pondernet_betas: tuple  # PonderNet KL weight (one head per value)
+    pondernet_prior: float
+    act_epsilon: float
+    head_steps: int  # full-batch Adam steps per head
+    head_lr: float
+    head_l2: float
+    lma_steps: int  # LMA latch training steps on the CPU (0: none)
+    lma: dict  # wise.looped.latch.train_latch options
+    wise_n: int  # test items run under WISE at the oracle's depth (0: none)
     # WISE's t_d (in loops of the hop layer), w, B (a 96-token prompt is 12 blocks of 8), eta
-    wise: WiseReuse = field(default_factory=lambda: WiseReuse(discovery_step=3, window=2, block_size=8, eta=0.95))
+    wise: WiseReuse
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(self.seeds))

@@ -1,24 +1,25 @@
-"""Typed params of the RecurTrace stages (the ``retrofit:`` section of params.yaml), validated
+"""Typed params of the RecurTrace stages (the ``recurtrace:`` section of params.yaml), validated
 before any work starts; a bad value raises ``ValueError`` naming the key
-(``retrofit.train.lr = -1: must be > 0``). A params file must give every key
-(``load_retrofit_params``, through the project's one parser ``wise.typed_params``); in library use
-(``RetrofitParams.from_dict``) missing keys take the defaults below.
+(``recurtrace.train.lr = -1: must be > 0``). A params file must give every key
+(``load_retrofit_params``, through the project's one parser ``wise.typed_params``); the dataclasses
+carry no defaults (params.yaml is the one home of the values), so library use starts from a params
+file too.
 
-    retrofit:            the retrofit: base, block, LMA shape, and where the checkpoints go
+    recurtrace:          the retrofit: base, block, LMA shape, and where the checkpoints go
       probe:             the angular-distance probe that picks the block (block_start: -1)
       train:             variable-depth training of the added modules
       eval:              the fixed-depth table
       base_train:        the project's own embedded base decoder (a small Qwen3)
       halting:           the halting heads on the frozen retrofit (oracle-distilled, ACT, PonderNet)
                          and the held-out choice of their thresholds
-      adaptive:          the adaptive-depth evaluation on eval's test rows: wall time, WISE under
-                         adaptive depth
-      calibration:       the calibrated case on the constructed base (pipelines/recurtrace/calibrated_params.py)
+      halting_eval:      every depth rule (fixed, the halting heads) on eval's test rows: wall time,
+                         WISE at the halting head's depth
+      calibrated:        the calibrated case on the constructed base (pipelines/recurtrace/calibrated_params.py)
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pipelines.config.params import ParamsError, read_params_file
@@ -26,19 +27,19 @@ from pipelines.config.params import ParamsError, read_params_file
 from pipelines.recurtrace.calibrated_params import CellParams
 from pipelines.recurtrace.wise_reuse import WiseReuse
 from wise.halting.trajectory import POOLS
-from wise.looped.training_config import CHAIN_SOURCES, DTYPES, BaseTraining, RetrofitTraining, check_benchmarks
+from wise.looped.training_config import DTYPES, BaseTraining, RetrofitTraining, check_benchmarks
 from wise.typed_params import from_mapping, need
 
 @dataclass(frozen=True)
 class ProbeParams:
-    benchmarks: tuple = ("synthchain", "syntharith")
-    sources: dict = field(default_factory=lambda: dict(CHAIN_SOURCES))
-    n: int = 32  # calibration prompts per benchmark (validation split)
-    context: int = 256
-    seed: int = 0
+    benchmarks: tuple
+    sources: dict
+    n: int  # calibration prompts per benchmark (validation split)
+    context: int
+    seed: int
 
     def __post_init__(self) -> None:
-        s = "retrofit.probe"
+        s = "recurtrace.probe"
         need(len(self.benchmarks) > 0, s, self, "benchmarks", "must not be empty")
         check_benchmarks(s, self, list(self.benchmarks), self.sources)
         need(self.n >= 1, s, self, "n", "must be >= 1")
@@ -47,16 +48,16 @@ class ProbeParams:
 
 @dataclass(frozen=True)
 class EvalParams:
-    benchmarks: tuple = ("synthchain", "syntharith")
-    sources: dict = field(default_factory=lambda: dict(CHAIN_SOURCES))
-    n: int = 200  # test examples per benchmark
-    context: int = 256
-    seed: int = 123
-    depths: tuple = (1, 2, 4, 8, 16)  # fixed loop counts T
-    batch_rows: int = 32
+    benchmarks: tuple
+    sources: dict
+    n: int  # test examples per benchmark
+    context: int
+    seed: int
+    depths: tuple  # fixed loop counts T
+    batch_rows: int
 
     def __post_init__(self) -> None:
-        s = "retrofit.eval"
+        s = "recurtrace.eval"
         need(len(self.benchmarks) > 0, s, self, "benchmarks", "must not be empty")
         check_benchmarks(s, self, list(self.benchmarks), self.sources)
         need(self.n >= 1, s, self, "n", "must be >= 1")
@@ -77,28 +78,28 @@ class HaltingParams:
     """The halting heads (wise.halting): trained on eval's benchmarks at eval's context, on other
     splits (train: the heads learn; validation: the thresholds are chosen)."""
 
-    variant: str = "lma"  # the retrofit the heads sit on
-    train_n: int = 64  # examples per benchmark, train split
-    heldout_n: int = 64  # examples per benchmark, validation split
-    seed: int = 0  # draw of both splits, and PonderNet's halting draws
-    pool: str = "mean"  # z_t: mean of h over the prompt's positions | last: the last prompt position
-    delta: float = 0.01  # oracle margin (nats per answer token): y_t = 1[min_{t'>t} L_t' < L_t - delta]
-    t_min: int = 2  # floor: the head is first consulted after loop t_min
-    t_max: int = 8  # budget
-    tau_grid: tuple = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)  # stop when p_t < tau
+    variant: str  # the retrofit the heads sit on
+    train_n: int  # examples per benchmark, train split
+    heldout_n: int  # examples per benchmark, validation split
+    seed: int  # draw of both splits, and PonderNet's halting draws
+    pool: str  # z_t: mean of h over the prompt's positions | last: the last prompt position
+    delta: float  # oracle margin (nats per answer token): y_t = 1[min_{t'>t} L_t' < L_t - delta]
+    t_min: int  # floor: the head is first consulted after loop t_min
+    t_max: int  # budget
+    tau_grid: tuple  # stop when p_t < tau
     # the confidence rule stops when the least top-1 probability of the answer's tokens reaches it
-    confidence_grid: tuple = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
-    nll_tolerance: float = 0.005  # "loses no likelihood": held-out NLL <= best fixed depth in [t_min, t_max] + this
-    steps: int = 300  # full-batch Adam steps per head
-    lr: float = 0.05
-    l2: float = 0.001  # weight penalty of every head
-    act_ponder_cost: float = 0.01  # ACT: tau of the ponder cost N + R
-    act_epsilon: float = 0.01
-    pondernet_beta: float = 0.01  # PonderNet: weight of the KL to the geometric prior
-    pondernet_prior: float = 0.25  # lambda_p of the prior (mean 1 / lambda_p loops)
+    confidence_grid: tuple
+    nll_tolerance: float  # "loses no likelihood": held-out NLL <= best fixed depth in [t_min, t_max] + this
+    steps: int  # full-batch Adam steps per head
+    lr: float
+    l2: float  # weight penalty of every head
+    act_ponder_cost: float  # ACT: tau of the ponder cost N + R
+    act_epsilon: float
+    pondernet_beta: float  # PonderNet: weight of the KL to the geometric prior
+    pondernet_prior: float  # lambda_p of the prior (mean 1 / lambda_p loops)
 
     def __post_init__(self) -> None:
-        s = "retrofit.halting"
+        s = "recurtrace.halting"
         need(self.variant in VARIANTS, s, self, "variant", f"must be one of {list(VARIANTS)}")
         need(self.train_n >= 1, s, self, "train_n", "must be >= 1")
         need(self.heldout_n >= 1, s, self, "heldout_n", "must be >= 1")
@@ -119,17 +120,17 @@ class HaltingParams:
 
 
 @dataclass(frozen=True)
-class AdaptiveParams:
+class HaltingEvalParams:
     """The adaptive-depth evaluation on eval's test rows (every row: accuracy, loops, McNemar)."""
 
-    timing_examples: int = 8  # per benchmark: online runs of every method, batch of one, for wall time
-    timing_repeats: int = 3  # runs of each (example, method), interleaved; the fastest counts (a shared CPU is noisy)
-    wise_examples: int = 32  # per benchmark: WISE under adaptive depth (the halting head)
+    timing_examples: int  # per benchmark: online runs of every method, batch of one, for wall time
+    timing_repeats: int  # runs of each (example, method), interleaved; the fastest counts (a shared CPU is noisy)
+    wise_examples: int  # per benchmark: WISE under adaptive depth (the halting head)
     # WISE's t_d, w, B, eta there: the working set comes from loops t_d-w+1..t_d, reused from t_d+1
-    wise: WiseReuse = field(default_factory=lambda: WiseReuse(discovery_step=2, window=2, block_size=16, eta=0.95))
+    wise: WiseReuse
 
     def __post_init__(self) -> None:
-        s = "retrofit.adaptive"
+        s = "recurtrace.halting_eval"
         need(self.timing_examples >= 1, s, self, "timing_examples", "must be >= 1")
         need(self.timing_repeats >= 1, s, self, "timing_repeats", "must be >= 1")
         need(self.wise_examples >= 1, s, self, "wise_examples", "must be >= 1")
@@ -138,32 +139,32 @@ class AdaptiveParams:
 
 @dataclass(frozen=True)
 class RetrofitParams:
-    base: str = "data/models/recurtrace-base"  # hub id (Qwen/Qwen3-0.6B), local folder, or the embedded base
-    name: str = "recurtrace"  # checkpoints: data/models/<name>-lma and data/models/<name>-plain
-    dtype: str = "float32"  # base weights while training and evaluating (bfloat16 for real LLMs)
-    block_layers: int = 2  # k
-    block_start: int = -1  # s; -1: the angular-distance probe picks it
-    min_prefix: int = 1  # layers the probe keeps before the block ...
-    min_suffix: int = 1  # ... and after it
-    window: int = 3  # W
-    lma_heads: int = 0  # 0: as many heads of lma_head_dim as max_added_fraction allows
-    lma_head_dim: int = 32
-    gate_hidden: int = 8
-    gamma_init: float = 0.01
-    gate_bias_init: float = -3.0
-    init_std: float = 0.02
-    max_added_fraction: float = 0.025  # added parameters / base parameters
-    mean_recurrence: int = 4  # default T of the checkpoint (a plain forward, the pipeline)
-    probe: ProbeParams = field(default_factory=ProbeParams)
-    train: RetrofitTraining = field(default_factory=RetrofitTraining)
-    eval: EvalParams = field(default_factory=EvalParams)
-    base_train: BaseTraining = field(default_factory=BaseTraining)
-    halting: HaltingParams = field(default_factory=HaltingParams)
-    adaptive: AdaptiveParams = field(default_factory=AdaptiveParams)
-    calibration: CellParams = field(default_factory=CellParams)
+    base: str  # hub id (Qwen/Qwen3-0.6B), local folder, or the embedded base
+    name: str  # checkpoints: data/models/<name>-lma and data/models/<name>-plain
+    dtype: str  # base weights while training and evaluating (bfloat16 for real LLMs)
+    block_layers: int  # k
+    block_start: int  # s; -1: the angular-distance probe picks it
+    min_prefix: int  # layers the probe keeps before the block ...
+    min_suffix: int  # ... and after it
+    window: int  # W
+    lma_heads: int  # 0: as many heads of lma_head_dim as max_added_fraction allows
+    lma_head_dim: int
+    gate_hidden: int
+    gamma_init: float
+    gate_bias_init: float
+    init_std: float
+    max_added_fraction: float  # added parameters / base parameters
+    mean_recurrence: int  # default T of the checkpoint (a plain forward, the pipeline)
+    probe: ProbeParams
+    train: RetrofitTraining
+    eval: EvalParams
+    base_train: BaseTraining
+    halting: HaltingParams
+    halting_eval: HaltingEvalParams
+    calibrated: CellParams
 
     def __post_init__(self) -> None:
-        s = "retrofit"
+        s = "recurtrace"
         need(bool(self.base), s, self, "base", "must name a hub id or a folder")
         need(bool(self.name) and "/" not in self.name, s, self, "name", "must be a plain folder name")
         need(self.dtype in DTYPES, s, self, "dtype", f"must be one of {DTYPES}")
@@ -177,16 +178,13 @@ class RetrofitParams:
         need(self.gate_hidden >= 1, s, self, "gate_hidden", "must be >= 1")
         need(0 < self.max_added_fraction <= 1, s, self, "max_added_fraction", "must be in (0, 1]")
         need(self.mean_recurrence >= 1, s, self, "mean_recurrence", "must be >= 1")
-        if self.adaptive.wise.discovery_step >= self.halting.t_max:
-            raise ValueError(f"retrofit.adaptive.wise.discovery_step = {self.adaptive.wise.discovery_step}: must be "
-                             f"< retrofit.halting.t_max = {self.halting.t_max} (no loop would reuse the working set)")
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> "RetrofitParams":
-        return from_mapping(cls, raw, "retrofit")
+        if self.halting_eval.wise.discovery_step >= self.halting.t_max:
+            raise ValueError(f"recurtrace.halting_eval.wise.discovery_step = "
+                             f"{self.halting_eval.wise.discovery_step}: must be "
+                             f"< recurtrace.halting.t_max = {self.halting.t_max} (no loop would reuse the working set)")
 
     def halting_out(self) -> str:
-        """The halting heads' folder (stage train_halting)."""
+        """The halting heads' folder (stage recurtrace_train_halting)."""
         return f"data/models/{self.name}-halting"
 
     def out(self, variant: str) -> str:
@@ -198,7 +196,7 @@ class RetrofitParams:
     def recipe(self, variant: str) -> dict:
         """What a retrofit checkpoint of `variant` was trained from (its train_recipe.json)."""
         d = dataclasses.asdict(self)
-        for key in ("eval", "base_train", "halting", "adaptive", "calibration"):  # not the checkpoint's
+        for key in ("eval", "base_train", "halting", "halting_eval", "calibrated"):  # not the checkpoint's
             d.pop(key)
         if variant == "plain":  # the memory's shape does not change a plain retrofit
             for key in ("window", "lma_heads", "lma_head_dim", "gate_hidden", "gamma_init", "gate_bias_init"):
@@ -212,16 +210,16 @@ EMBEDDED_BASE = "data/models/recurtrace-base"
 
 
 def load_retrofit_params(path: str = "params.yaml") -> RetrofitParams:
-    """The ``retrofit:`` section of a params file, every key given (a missing one is an error
+    """The ``recurtrace:`` section of a params file, every key given (a missing one is an error
     naming it, as for every other section); a bad value raises ``ParamsError`` naming the key."""
     return parse_retrofit(read_params_file(path), str(path))
 
 
 def parse_retrofit(raw: Any, where: str) -> RetrofitParams:
-    """The ``retrofit:`` section of a parsed params file (`where` names the file in errors)."""
-    if not isinstance(raw, dict) or "retrofit" not in raw:
+    """The ``recurtrace:`` section of a parsed params file (`where` names the file in errors)."""
+    if not isinstance(raw, dict) or "recurtrace" not in raw:
         raise ParamsError(f"{where}: missing section retrofit (the RecurTrace stages' section)")
     try:
-        return from_mapping(RetrofitParams, raw["retrofit"], "retrofit", complete=True)
+        return from_mapping(RetrofitParams, raw["recurtrace"], "recurtrace", complete=True)
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"{where}: {exc}") from None

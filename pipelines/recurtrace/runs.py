@@ -5,7 +5,7 @@
     ensure_retrofit(params, "lma" | "plain", out) # a retrofit checkpoint
     ensure_table(params, {variant: folder}, out)  # the fixed-depth table
 
-The DVC stages (``stages/train_retrofit.py``, ``stages/retrofit_eval.py``) call these; on a GPU
+The DVC stages (``stages/recurtrace_train.py``, ``stages/recurtrace_eval.py``) call these; on a GPU
 machine without DVC, ``scripts/recurtrace_gpu.sh`` runs those stages' commands.
 """
 from __future__ import annotations
@@ -90,7 +90,8 @@ def table_recipe(params: RetrofitParams, folders: dict) -> dict:
         absent = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (Path(folder) / n).is_file()]
         if absent:
             raise FileNotFoundError(f"retrofit {variant}: {folder} has no {', '.join(absent)}; train it first "
-                                    f"(stage train_retrofit@{variant}, or scripts/recurtrace_gpu.sh on a GPU)")
+                                    f"(stage recurtrace_train@{variant}, or scripts/recurtrace_gpu.sh "
+                                    "on a GPU)")
 
     return {"eval": dataclasses.asdict(params.eval), "dtype": params.dtype,
             "checkpoints": {v: checkpoint_fingerprint(f) for v, f in sorted(folders.items())}}

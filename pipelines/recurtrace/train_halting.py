@@ -1,12 +1,12 @@
-"""Stage train_halting (RecurTrace part 2, wise.halting) on a retrofit checkpoint.
+"""Stage recurtrace_train_halting (RecurTrace part 2, wise.halting) on a retrofit checkpoint.
 
-``run_train_halting``: trajectories of the train and validation splits (retrofit.eval's
-benchmarks and context, retrofit.halting's sizes and seed), the three heads trained on the train
+``run_train_halting``: trajectories of the train and validation splits (recurtrace.eval's
+benchmarks and context, recurtrace.halting's sizes and seed), the three heads trained on the train
 split with the retrofit frozen, and on the validation split the fixed-depth curve, the best fixed
-depth (the McNemar reference of adaptive_eval) and the thresholds τ (halting head) and λ
+depth (the McNemar reference of recurtrace_halting_eval) and the thresholds τ (halting head) and λ
 (confidence rule) chosen by ``wise.halting.rules.select_threshold``. Writes the heads folder
-(``heads.safetensors`` + ``halting.json``, the card adaptive_eval reads), the per-loop table and
-the selection curves. The helpers here (loading, rows, trajectories) serve pipelines.recurtrace.adaptive_eval too.
+(``heads.safetensors`` + ``halting.json``, the card recurtrace_halting_eval reads), the per-loop table and
+the selection curves. The helpers here (loading, rows, trajectories) serve pipelines.recurtrace.halting_eval too.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def rows_of(params: RetrofitParams, tok, special, split: str, n: int, seed: int)
     rows = [r for b in ev.benchmarks for r in prompt_rows(tok, special, b, split, n, seed, ev.context,
                                                            ev.sources.get(b))]
     if not rows:
-        raise ValueError(f"no {split} rows of {list(ev.benchmarks)} fit retrofit.eval.context = {ev.context}")
+        raise ValueError(f"no {split} rows of {list(ev.benchmarks)} fit recurtrace.eval.context = {ev.context}")
     return rows
 
 

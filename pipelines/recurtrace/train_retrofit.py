@@ -1,6 +1,6 @@
-"""Stage body of ``train_retrofit@{lma,plain}`` (through ``pipelines.recurtrace.runs``): build the
+"""Stage body of ``recurtrace_train@{lma,plain}`` (through ``pipelines.recurtrace.runs``): build the
 retrofit of the recipe's base (its block from the angular-distance probe when
-``retrofit.block_start`` is -1, its LMA sized to ``retrofit.max_added_fraction``) and train only the
+``recurtrace.block_start`` is -1, its LMA sized to ``recurtrace.max_added_fraction``) and train only the
 added modules, a loop count per forward from ``wise.looped.depth``, with the looped family's loop
 (``wise.looped.train.run_loop``).
 
@@ -63,9 +63,9 @@ def build_retrofit_model(params: RetrofitParams, variant: str, base, folder: Pat
     check_safe_floor(model)  # one loop is the base, bit for bit, before any training
     counts = model.parameter_counts()
     if counts["added_fraction"] > params.max_added_fraction:
-        raise ValueError(f"retrofit.max_added_fraction = {params.max_added_fraction}: the retrofit adds "
+        raise ValueError(f"recurtrace.max_added_fraction = {params.max_added_fraction}: the retrofit adds "
                          f"{counts['added']} parameters, {counts['added_fraction']:.4f} of the base's "
-                         f"{counts['base']}; lower retrofit.lma_heads / lma_head_dim / gate_hidden")
+                         f"{counts['base']}; lower recurtrace.lma_heads / lma_head_dim / gate_hidden")
     return model, probe_rows
 
 

@@ -1,9 +1,9 @@
-"""The WISE settings a RecurTrace section runs WISE under (``retrofit.adaptive.wise``,
-``retrofit.calibration.wise``): the working-set keys of ``wise.engine.runner.WiseSettings`` under
-the same names, types, defaults and meanings (tests/test_looped_calibrated.py checks they are
+"""The WISE settings a RecurTrace section runs WISE under (``recurtrace.halting_eval.wise``,
+``recurtrace.calibrated.wise``): the working-set keys of ``wise.engine.runner.WiseSettings`` under
+the same names, types and meanings (tests/test_looped_calibrated.py checks they are
 WiseSettings'). T is each example's own depth (the halting rule's), so it is not a key here; the
 stages that run WISE build the engine's settings from these keys, at that depth, on the reference
-backend. Written out rather than derived from WiseSettings so that parsing ``retrofit:`` imports no
+backend. Written out rather than derived from WiseSettings so that parsing ``recurtrace:`` imports no
 engine code (a training stage's code deps hold no engine or kernel).
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 class WiseReuse:
     """WiseSettings' working-set keys (t_d, w, B, eta), as a params section."""
 
-    discovery_step: int = 12  # t_d
-    window: int = 4  # w
-    block_size: int = 32  # B
-    eta: float = 0.95
+    discovery_step: int  # t_d
+    window: int  # w
+    block_size: int  # B
+    eta: float
 
     def check(self, section: str, t_max: int | None = None) -> None:
         """t_d >= 1 (and < t_max when given), 1 <= w <= t_d, B >= 1, 0 < eta <= 1."""

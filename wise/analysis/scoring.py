@@ -21,7 +21,7 @@ from wise.data.probes import Prompt
 from wise.engine.decoding import evaluate_examples
 from wise.analysis.metrics import ANSWER_SOURCES, answer_source, exact_match, f1
 from wise.models.recurrent import RecurrentDepthModel
-from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, state_seed
 
 SCORE_BATCH = 32  # prompts handed to the engine at once
 
@@ -46,7 +46,7 @@ class Score:
 
 def full_settings(steps: int) -> WiseSettings:
     """Settings for a Full run of `steps` steps (Full never uses t_d)."""
-    return WiseSettings(steps=steps, discovery_step=steps, window=1)
+    return PAPER_SETTINGS.full_only(steps)
 
 
 def score_cell(model: RecurrentDepthModel, tok, prompts: Sequence[Prompt], context: int, steps: int,

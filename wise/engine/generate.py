@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import torch
 
 from wise.engine.decoding import evaluate_example
-from wise.engine.runner import WiseSettings, state_seed
+from wise.engine.runner import PAPER_SETTINGS, state_seed
 
 
 @torch.no_grad()
@@ -30,7 +30,7 @@ def generate(model, prompt_ids: Sequence[int] | torch.Tensor, loops: int, max_ne
         raise ValueError("the prompt is empty: generation needs at least one token")
     cfg = model.config
     stops = set(stop_ids) if stop_ids is not None else {cfg.eos_token_id, *cfg.extra_eos_token_ids}
-    settings = WiseSettings(steps=loops, discovery_step=loops, window=1)  # no late steps: every step Full
+    settings = PAPER_SETTINGS.full_only(loops)  # no late steps: every step Full
     run = evaluate_example(model, prompt_ids, [], ["full"], settings, state_seed("generate", seed),
                            max_new_tokens, stops)["full"]
     return run.tokens

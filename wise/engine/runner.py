@@ -25,34 +25,10 @@ import torch
 from torch import nn
 
 from wise.engine.conditions import CONDITIONS, DiscoveryMasses, condition_support, discovery_steps
-from wise.engine.discovery_depth import AdaptiveDiscovery
-from wise.engine.exit_criteria import ExitCriterion
 from wise.engine.mechanism import Observers, TrajectoryObserver
+from wise.engine.settings import PAPER_SETTINGS, WiseSettings  # noqa: F401 (the engine's public names)
 from wise.models.recurrent import RecurrentDepthModel, causal_attention
 from wise.engine.routing import FrozenWeightsAttention, make_support_policy, masked_softmax_weights
-
-
-@dataclass(frozen=True)
-class WiseSettings:
-    steps: int = 32  # T
-    discovery_step: int = 12  # t_d
-    window: int = 4  # w
-    block_size: int = 32  # B
-    eta: float = 0.95
-    backend: str = "reference"  # late sparse attention: "reference" (masked dense), "kernel", "flex"
-    adaptive: AdaptiveDiscovery = AdaptiveDiscovery()  # wise_adaptive's settling rule (wise.engine.discovery_depth)
-    # per-token exit of generated tokens (cached decoding; wise.engine.exit_criteria); None: every token runs T steps
-    exit_criterion: ExitCriterion | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.adaptive, AdaptiveDiscovery):
-            raise TypeError(f"WiseSettings.adaptive must be an AdaptiveDiscovery, got {type(self.adaptive).__name__}")
-        if self.exit_criterion is not None and not isinstance(self.exit_criterion, ExitCriterion):
-            raise TypeError("WiseSettings.exit_criterion must be an ExitCriterion or None, "
-                            f"got {type(self.exit_criterion).__name__}")
-        # t_d = T is allowed (no late steps: every condition is Full); the pipeline asks t_d < T
-        if not 1 <= self.window <= self.discovery_step <= self.steps:
-            raise ValueError(f"need 1 <= window <= discovery_step <= steps, got {self}")
 
 
 def _hash63(text: str) -> int:

@@ -16,7 +16,7 @@ import dataclasses
 import typing
 
 from wise.engine.discovery_depth import AdaptiveDiscovery
-from wise.engine.runner import WiseSettings
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings
 
 DEFAULT_MODEL = "data/models/wise-small"
 CALIBRATION_MODEL = "data/models/wise-chain"  # the default where every benchmark asked is synthchain
@@ -37,10 +37,11 @@ SETTINGS_HELP = {
     "adaptive_window": "wise_adaptive: window w (consecutive steps that must agree; the working set)",
 }
 SETTINGS_TITLES = {
-    WiseSettings: "WISE settings (defaults: wise.engine.runner.WiseSettings)",
+    WiseSettings: "WISE settings (defaults: wise.engine.runner.PAPER_SETTINGS)",
     AdaptiveDiscovery: "wise_adaptive's rule (defaults: wise.engine.discovery_depth.AdaptiveDiscovery, "
                        "as params.yaml wise.adaptive)",
 }
+STARTING_POINTS = {WiseSettings: PAPER_SETTINGS, AdaptiveDiscovery: PAPER_SETTINGS.adaptive}
 # The one flag whose default is not the settings' own: the best backend depends on the device.
 CLI_DEFAULTS = {"backend": "auto"}
 
@@ -87,8 +88,10 @@ def add_breakdown_flags(p: argparse.ArgumentParser) -> None:
                         "measured again)")
 
 
-def _default(f: dataclasses.Field):
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+def _default(cls: type, f: dataclasses.Field):
+    """A flag's default: the field's value in the named settings the CLI starts from (WiseSettings
+    has no defaults of its own)."""
+    return getattr(STARTING_POINTS[cls], f.name)
 
 
 def _flag_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
@@ -113,7 +116,7 @@ def add_settings_flags(p: argparse.ArgumentParser, only: tuple[str, ...] | None 
             add_settings_flags(p, None, kind, f"{dest}_")
         else:
             group.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind,
-                               default=CLI_DEFAULTS.get(dest, _default(f)), help=SETTINGS_HELP.get(dest))
+                               default=CLI_DEFAULTS.get(dest, _default(cls, f)), help=SETTINGS_HELP.get(dest))
 
 
 def settings_from(args: argparse.Namespace, cls: type = WiseSettings, prefix: str = ""):

@@ -187,7 +187,8 @@ def load_heads(folder: str | os.PathLike) -> tuple[dict[str, LinearHead], dict]:
     folder = Path(folder)
     for name in (WEIGHTS, CARD):
         if not (folder / name).is_file():
-            raise FileNotFoundError(f"halting heads folder {folder} has no {name}: run the train_halting stage")
+            raise FileNotFoundError(f"halting heads folder {folder} has no {name}: "
+                                    "run the recurtrace_train_halting stage")
     state = load_file(str(folder / WEIGHTS))
     heads = {}
     for name in HEADS:

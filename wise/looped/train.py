@@ -100,7 +100,7 @@ def train_base(cfg: BaseTraining, out: str | Path, device: str | torch.device = 
     out.mkdir(parents=True, exist_ok=True)
     tok_path = Path(cfg.tokenizer)
     if not tok_path.is_file():
-        raise FileNotFoundError(f"retrofit.base_train.tokenizer = {cfg.tokenizer!r}: no such file")
+        raise FileNotFoundError(f"recurtrace.base_train.tokenizer = {cfg.tokenizer!r}: no such file")
     tok = load_tokenizer(tok_path)
     special = tokenizer_special_ids(tok)
     base = build_base(cfg.family, cfg.seed, vocab_size=tok.get_vocab_size(), bos_token_id=special.bos,

@@ -1,7 +1,7 @@
 """The training recipes of the looped family: the data and optimisation shared by the base decoder
 and the retrofit (``Training``), the retrofit's variable-depth loop (``RetrofitTraining``) and the
 embedded base decoder (``BaseTraining``). They are sections of the RecurTrace params
-(``retrofit.train``, ``retrofit.base_train``; ``pipelines.recurtrace.params``, parsed by
+(``recurtrace.train``, ``recurtrace.base_train``; ``pipelines.recurtrace.params``, parsed by
 ``wise.typed_params``); a bad value raises ``ValueError`` naming the key.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Training(TrainingRecipe):
     weight_decay: float = 0.0
     lm_loss_weight: float = 0.0  # next-token loss on the prompt text, besides the answer loss
 
-    SECTION = "retrofit.train"
+    SECTION = "recurtrace.train"
 
     def __post_init__(self) -> None:
         s = self.SECTION
@@ -94,7 +94,7 @@ class RetrofitTraining(Training):
 class BaseTraining(Training):
     """The embedded base decoder (trained from scratch, every weight)."""
 
-    SECTION = "retrofit.base_train"
+    SECTION = "recurtrace.base_train"
     lr: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.1

@@ -1,10 +1,11 @@
-"""Stage `retrofit_eval`: the fixed-depth table of the LMA and the plain retrofit.
+"""Stage `recurtrace_eval`: the fixed-depth table of the LMA and the plain retrofit.
 
-    python -m stages.retrofit_eval       # -> data/retrofit/<retrofit.name>/fixed_depth{_examples.parquet,.parquet,.json,_recipe.json,.md}
+    python -m stages.recurtrace_eval
+    # -> data/retrofit/<recurtrace.name>/fixed_depth{_examples.parquet,.parquet,.json,_recipe.json,.md}
 
-Accuracy and teacher-forced NLL of the gold answer at each T of `retrofit.eval.depths`, on the
-test split of `retrofit.eval.benchmarks`, next to the base (wise/looped/fixed_depth.py). The table
-is kept when data/retrofit/<retrofit.name>/fixed_depth_recipe.json already holds the table of exactly these eval
+Accuracy and teacher-forced NLL of the gold answer at each T of `recurtrace.eval.depths`, on the
+test split of `recurtrace.eval.benchmarks`, next to the base (wise/looped/fixed_depth.py). The table
+is kept when data/retrofit/<recurtrace.name>/fixed_depth_recipe.json already holds the table of exactly these eval
 params and checkpoints (unless --recompute); otherwise it is computed here (CPU or GPU).
 fixed_depth.json, the DVC metrics file, holds per retrofit the best fixed depth and its accuracy.
 """
@@ -20,7 +21,7 @@ from pipelines.recurtrace.runs import ensure_table
 
 
 def arguments(parser) -> None:
-    parser.add_argument("--out", default=None, help="default: data/retrofit/<retrofit.name>")
+    parser.add_argument("--out", default=None, help="default: data/retrofit/<recurtrace.name>")
     parser.add_argument("--recompute", action="store_true")
     device_arguments(parser, threads=None)
 
@@ -30,14 +31,14 @@ def work(params, args) -> None:
     folders = {v: params.out(v) for v in VARIANTS}
     result = ensure_table(params, folders, out, device=resolve_device(args.device), recompute=args.recompute)
     if result is None:
-        print(f"retrofit_eval: {out} holds the table of these params and checkpoints; keeping it.")
+        print(f"recurtrace_eval: {out} holds the table of these params and checkpoints; keeping it.")
     else:
         print(result["table"])
         print(f"safe floor (T=1 vs base): {result['floor']}")
 
 
 def main(argv=None) -> int:
-    return stage_main("retrofit_eval", work, argv, load=load_retrofit_params, arguments=arguments)
+    return stage_main("recurtrace_eval", work, argv, load=load_retrofit_params, arguments=arguments)
 
 
 if __name__ == "__main__":

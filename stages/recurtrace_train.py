@@ -1,8 +1,8 @@
-"""Stage `train_recurtrace_base` / `train_retrofit@{lma,plain}`: the RecurTrace checkpoints.
+"""Stage `recurtrace_train_base` / `recurtrace_train@{lma,plain}`: the RecurTrace checkpoints.
 
-    python -m stages.train_retrofit base     # the embedded base decoder -> data/models/recurtrace-base
-    python -m stages.train_retrofit lma      # retrofit.base + LMA       -> data/models/<retrofit.name>-lma
-    python -m stages.train_retrofit plain    # retrofit.base, plain loop -> data/models/<retrofit.name>-plain
+    python -m stages.recurtrace_train base     # the embedded base decoder -> data/models/recurtrace-base
+    python -m stages.recurtrace_train lma      # recurtrace.base + LMA       -> data/models/<recurtrace.name>-lma
+    python -m stages.recurtrace_train plain    # recurtrace.base, plain loop -> data/models/<recurtrace.name>-plain
 
 Reads only the `retrofit` section of params.yaml. A folder that already holds a checkpoint of
 exactly this recipe (its train_recipe.json; for a retrofit also the local base's fingerprint) is
@@ -31,23 +31,23 @@ def arguments(parser) -> None:
 def work(params, args) -> None:
     out = args.out or (EMBEDDED_BASE if args.what == "base" else params.out(args.what))
     if not args.retrain and is_current(params, args.what, out):
-        print(f"train_retrofit {args.what}: {out} was trained with exactly these `retrofit:` params "
+        print(f"recurtrace_train {args.what}: {out} was trained with exactly these `recurtrace:` params "
               "(train_recipe.json); keeping it. Pass --retrain to train again.", flush=True)
         return
     if args.device == "auto" and not torch.cuda.is_available():
-        raise SystemExit(f"error: train_retrofit {args.what} needs a CUDA GPU (minutes there, far longer on "
-                         f"a CPU) and {out} does not hold this recipe. Revert your `retrofit:` edits, run "
+        raise SystemExit(f"error: recurtrace_train {args.what} needs a CUDA GPU (minutes there, far longer on "
+                         f"a CPU) and {out} does not hold this recipe. Revert your `recurtrace:` edits, run "
                          "this stage on a GPU machine, or pass --device cpu to force it.")
     device = "cuda" if args.device == "auto" else args.device
     if args.what == "base":
         summary = ensure_base(params, out, device=device, retrain=True)
-    else:  # the retrofit's size is checked against retrofit.max_added_fraction before training
+    else:  # the retrofit's size is checked against recurtrace.max_added_fraction before training
         summary = ensure_retrofit(params, args.what, out, device=device, retrain=True)
-    print(f"train_retrofit {args.what}: {out}: {summary}", flush=True)
+    print(f"recurtrace_train {args.what}: {out}: {summary}", flush=True)
 
 
 def main(argv=None) -> int:
-    return stage_main("train_retrofit", work, argv, load=load_retrofit_params, arguments=arguments)
+    return stage_main("recurtrace_train", work, argv, load=load_retrofit_params, arguments=arguments)
 
 
 if __name__ == "__main__":

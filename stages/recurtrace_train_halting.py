@@ -1,9 +1,10 @@
-"""Stage `train_halting`: the halting heads on the frozen retrofit, and their held-out thresholds.
+"""Stage `recurtrace_train_halting`: the halting heads on the frozen retrofit, and their held-out thresholds.
 
-    python -m stages.train_halting     # -> data/models/<retrofit.name>-halting/{heads.safetensors,halting.json}
-                                       #    data/retrofit/<retrofit.name>/halting_{loops,selection}.parquet
+    python -m stages.recurtrace_train_halting
+    # -> data/models/<recurtrace.name>-halting/{heads.safetensors,halting.json}
+                                       #    data/retrofit/<recurtrace.name>/halting_{loops,selection}.parquet
 
-Trajectories of retrofit.eval's benchmarks (train and validation splits, retrofit.halting's sizes),
+Trajectories of recurtrace.eval's benchmarks (train and validation splits, recurtrace.halting's sizes),
 the oracle-distilled halting head, ACT and PonderNet fitted with the retrofit frozen, τ and the
 confidence threshold chosen on the validation split (pipelines/recurtrace/train_halting.py). CPU is enough: the
 heads are linear and the embedded retrofit small (about a minute). On a CPU the stage runs one
@@ -25,12 +26,12 @@ def work(params, args) -> None:
     device = resolve_device(args.device)
     with cpu_threads(device, args.threads):
         card = run_train_halting(params, device)
-    print(f"train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
+    print(f"recurtrace_train_halting: tau = {card['tau']:g}, confidence threshold = {card['confidence_threshold']:g}, "
           f"best fixed depth (held-out accuracy) = {card['best_fixed_depth']} -> {params.halting_out()}")
 
 
 def main(argv=None) -> int:
-    return stage_main("train_halting", work, argv, load=load_retrofit_params, arguments=device_arguments)
+    return stage_main("recurtrace_train_halting", work, argv, load=load_retrofit_params, arguments=device_arguments)
 
 
 if __name__ == "__main__":

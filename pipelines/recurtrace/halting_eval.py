@@ -1,6 +1,6 @@
-"""Stage adaptive_eval (RecurTrace part 2, wise.halting) on a retrofit checkpoint.
+"""Stage recurtrace_halting_eval (RecurTrace part 2, wise.halting) on a retrofit checkpoint.
 
-``run_adaptive_eval``: trajectories of retrofit.eval's test rows (the rows of the fixed-depth
+``run_halting_eval``: trajectories of recurtrace.eval's test rows (the rows of the fixed-depth
 table), every method replayed on each, the summary with McNemar against the best fixed depth of
 the heads' card, depth vs difficulty, the loop histograms; wall time from online runs of every
 method on the first ``timing_examples`` rows per benchmark (each must decide exactly as its
@@ -24,14 +24,14 @@ from pipelines.recurtrace.params import RetrofitParams
 def _check_card(card: dict, params: RetrofitParams, weights_id: str) -> None:
     stale = []
     if card.get("params") != json.loads(json.dumps(dataclasses.asdict(params.halting))):
-        stale.append("retrofit.halting")
+        stale.append("recurtrace.halting")
     if card.get("data") != data_keys(params):
-        stale.append("retrofit.eval benchmarks / sources / context")
+        stale.append("recurtrace.eval benchmarks / sources / context")
     if card.get("weights_id") != weights_id:
         stale.append(f"the retrofit {card.get('model')}")
     if stale:
         raise ValueError(f"{params.halting_out()}/halting.json was trained for other {', '.join(stale)} than "
-                         "now: run the train_halting stage (dvc repro train_halting) first")
+                         "now: run the recurtrace_train_halting stage (dvc repro recurtrace_train_halting) first")
 
 
 def _first(rows, k: int) -> list:
@@ -122,7 +122,7 @@ def _wise_rows(model, rows, rules, decided: dict, h, ad, spec: dict) -> list[dic
 
 
 def headline_metrics(summary: list[dict], best: str, wall: dict[str, float] | None = None) -> dict:
-    """data/retrofit/<retrofit.name>/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
+    """data/retrofit/<recurtrace.name>/adaptive.json (`dvc metrics show`): pooled accuracy and mean loops of the best
     fixed depth (under the key ``best_fixed``, so the columns stay when another depth wins; its mean
     loops is that depth) and of the learned halting head, the comparison the stage is for. The other
     methods (ACT, PonderNet, confidence, stability, the oracle), the other fixed depths, NLL, wall
@@ -140,7 +140,7 @@ def headline_metrics(summary: list[dict], best: str, wall: dict[str, float] | No
     return out
 
 
-def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
+def run_halting_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from pipelines.reports.adaptive_report import adaptive_markdown, notes_from_card
     from pipelines.reports.report import f, table
     from pipelines.config.run_spec import code_version
@@ -150,13 +150,14 @@ def run_adaptive_eval(params: RetrofitParams, device: str = "cpu") -> dict:
     from wise.halting.rules import method_rules
 
     heads, card = load_heads(params.halting_out())
-    h, ad = params.halting, params.adaptive
+    h, ad = params.halting, params.halting_eval
     folder, config, model, tok, special = load_model(params, h.variant, device)
     weights_id = weights_id_of(str(folder))
     _check_card(card, params, weights_id)
     spec = {"model": folder, "weights_id": weights_id, "base_sha256": config.base_sha256,
             "heads_id": "sha256:" + file_sha256(Path(params.halting_out()) / WEIGHTS), "dtype": params.dtype,
-            "device": str(device), "threads": torch.get_num_threads(), **code_version("adaptive_eval"), "pool": h.pool,
+            "device": str(device), "threads": torch.get_num_threads(),
+            **code_version("recurtrace_halting_eval"), "pool": h.pool,
             "t_min": h.t_min, "t_max": h.t_max, "delta": h.delta}
     rows = rows_of(params, tok, special, "test", params.eval.n, params.eval.seed)
     trajs = run_trajectories(model, rows, h.t_max, h.pool, "test")
