@@ -42,7 +42,7 @@ import torch
 
 from wise.engine.appended_rows import RowGroup
 from wise.engine.graph_decode import StaticDecoder
-from wise.engine.runner import WiseSettings, run_late_rows, run_prefix
+from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_late_rows, run_prefix
 from wise.models.config import RecurrentConfig
 
 from .decode_attention import copy_bandwidth
@@ -281,8 +281,8 @@ def main(argv=None) -> int:
     configs = [RecurrentConfig.from_name(name) for name in a.presets]  # unknown preset: one-line error first
     ns, batches = ([4096, 8192], [1, 4]) if a.quick else (a.n, a.batch)
     dev, dtype = torch.device(a.device), DTYPES[a.dtype]
-    settings = WiseSettings(steps=a.steps, discovery_step=a.dense_steps, window=min(4, a.dense_steps),
-                            block_size=a.block_size, backend=a.backend)
+    settings = PAPER_SETTINGS.replace(steps=a.steps, discovery_step=a.dense_steps, window=min(4, a.dense_steps),
+                                      block_size=a.block_size, backend=a.backend)
     bw = measured_bandwidth(dev)
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     rows = []

@@ -68,7 +68,7 @@ def test_runs_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
 def test_planted_support_reaches_the_late_steps():
     c = RecurrentConfig.from_name("tiny-random")
     model = build_model(c, 0, torch.float32, torch.device("cpu"))
-    s = WiseSettings(steps=4, discovery_step=2, window=2, block_size=16, backend="reference")
+    s = WiseSettings(steps=4, discovery_step=2, window=2, block_size=16, eta=0.95, backend="reference")
     layout_for = dl.random_layout_for(c, 16, 0.3, seed=1)
     prompts = [(torch.randint(c.vocab_size, (64,), generator=torch.Generator().manual_seed(0)), 7)]
     with dl.planted_supports(layout_for):

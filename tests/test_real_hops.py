@@ -84,7 +84,7 @@ def test_the_halting_table_pairs_methods_with_fixed_depths_by_example_id():
              "correct": fixed[e], "nll": 0.0} for e in ids]
     rows += [{"example_id": e, "hops": hops[e], "method": "rule", "kind": "adaptive", "threshold": 0.5, "depth": 1,
               "correct": method[e], "nll": 0.0} for e in reversed(ids)]  # another order: pairing is by id
-    summary = method_summary(rows, 1, 1, StatisticsParams(bootstrap_resamples=200))
+    summary = method_summary(rows, 1, 1, StatisticsParams(bootstrap_resamples=200, bootstrap_seed=0, ci_level=0.95))
     by = {(r["method"], r["hops"]): r for r in summary}
     assert sorted({h for _, h in by}, key=lambda h: -1 if h is None else h) == [None, 1, 2]
     for h in (None, 1, 2):

@@ -26,9 +26,9 @@ def test_timing_stage_times_its_params_trajectory(monkeypatch):
 
     import pipelines.timing as timing
     from benchmarks import bench, timers
-    from pipelines.config.params import Params
+    from params_files import default_params
 
-    p = Params()
+    p = default_params()
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1, late_calls=7,
                                                           whole_model=False),
                             wise=dataclasses.replace(p.wise, discovery_step=5))
@@ -53,12 +53,12 @@ def test_timing_rows_fit_the_timing_schema(monkeypatch):
 
     from pipelines.config import schemas
     from pipelines.store.artifacts import to_table
-    from pipelines.config.params import Params
+    from params_files import default_params
     import pipelines.timing as timing
     from pipelines.timing import timing_rows
 
     monkeypatch.setattr(timing, "model_supports", lambda params: [])  # whatever data/ holds
-    p = Params()
+    p = default_params()
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64, 128)))
     rows = timing.same_columns(timing_rows(p))  # no CUDA here: the planned rows, every measurement NaN
     assert to_table(rows, schemas.TIMING, "timing").num_rows == len(rows)
@@ -72,9 +72,9 @@ def test_model_supports_at_a_block_size_the_kernel_lacks_are_listed_as_skipped(m
 
     import pipelines.timing as timing
     from benchmarks import bench, timers
-    from pipelines.config.params import Params
+    from params_files import default_params
 
-    p = Params()
+    p = default_params()
     p = dataclasses.replace(p, timing=dataclasses.replace(p.timing, context_lengths=(64,), layers=1),
                             wise=dataclasses.replace(p.wise, block_size=256))
     monkeypatch.setattr(timers, "bench_device", lambda: torch.device("cpu"))
