@@ -68,7 +68,8 @@ def test_synthchain_examples_follow_their_definition():
         a1 = successor(chain[-1], e.meta["refine"])
         assert len(chain) == e.meta["hops"] + 1 and e.answers == (f"{a1} {path[-1]}",)
         assert path[0] == a1 and e.question == f"{chain[0]} +{e.meta['refine']} ??"
-        assert one.meta["chain"] == chain and one.answers == (a1,) and one.question == f"{chain[0]} +{e.meta['refine']} ?"
+        assert one.meta["chain"] == chain and one.answers == (a1,) \
+            and one.question == f"{chain[0]} +{e.meta['refine']} ?"
 
 
 def test_variants_are_nested_whole_chains_of_five_token_facts():

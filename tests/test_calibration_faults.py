@@ -102,7 +102,8 @@ def _mass_matched_whole_row_changes(lay, s=PAPER_SETTINGS):
 
 def _last_step_only(mp):  # the working set from step t_d alone
     for name in ("wise", "freeze_a"):
-        mp.setitem(wise.engine.conditions.SUPPORT_RULES, name, lambda d, eta: wise.engine.support.working_set([d.window[-1]], eta))
+        mp.setitem(wise.engine.conditions.SUPPORT_RULES, name,
+                   lambda d, eta: wise.engine.support.working_set([d.window[-1]], eta))
 
 
 def _window_shifted(mp):  # steps t_d-w..t_d-1 instead of t_d-w+1..t_d
@@ -215,8 +216,8 @@ def chain_folder(tmp_path_factory):
 
 def evaluate_mismatches(capsys, folder, condition: str, n: int) -> int:
     """`python -m wise.evaluate cell` in-process on synthchain: the mismatch count of its expected line."""
-    args = ["cell", "--model", str(folder), "--benchmark", "synthchain", "--context", str(EVAL_CONTEXT), "--steps", "32",
-            "--n", str(n), "--seed", str(EVAL_SEED), "--condition", condition, "--device", "cpu"]
+    args = ["cell", "--model", str(folder), "--benchmark", "synthchain", "--context", str(EVAL_CONTEXT),
+            "--steps", "32", "--n", str(n), "--seed", str(EVAL_SEED), "--condition", condition, "--device", "cpu"]
     assert wise.evaluate.main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(rf"EM=\d\.\d+ F1=\d\.\d+ n={n}", lines[-1]), lines[-2:]
