@@ -1,7 +1,7 @@
 """Every Python file of the project stays short enough to read: at most 400 lines, and no line over
-120 characters (STYLE.md: a module of roughly 100-400 lines; a longer line is a smell, so a file is
-not squeezed under 400 lines by lengthening its lines). Reads the files as text and imports nothing
-of the project.
+120 characters (the house style: modules of roughly 100-400 lines; a longer line is a smell, so a
+file is not squeezed under 400 lines by lengthening its lines). Reads the files as text and imports
+nothing of the project.
 
 The files checked are git's (tracked, plus untracked ones not ignored, so a new module counts before
 its first commit); outside a git checkout, every .py under the code folders. benchmarks/results/ and
