@@ -162,7 +162,8 @@ def result_rows(p: Params, cohort: list[dict], outputs: list[dict], support: dic
                 # What the construction says the answer must be (calibration model only).
                 "expected_em": None if oracle is None else oracle.em(ex, name, expected_settings),
                 "discovery_step": r["discovery_step"],
-                "expected_discovery_step": None if oracle is None else oracle.discovery_step(ex, name, expected_settings),
+                "expected_discovery_step": (None if oracle is None
+                                            else oracle.discovery_step(ex, name, expected_settings)),
                 **spec,
             })
     return rows

@@ -9,10 +9,11 @@ until ``conditions.max_new_tokens``, so the times are the worst case of a real r
 
 It hosts the model in the stages' own ``ModelWorker`` (same loader, dtype and device) and sends
 it the very work items the stages send to the Ray actors (``trace``, then ``conditions``), in this
-process, so no Ray is needed; the example is built by the cohorts stage's ``cohort_row``. The example is the first synthhop test
-example at the longest budget of ``cohorts.context_lengths`` when the preset's benchmarks are not
-available offline (a preset source has no tokenizer either: the project's tokenizer is used then,
-its ids are all inside any of these vocabularies). Prints one line per phase and writes JSON.
+process, so no Ray is needed; the example is built by the cohorts stage's ``cohort_row``. The
+example is the first synthhop test example at the longest budget of ``cohorts.context_lengths``
+when the preset's benchmarks are not available offline (a preset source has no tokenizer either:
+the project's tokenizer is used then, its ids are all inside any of these vocabularies). Prints
+one line per phase and writes JSON.
 """
 from __future__ import annotations
 

@@ -126,7 +126,8 @@ def table1_markdown(summary: list[dict], p: Params) -> str:
         "",
         "## Controls (Table 1 layout, all benchmarks and lengths pooled)",
         "",
-        "| condition | n | base examples | F1 | EM | ΔF1 [CI] | ΔEM [CI] | Δ log-prob [CI] | McNemar p | c→w | w→c | density | future mass |",
+        "| condition | n | base examples | F1 | EM | ΔF1 [CI] | ΔEM [CI] | Δ log-prob [CI] | McNemar p "
+        "| c→w | w→c | density | future mass |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in pooled:
@@ -180,13 +181,15 @@ def run_statistics(p: Params) -> None:
         if not rows:
             raise ValueError("statistics: the results view is empty; nothing to summarise")
         per_example, conv_summary, fractions = convergence_tables(con, p)
-        calibration = calibration_data(con, p, per_example, oracle_for(p.model.source, model_text(p.model.source).tokenizer))
+        calibration = calibration_data(con, p, per_example,
+                                       oracle_for(p.model.source, model_text(p.model.source).tokenizer))
         sweeps = sweep_summary(con, p)
         timing = query_rows(con, "SELECT * FROM timing ORDER BY label, n, block_size")
         adaptive = adaptive_data(con)
         depth = depth_data(con)
         md = paths.RECURTRACE_CALIBRATED_MD  # its figure links, relative to data/report/
-        calibrated = md.read_text().replace("](figures/", f"](../{md.parent.relative_to(paths.DATA).as_posix()}/figures/") \
+        calibrated = md.read_text().replace(
+            "](figures/", f"](../{md.parent.relative_to(paths.DATA).as_posix()}/figures/") \
             if md.is_file() else None
         real = paths.REAL_MD  # stage real_eval's section; its figure sits beside it
         real_model = real.read_text().replace("](nll_vs_loops.png", "](../real/nll_vs_loops.png") \

@@ -8,12 +8,13 @@ deletes it) and its content is constant, so a params edit reruns only the stages
 edited keys. Checked: every section and key of pipelines.config.params (present, typed, in range, the
 relations between keys), the names and rules the library defines (pipelines.config.library_checks:
 conditions, benchmarks, the adaptive and exit rules), the model's positions and the kernel backend
-where the model can be read now (the calibration model is checked from `calibration:`, which builds it later), `train:`
-(every key of wise.training.TrainConfig, as the train_backbone stage reads it) and `recurtrace:`
-(every key of pipelines.recurtrace.params.RetrofitParams, as the RecurTrace stages read it), and before
-any work: model.source a local folder with config.json and tokenizer.json (a preset or a hub id has
-none; pipelines.config.model_source), and (pipelines.config.preflight) the compute request against
-this machine, the model's weight files (not truncated), and every context length against the generated benchmarks' prompts.
+where the model can be read now (the calibration model is checked from `calibration:`, which
+builds it later), `train:` (every key of wise.training.TrainConfig, as the train_backbone stage
+reads it) and `recurtrace:` (every key of pipelines.recurtrace.params.RetrofitParams, as the
+RecurTrace stages read it), and before any work: model.source a local folder with config.json and
+tokenizer.json (a preset or a hub id has none; pipelines.config.model_source), and
+(pipelines.config.preflight) the compute request against this machine, the model's weight files
+(not truncated), and every context length against the generated benchmarks' prompts.
 """
 import argparse
 import sys

@@ -166,7 +166,8 @@ def test_the_readme_command_starts_a_cluster_the_stages_attach_to(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     log = tmp_path / "cluster.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.compute.local_cluster", "--workers", "2", "--cpus", "1"],
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.compute.local_cluster",
+                                 "--workers", "2", "--cpus", "1"],
                                 env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         address = None
@@ -181,7 +182,8 @@ def test_the_readme_command_starts_a_cluster_the_stages_attach_to(tmp_path):
         script.write_text(ATTACH)
         attached = subprocess.run([sys.executable, str(script), address], env=env, cwd=ROOT, capture_output=True,
                                   text=True, timeout=300)
-        assert "ATTACHED 4 2 actor(s) on 2 node(s)" in attached.stdout, attached.stdout[-2000:] + attached.stderr[-3000:]
+        assert "ATTACHED 4 2 actor(s) on 2 node(s)" in attached.stdout, \
+            attached.stdout[-2000:] + attached.stderr[-3000:]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
         time.sleep(2)

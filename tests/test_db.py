@@ -29,7 +29,8 @@ def project(tmp_path, monkeypatch):
             for i in range(3) for c, f in (("full", 1.0), ("wise", 0.5))]
     for rel, part in ((paths.CONDITION_RESULTS, rows),
                       (paths.SWEEPS_DIR / "eta.parquet", [{"axis": "eta", "value": 0.9, "f1": 0.5}]),
-                      (paths.STATS_DIR / "condition_summary.parquet", [{"condition": "wise", "n": 3, "delta_f1": -0.5}])):
+                      (paths.STATS_DIR / "condition_summary.parquet",
+                       [{"condition": "wise", "n": 3, "delta_f1": -0.5}])):
         write_parquet(part, tmp_path / rel, pa.Table.from_pylist(part).schema)
     publish_database(tmp_path)
     return tmp_path
@@ -45,12 +46,16 @@ WRITES = [
     "COPY (SELECT 7) TO 'data/x.csv'",
     "COPY results TO 'wisedata://x.csv'",
     "COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) TO 'data/conditions/results.parquet' (FORMAT parquet)",
-    "COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) TO 'wisedata://conditions/results.parquet' (FORMAT parquet)",
-    "EXPLAIN ANALYZE COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) TO 'data/conditions/results.parquet' (FORMAT parquet)",
-    "EXPLAIN ANALYZE COPY (SELECT * REPLACE (1.0 AS em) FROM results) TO 'wisedata://conditions/results.parquet' (FORMAT parquet)",
+    "COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) "
+    "TO 'wisedata://conditions/results.parquet' (FORMAT parquet)",
+    "EXPLAIN ANALYZE COPY (SELECT * REPLACE (1.0 AS em, 1.0 AS f1) FROM results) "
+    "TO 'data/conditions/results.parquet' (FORMAT parquet)",
+    "EXPLAIN ANALYZE COPY (SELECT * REPLACE (1.0 AS em) FROM results) "
+    "TO 'wisedata://conditions/results.parquet' (FORMAT parquet)",
     "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'data/sweeps' (FORMAT parquet, PARTITION_BY axis, OVERWRITE true)",
     "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'wisedata://sweeps' (FORMAT parquet, PARTITION_BY axis, OVERWRITE true)",
-    "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'wisedata://' (FORMAT parquet, PARTITION_BY axis, OVERWRITE_OR_IGNORE true)",
+    "COPY (SELECT 'eta' AS axis, 2 AS v) TO 'wisedata://' "
+    "(FORMAT parquet, PARTITION_BY axis, OVERWRITE_OR_IGNORE true)",
     "EXPORT DATABASE 'data/export'",
     "EXPORT DATABASE 'wisedata://export'",
     "ATTACH 'data/new.duckdb' AS n",

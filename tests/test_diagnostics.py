@@ -139,7 +139,8 @@ def test_attention_js_divergence_matches_scipy():
 
 def test_relative_change():
     assert D.relative_change(torch.tensor([3.0, 4.0]), torch.tensor([6.0, 8.0])) == pytest.approx(1.0)
-    assert D.relative_change(torch.tensor([[3.0, 0.0], [0.0, 4.0]]), torch.tensor([[3.0, 0.0], [0.0, 3.0]])) == pytest.approx(0.2)
+    assert D.relative_change(torch.tensor([[3.0, 0.0], [0.0, 4.0]]),
+                             torch.tensor([[3.0, 0.0], [0.0, 3.0]])) == pytest.approx(0.2)
     assert math.isnan(D.relative_change(torch.zeros(3), torch.ones(3)))
 
 

@@ -68,7 +68,8 @@ def test_readmes_name_only_existing_documents():
     (model cards, the report), absent from a fresh clone."""
     bad = {}
     for path in user_docs():
-        found = [name for name in missing(path.read_text(), path.parent) if "/" in name and not name.startswith("data/")]
+        found = [name for name in missing(path.read_text(), path.parent)
+                 if "/" in name and not name.startswith("data/")]
         if found:
             bad[str(path.relative_to(ROOT))] = found
     assert not bad, bad

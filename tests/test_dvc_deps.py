@@ -45,8 +45,8 @@ def test_the_closure_follows_lazy_imports_packages_and_dispatched_tasks():
     assert "wise/models/__init__.py" in files  # package __init__ files that hold code count
     assert "wise/__init__.py" not in files  # ... one that is only a docstring runs nothing
     assert "kernels/block_mass.py" in code_files("stages.traces")  # imported inside a function
-    assert uncovered({"wise/engine/mechanism.py", "wise/models/config.py"}, ["wise/models", "wise/engine/mechanism"]) == [
-        "wise/engine/mechanism.py"]
+    assert uncovered({"wise/engine/mechanism.py", "wise/models/config.py"},
+                     ["wise/models", "wise/engine/mechanism"]) == ["wise/engine/mechanism.py"]
 
 
 def test_work_items_are_imported_only_through_the_registry():
@@ -120,7 +120,8 @@ def test_editing_recurtrace_code_reruns_no_wise_stage():
     # The RecurTrace stage bodies (pipelines/recurtrace), its library pieces (wise/looped) and the
     # halting heads (wise/halting) are not code the WISE stages run; a retrofit is loaded through
     # the models floor (wise/models/looped).
-    recurtrace = sorted(p.relative_to(ROOT).as_posix() for pkg in ("pipelines/recurtrace", "wise/looped", "wise/halting")
+    recurtrace = sorted(p.relative_to(ROOT).as_posix()
+                        for pkg in ("pipelines/recurtrace", "wise/looped", "wise/halting")
                         for p in (ROOT / pkg).rglob("*.py"))
     assert recurtrace
     all_stages = stages()

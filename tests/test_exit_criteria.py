@@ -96,7 +96,8 @@ def test_each_criterion_fires_on_a_settled_step_and_not_on_a_moving_one():
     assert argmax_stability(reading(None), reading(sharp)).item() == 0
     assert argmax_stability(reading(sharp, stable=3), reading(same)).item() == 4
     assert argmax_stability(reading(sharp, stable=3), reading(other)).item() == 0
-    assert fires["argmax-stability"](torch.tensor([5])).item() and not fires["argmax-stability"](torch.tensor([4])).item()
+    assert fires["argmax-stability"](torch.tensor([5])).item() \
+        and not fires["argmax-stability"](torch.tensor([4])).item()
 
 
 def test_the_per_step_test_waits_for_min_step_and_counts_the_argmax_run_from_step_1():
@@ -173,7 +174,8 @@ def test_a_skipped_step_leaves_the_keys_and_values_of_the_exit_step():
     s = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
     ids = torch.randint(3, 2048, (40,), generator=torch.Generator().manual_seed(0))
     prefix = run_prefix(tiny, ids, s, 7, record=True, cache=True)
-    group = RowGroup(tiny, s, [prefix], run_late_rows(tiny, [(prefix, "full"), (prefix, "wise")], s, cache=True), [0, 0])
+    group = RowGroup(tiny, s, [prefix], run_late_rows(tiny, [(prefix, "full"), (prefix, "wise")], s, cache=True),
+                     [0, 0])
     group.last_logits()
     at3 = ExitCriterion("latent-diff", threshold=10.0, min_step=3)  # fires at step 3 on any row
     exited, plain = Tails(2), Tails(2)
@@ -213,7 +215,8 @@ def test_the_report_table_puts_criteria_beside_fixed_depths(model, cases):
     for r in rows:
         assert r.n == len(cases) and r.em == r.expected_em and r.mean_steps == r.expected_steps, r
     # L2 = 2, 5, 5, 5: kl stops a1's row at L2 + 1 (every answer right), entropy-diff at step 2 (one right)
-    assert rows[2] == ExitRow("kl", 1e-3, 1, 16, "full", 4, 1.0, (4 * 16 + 3 + 6 * 3) / 8, 1.0, (4 * 16 + 3 + 6 * 3) / 8)
+    assert rows[2] == ExitRow("kl", 1e-3, 1, 16, "full", 4, 1.0, (4 * 16 + 3 + 6 * 3) / 8,
+                              1.0, (4 * 16 + 3 + 6 * 3) / 8)
     assert (rows[3].em, rows[3].mean_steps) == (0.25, (4 * 16 + 4 * 2) / 8)
     assert rows[1].em == 1.0 and rows[0].mean_steps == 4
     assert "| kl | 0.001 | 1 | 16 | full | 4 | 1.000 |" in format_table(rows)

@@ -123,7 +123,8 @@ def test_loglikelihoods_are_the_engines_teacher_forced_scores(chain, docs):
     for (context, continuation), (logprob, greedy) in zip([r.args for r in reqs], got):
         ctx = lm.tok_encode(context)
         cont = lm.tok_encode(context + continuation)[len(ctx):]
-        run = evaluate_example(lm.model, ctx, cont, ["wise"], lm.settings, state_seed(context, 0), len(cont), set())["wise"]
+        run = evaluate_example(lm.model, ctx, cont, ["wise"], lm.settings, state_seed(context, 0), len(cont),
+                               set())["wise"]
         assert logprob == run.gold_logprob * len(cont)
         assert greedy == (run.tokens[:len(cont)] == cont)
     # a text scored whole (one window of the model's positions) is its log-likelihood after BOS

@@ -1,7 +1,8 @@
 """Loop Memory Attention against an independent reference: RecurTrace's looped computation written
-out loop by loop from the paper's equations (docs/recurtrace.md; RecurTrace eq. 1-5) on a second copy of a tiny random base, with
-non-trivial gates and slopes, compared with ``LoopedModel.core_step`` at every loop 1..2W; and the
-memory each LMA call reads (how many past loops, their distances, which states) at every loop.
+out loop by loop from the paper's equations (docs/recurtrace.md; RecurTrace eq. 1-5) on a second
+copy of a tiny random base, with non-trivial gates and slopes, compared with
+``LoopedModel.core_step`` at every loop 1..2W; and the memory each LMA call reads (how many past
+loops, their distances, which states) at every loop.
 
     t >= 2:  h <- h + alpha * RMSNorm(e)                                            (1)
     each block layer l:  h <- h + LMA_l(x_l^(t-1), M_l^(t));  x_l^(t) <- layer_l(h)  (2, 3)

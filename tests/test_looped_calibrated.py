@@ -34,14 +34,16 @@ def checks(cell: dict) -> list[str]:
     for variant, ch in cell["chosen"].items():
         for method in ("oracle", "oracle_correct", "confidence", "stability"):
             r = ch[method]
-            if abs(r["accuracy"] - r["expected_accuracy"]) > 1e-9 or abs(r["mean_loops"] - r["expected_mean_loops"]) > 1e-9:
+            if abs(r["accuracy"] - r["expected_accuracy"]) > 1e-9 \
+                    or abs(r["mean_loops"] - r["expected_mean_loops"]) > 1e-9:
                 failed.append(f"{variant} {method} measured != expected")
     if not (abs(mix["halting"]["accuracy"] - mix["oracle"]["expected_accuracy"]) <= 0.02
             and mix["halting"]["mean_loops"] - mix["oracle"]["expected_mean_loops"] <= 0.5):
         failed.append("halting head not within 0.5 loops of the oracle at equal accuracy")
     if not s["head_auc"] >= 0.95:
         failed.append(f"head_auc={s['head_auc']}")
-    act = [r["mean_loops"] for r in cell["points"] if r["variant"] == "bimodal" and r["method"] == "act" and r["value"] > 0]
+    act = [r["mean_loops"] for r in cell["points"]
+           if r["variant"] == "bimodal" and r["method"] == "act" and r["value"] > 0]
     if not min(act) <= 2.05:  # collapse: every item stopped by loop 2, the deep mode (d = 6) abandoned
         failed.append("ACT did not collapse on the bimodal items")
     if s["plain_after_d"] != 0:
@@ -212,7 +214,8 @@ def test_lma_retrofit_latches_unless_its_gate_is_shut(gate, monkeypatch):
     lma = load_retrofit(LMA_CHECKPOINT)
     plain = latch_accuracy(models()[0])
     if gate == "forced_shut":
-        monkeypatch.setattr(LoopMemoryAttention, "forward", lambda self, memory, distance: torch.zeros_like(memory[:, :, 0]))
+        monkeypatch.setattr(LoopMemoryAttention, "forward",
+                            lambda self, memory, distance: torch.zeros_like(memory[:, :, 0]))
     latched = latch_accuracy(lma) > plain + 0.2
     assert latched == (gate == "open")
 

@@ -103,7 +103,8 @@ def test_all_stages_write_outputs(project):
     # nor are the real model's retrofits (their lock entries and recipes match): kept, not retrained
     for variant in ("lma", "plain"):
         assert f"Running stage 'train_real_retrofit@{variant}'" not in repro.stdout or \
-            f"train_real_retrofit@{variant}: data/models/smollm2-135m-{variant} holds exactly this recipe; kept" in repro.stdout
+            f"train_real_retrofit@{variant}: data/models/smollm2-135m-{variant} holds exactly this recipe; kept" \
+            in repro.stdout
     for rel in ("data/cohorts/examples.parquet", "data/traces/masses.parquet", "data/traces/steps.parquet",
                 "data/supports/layouts.parquet", "data/supports/metrics.parquet",
                 "data/conditions/results.parquet", "data/timing/timing.parquet",
@@ -148,7 +149,8 @@ def test_all_stages_write_outputs(project):
     # as expected (the first answer token always runs T; the second stops where the criterion fires)
     exits = pq.read_table(tmp / "data/exit_criteria/exit_criteria.parquet").to_pylist()
     assert {(r["criterion"], r["T"], r["condition"]) for r in exits} == \
-        {(c, t, k) for c, t in (("fixed", 3), ("fixed", 6), ("kl", 6), ("argmax-stability", 6)) for k in ("full", "wise")}
+        {(c, t, k) for c, t in (("fixed", 3), ("fixed", 6), ("kl", 6), ("argmax-stability", 6))
+         for k in ("full", "wise")}
     assert all(r["expected_em"] is not None and r["em"] == r["expected_em"] for r in exits), exits
     assert all(r["mean_steps"] == r["expected_steps"] for r in exits if r["expected_steps"] is not None), exits
     assert any(r["criterion"] == "kl" and r["expected_steps"] is not None and r["mean_steps"] < 6 for r in exits)

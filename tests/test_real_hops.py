@@ -65,7 +65,8 @@ def test_one_hop_is_the_needle_question(corpus):
     assert f"{item.lead} {item.answer}." in item.passage and "key" not in item.passage
 
 
-@pytest.mark.parametrize("counts, distractors, words", [((), 2, 50), ((0, 2), 2, 50), ((4,), 30, 50), ((2,), 1, 10_000)])
+@pytest.mark.parametrize("counts, distractors, words",
+                         [((), 2, 50), ((0, 2), 2, 50), ((4,), 30, 50), ((2,), 1, 10_000)])
 def test_bad_settings_are_refused_in_one_line(corpus, counts, distractors, words):
     with pytest.raises(ValueError) as err:
         hop_items(corpus, "test", 2, 0, counts, distractors, words)

@@ -127,7 +127,8 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
 
     timed = pq.read_table(out).to_pylist()
     assert [(r["label"], r["pack"], r["heads"], r["kv_heads"], r["n"]) for r in timed] == [
-        ("real", 1, 9, 3, 160), ("real", 2, 9, 3, 160), ("random-matched", 1, 9, 3, 160), ("random-matched", 2, 9, 3, 160)]
+        ("real", 1, 9, 3, 160), ("real", 2, 9, 3, 160),
+        ("random-matched", 1, 9, 3, 160), ("random-matched", 2, 9, 3, 160)]
 
     # the model's own q, k, v of the first late step, layer 0, on the reloaded support
     cap = _Capture(s.discovery_step + 1, 0)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from wise.analysis.stats import (bootstrap_means, cluster_bootstrap, cluster_bootstrap_means, discordant_counts, mcnemar,
-                        paired_bootstrap)
+from wise.analysis.stats import (bootstrap_means, cluster_bootstrap, cluster_bootstrap_means, discordant_counts,
+                                 mcnemar, paired_bootstrap)
 
 
 def test_bootstrap_is_deterministic_for_a_seed():

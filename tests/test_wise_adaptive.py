@@ -14,7 +14,7 @@ from wise.engine.mechanism import TrajectoryObserver
 from wise.models.construct import build_chain_model
 from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_condition, state_seed
 
-from test_calibration import TOK, prompts
+from chain_cases import TOK, prompts
 
 RULE = AdaptiveDiscovery()  # the params.yaml defaults (threshold 1, window 3, steps 3..24)
 SETTINGS = PAPER_SETTINGS.replace(backend="gather", adaptive=RULE)

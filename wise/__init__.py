@@ -1,1 +1,2 @@
-"""WISE as a library: recurrent-depth models, the recurrence runner and conditions, supports, metrics, diagnostics, statistics, datasets (never imports ray, dvc or duckdb)."""
+"""WISE as a library: recurrent-depth models, the recurrence runner and conditions, supports,
+metrics, diagnostics, statistics, datasets (never imports ray, dvc or duckdb)."""

@@ -1,1 +1,2 @@
-"""Configuration: typed params and their validation, the run spec, data paths, Parquet schemas, preflight checks, the stage entry (cli) and failure reporting."""
+"""Configuration: typed params and their validation, the run spec, data paths, Parquet schemas,
+preflight checks, the stage entry (cli) and failure reporting."""

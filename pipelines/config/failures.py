@@ -4,9 +4,11 @@ traceback in the stage's log file (``logs/<stage>.log``, not an output, ignored 
 A failure inside a Ray task reached the user as some sixty lines: Ray's wrapper, the remote
 traceback and the driver's, with the one useful sentence somewhere inside. The worker tags the
 exception with the example id(s) of its work item (``pipelines.compute.work.example_ids``; a note that
-survives the trip through Ray), and this module digs out that tag and the root cause:
+survives the trip through Ray), and this module digs out that tag and the root cause (one line,
+wrapped here):
 
-    traces: example synthchain-17@4096: FileNotFoundError: data/models/x/model.safetensors: ... (traceback: logs/traces.log)
+    traces: example synthchain-17@4096: FileNotFoundError: data/models/x/model.safetensors: ...
+        (traceback: logs/traces.log)
 """
 from __future__ import annotations
 

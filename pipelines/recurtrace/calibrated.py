@@ -16,7 +16,8 @@ pinned block), and runs one cell (``pipelines.recurtrace.calibrated_cell.run_cel
 
 With ``lma_steps > 0`` the LMA retrofit is trained once (the first seed's train items; CPU) and
 saved as a retrofit checkpoint ``data/models/<name>-lma`` with its recipe (train_recipe.json) and
-training log (train_log.json); a later run keeps a checkpoint whose recipe matches. Every cell then measures that retrofit on its own test items.
+training log (train_log.json); a later run keeps a checkpoint whose recipe matches. Every cell then
+measures that retrofit on its own test items.
     <name>/calibrated.md   the report's section (measured beside expected, spread over seeds)
     calibrated.json   headline metrics (dvc metrics show)
     figures/          accuracy vs T (plain, LMA, ideal, expected); accuracy vs mean loops per method
@@ -55,7 +56,8 @@ def markdown(fixed, chosen, summary, seeds, c) -> str:
     L = [f"Constructed base `data/models/{c.name}` (weights computed, not trained; its card says how), "
          f"{c.n} test items per seed (mixed depths: L 1..{c.max_hops}, m 0..{c.max_refine}, "
          f"{c.unreachable:.0%} with a hop fact removed), seeds {list(seeds)}; every number is the mean over "
-         "seeds with its range. Expected values come from the items alone (`wise/looped/calibrated_expectations.py`).", "",
+         "seeds with its range. Expected values come from the items alone "
+         "(`wise/looped/calibrated_expectations.py`).", "",
          "Fixed depth: accuracy measured / expected (plain = the base's own looping, no memory; ideal = the "
          "latched base; lma = the LMA retrofit trained on the CPU, expected = ideal)", "",
          "| model | " + " | ".join(f"T={T}" for T in range(1, c.t_max + 1)) + " | mismatching items |",
@@ -92,8 +94,8 @@ def markdown(fixed, chosen, summary, seeds, c) -> str:
         L += ["", f"WISE under adaptive depth on the latched base (t_d = {c.wise.discovery_step} loops, w = "
               f"{c.wise.window}, B = {c.wise.block_size}, η = {c.wise.eta}), each item stopped at the oracle's depth: "
               "an answer survives iff every fact a loop after t_d reads lies in a block the discovery loops read "
-              "(`wise.looped.calibrated_expectations.wise_correct`); tiles saved = late attention tiles WISE skips over the "
-              "whole run.", ""]
+              "(`wise.looped.calibrated_expectations.wise_correct`); tiles saved = late attention tiles WISE "
+              "skips over the whole run.", ""]
         L += [f"    seed {s['seed']}: {wise_line(s)}" for s in summary]
     return "\n".join(L) + "\n"
 
@@ -216,12 +218,14 @@ def run(params: RetrofitParams, log=print) -> dict:
         log(f"recurtrace_calibrated: cell seed {seed}")
         cell = run_cell(replace(c, seed=seed), log=log, looped=(plain, latched), lma=lma)
         fixed += [{"seed": seed, **r} for r in fixed_table(cell["fixed"], c.t_max)]
-        points += [{"seed": seed, **{k: r.get(k) for k in ("variant", "method", "knob", "value", "accuracy", "mean_loops")}}
+        points += [{"seed": seed,
+                    **{k: r.get(k) for k in ("variant", "method", "knob", "value", "accuracy", "mean_loops")}}
                    for r in cell["points"]]
         for variant, ch in cell["chosen"].items():
             chosen += [{"seed": seed, "variant": variant, "method": m, "knob": r.get("knob"), "value": r.get("value"),
                         "accuracy": r["accuracy"], "mean_loops": r["mean_loops"],
-                        "expected_accuracy": r.get("expected_accuracy"), "expected_mean_loops": r.get("expected_mean_loops"),
+                        "expected_accuracy": r.get("expected_accuracy"),
+                        "expected_mean_loops": r.get("expected_mean_loops"),
                         "matched_T": r["matched_T"], "mcnemar_p": r["mcnemar_p"], "auc": r.get("auc")}
                        for m, r in ch.items()]
         summary.append({"seed": seed, **cell["summary"]})

@@ -318,7 +318,8 @@ def wise_line(s: dict) -> str:
 
 
 def summary_line(s: dict) -> str:
-    return (f"fixed_mismatch={s['fixed_mismatch']} lma_latch={s['lma_latch']:.3f} plain_after_d={s['plain_after_d']:.3f} "
+    return (f"fixed_mismatch={s['fixed_mismatch']} lma_latch={s['lma_latch']:.3f} "
+            f"plain_after_d={s['plain_after_d']:.3f} "
             f"head_auc={s['head_auc']:.3f} oracle_gap={s['oracle_gap']:.3f}")
 
 

@@ -1,7 +1,7 @@
 """The adaptive-depth section (RecurTrace part 2): the table of every method, McNemar against the
 best fixed depth, depth vs difficulty, WISE under adaptive depth, and the figure of accuracy vs
-mean loops. One writer for both places it appears: data/retrofit/<recurtrace.name>/adaptive.md (stage recurtrace_halting_eval)
-and the report's section (stage statistics, from the views)."""
+mean loops. One writer for both places it appears: data/retrofit/<recurtrace.name>/adaptive.md
+(stage recurtrace_halting_eval) and the report's section (stage statistics, from the views)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -135,7 +135,8 @@ def adaptive_data(con) -> dict | None:
 
 
 def adaptive_section(d: dict, figure: str, f, table) -> list[str]:
-    """The report's section: the same markdown as data/retrofit/<recurtrace.name>/adaptive.md, one level down, and the figure."""
+    """The report's section: the same markdown as data/retrofit/<recurtrace.name>/adaptive.md, one
+    level down, and the figure."""
     md = adaptive_markdown(d["summary"], d["depth"], d["wise"], d["notes"], d["wise_settings"], f, table,
                            heading="##")
     return [md, "", embed(figure, "accuracy vs mean loops"), ""]

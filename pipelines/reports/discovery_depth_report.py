@@ -98,8 +98,9 @@ def depth_section(d: dict, figure: str, steps: int, fixed_td: int, f, table) -> 
     hist = Counter(r["discovery_step"] for r in ad)
     L = ["## Adaptive discovery depth (`wise_adaptive`)", "",
          f"Per example, discovery ends at the first step whose block supports have settled (params `wise.adaptive`; "
-         f"`wise.engine.discovery_depth`); fixed WISE uses t_d = {fixed_td} for every example. Dense steps are the discovery "
-         f"steps; late attention saved is the mean of (T − t)(1 − density) / T with T = {steps}, the share of "
+         f"`wise.engine.discovery_depth`); fixed WISE uses t_d = {fixed_td} for every example. "
+         "Dense steps are the discovery steps; late attention saved is the mean of "
+         f"(T − t)(1 − density) / T with T = {steps}, the share of "
          "Full's attention over all steps that the late steps skip.", ""]
     L += table(["condition", "n", "EM", "expected EM", "EM mismatches", "t_d mismatches", "mean dense steps",
                 "late density", "late attention saved"],

@@ -108,7 +108,8 @@ def real_model_markdown(p, table: list[dict], halting: list[dict], card: dict, s
     L += hop_lines(every, trained)
     L += [f"**Halting on the LMA retrofit** (hop test items, budget {card['t_max']} loops, floor {card['t_min']}; "
           f"thresholds chosen on {card['examples']['heldout']} held-out items: τ = {fmt(card['tau'], 2)}, "
-          f"confidence λ = {fmt(card['confidence_threshold'], 2)}; heads fit on {card['examples']['train']} train items; "
+          f"confidence λ = {fmt(card['confidence_threshold'], 2)}; "
+          f"heads fit on {card['examples']['train']} train items; "
           f"best held-out fixed depth T = {card['best_fixed_depth']}). McNemar: exact, two-sided.", ""]
     L += halting_lines(halting)
     return "\n".join(L)

@@ -36,7 +36,8 @@ def real_wise_figure(steps: list[dict], path: Path) -> str:
         rows = [r for r in steps if r["T"] == T]
         loops = sorted({r["loop"] for r in rows})[1:]
         for q, label in (("S_block", "block support Jaccard (S_block)"), ("S", "top-k Jaccard (S)"),
-                         ("A", "attention JS (A)"), ("H", "hidden-state change (H)"), ("O", "attention-output change (O)")):
+                         ("A", "attention JS (A)"), ("H", "hidden-state change (H)"),
+                         ("O", "attention-output change (O)")):
             ys = [float(np.nanmean([r[q] for r in rows if r["loop"] == t])) for t in loops]
             ax.plot(loops, ys, marker="o", markersize=3, label=label)
         ax.set_yscale("log")
@@ -53,7 +54,8 @@ def real_wise_figure(steps: list[dict], path: Path) -> str:
 def _ordering(summary: list[dict], key: tuple) -> str:
     """Where the paper's ordering WISE >= Freeze-A >= step-1 controls >= Truncate holds on one
     (setting, task, length), judged by the mean NLL of the scored tokens (lower is better)."""
-    by = {s["condition"]: s["mean_nll"] for s in summary if tuple(s[k] for k in ("T", "t_d", "w", "task", "length")) == key}
+    by = {s["condition"]: s["mean_nll"] for s in summary
+          if tuple(s[k] for k in ("T", "t_d", "w", "task", "length")) == key}
     if not all(c in by for c in ("wise", "freeze_a", "static95", "mass_matched", "size_matched", "truncate")):
         return "–"
     step1 = max(by["static95"], by["mass_matched"], by["size_matched"])

@@ -154,7 +154,8 @@ def build_markdown(p: Params, d: dict) -> str:
                     *[[f"first step with mean J ≥ {k.split('_ge_')[1]} for {p.diagnostics.run} transitions",
                        str(v)] + (["–"] if with_paper else []) for k, v in st.items() if k.startswith("first_step")]])
         if not with_paper:
-            L += [paper.pointer("working-set stability", "ROLLING_JACCARD_AT_12, JACCARD_W12_W32", cmp["stability"]), ""]
+            L += [paper.pointer("working-set stability", "ROLLING_JACCARD_AT_12, JACCARD_W12_W32",
+                                cmp["stability"]), ""]
     L += [embed(d["figures"]["jaccard"], "rolling Jaccard"), ""]
 
     L += ["## Tables 7–9 — sweeps (η, t_d, w, B)", "",
@@ -187,7 +188,8 @@ def build_markdown(p: Params, d: dict) -> str:
            "model's own supports (those are the `model_supports` rows of the `timing` view)." if sources else
            "Speedup columns: no timing at these lengths (the timing stage needs CUDA)."), ""]
     L += table(["context", "n", "F1 (WISE)", "ΔF1 [CI]", "density", "future mass", "call ×flash (random supports)",
-                "build+20 ×flash (random supports)"] + (["paper density / future mass / ΔF1"] if context_paper else []),
+                "build+20 ×flash (random supports)"]
+               + (["paper density / future mass / ΔF1"] if context_paper else []),
                [[str(r["context_length"]), str(r["n"]), f(r["f1"]), ci(r, "delta_f1"), f(r["density"]),
                  f(r["retained_future_mass"]), f(r["call_vs_flash"], 2), f(r["reuse20_vs_flash"], 2)]
                 + ([" / ".join(f(x, signed=i == 2) for i, x in enumerate(paper.CONTEXT_SCALING[r["context_length"]]))
@@ -203,8 +205,8 @@ def build_markdown(p: Params, d: dict) -> str:
         L += ["## A real pretrained model: SmolLM2-135M-Instruct retrofitted with RecurTrace (stage real_eval)", "",
               d["real_model"], ""]
     if d.get("real_wise"):  # stage real_wise
-        L += ["### WISE on the real model: the retrofit's pretrained attention as the working set (stage real_wise)", "",
-              d["real_wise"], ""]
+        L += ["### WISE on the real model: the retrofit's pretrained attention as the working set "
+              "(stage real_wise)", "", d["real_wise"], ""]
     if d.get("gpu_study"):  # the committed H200 results beside the default run's small sample
         L += ["### Beside it: the GPU study's tables (committed under benchmarks/results)", "", d["gpu_study"], ""]
     if d.get("adaptive"):
@@ -281,14 +283,17 @@ def write_report(p: Params, d: dict, family: str | None) -> None:
     # the calibration and adaptive sections are left out when their tables are absent; present but
     # empty, they say so in place of the figure
     if d.get("calibration"):
-        d["figures"]["calibration"] = fig_calibration(d["calibration"], save_figure, plt, p.wise.discovery_step) \
-            if d["calibration"]["by_hops"] else no_figure("calibration_em", "No calibration figure: no rows by chain length.")
+        d["figures"]["calibration"] = (
+            fig_calibration(d["calibration"], save_figure, plt, p.wise.discovery_step)
+            if d["calibration"]["by_hops"]
+            else no_figure("calibration_em", "No calibration figure: no rows by chain length."))
     else:
         no_figure("calibration_em", "")
     if d.get("adaptive"):
         d["figures"]["adaptive"] = fig_accuracy_vs_loops(d["adaptive"]["summary"], save_figure, plt) \
             if any(r["benchmark"] == "all" for r in d["adaptive"]["summary"]) else \
-            no_figure("adaptive_accuracy_vs_loops", "No accuracy-vs-loops figure: `adaptive_summary` has no pooled rows.")
+            no_figure("adaptive_accuracy_vs_loops",
+                      "No accuracy-vs-loops figure: `adaptive_summary` has no pooled rows.")
     else:
         no_figure("adaptive_accuracy_vs_loops", "")
     md = build_markdown(p, d)

@@ -2,9 +2,10 @@
 
 Views (see docs/sql.md for columns): examples, trace_masses, trace_steps, support_layouts, supports,
 results, paired, timing, condition_summary, ..., and lm-eval runs under data/lm_eval
-(``lm_eval_samples``, ``lm_eval_scores``, ``lm_eval_paired``, ``lm_eval_runs``). ``--list`` shows the views and their columns;
-``--csv`` / ``--json`` change the output format; ``--limit N`` caps the rows printed (default
-1000; 0 prints every row, streamed in batches, so a large result never sits in memory whole).
+(``lm_eval_samples``, ``lm_eval_scores``, ``lm_eval_paired``, ``lm_eval_runs``). ``--list`` shows
+the views and their columns; ``--csv`` / ``--json`` change the output format; ``--limit N`` caps
+the rows printed (default 1000; 0 prints every row, streamed in batches, so a large result never
+sits in memory whole).
 
 Read-only, twice over: only queries run (SELECT, and EXPLAIN of a SELECT without ANALYZE: EXPLAIN
 ANALYZE executes the statement it wraps), and the connection itself cannot write or delete any

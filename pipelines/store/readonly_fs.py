@@ -194,7 +194,8 @@ def _lock_writes(cls) -> None:
     for name, member in inspect.getmembers(cls, callable):
         if inspect.isclass(member) or name in READ_METHODS or name in ("open", "_open"):
             continue
-        if (not name.startswith("_") and not isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod))) \
+        if (not name.startswith("_")
+                and not isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod))) \
                 or name in _ASYNC_MUTATORS:
             setattr(cls, name, _refuse(name))
 

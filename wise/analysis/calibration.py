@@ -91,7 +91,8 @@ def parse_layout(tokens: list[str], prompt_len: int | None = None) -> ChainLayou
     n = len(tokens)
     end = n if prompt_len is None else prompt_len
     if end < 8 or tokens[end - 3] not in (sc.QMARK, sc.FOLLOW_QMARK) or \
-            tokens[end - 2:end] != [sc.ANSWER_WORD, sc.COLON] or tokens[end - 7:end - 5] != [sc.QUESTION_WORD, sc.COLON]:
+            tokens[end - 2:end] != [sc.ANSWER_WORD, sc.COLON] or \
+            tokens[end - 7:end - 5] != [sc.QUESTION_WORD, sc.COLON]:
         raise ValueError("not a synthchain prompt: it must end with 'Question: <s> +<m> ?' (or '??') 'Answer:'")
     start, refine_tok = tokens[end - 5], tokens[end - 4]
     refine = int(refine_tok[1:])

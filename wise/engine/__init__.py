@@ -1,1 +1,2 @@
-"""The generation engine: supports and conditions, routing, the recurrence runner with its mechanism observer, and decoding (prompt caches, appended rows, CUDA-graph replay)."""
+"""The generation engine: supports and conditions, routing, the recurrence runner with its mechanism
+observer, and decoding (prompt caches, appended rows, CUDA-graph replay)."""

@@ -2,7 +2,8 @@
 token stops its recurrence at the first step whose reading has settled against the previous step's.
 
     criterion = ExitCriterion("kl", threshold=5e-4, min_step=4)
-    WiseSettings(..., exit_criterion=criterion)    # cached decoding (wise.engine.decoding) then cuts each new token's steps
+    # cached decoding (wise.engine.decoding) then cuts each new token's steps:
+    WiseSettings(..., exit_criterion=criterion)
 
 The criteria, their readings and default thresholds are those of ``generate_with_adaptive_compute``
 and its exit evaluators in the authors' modeling code (seal-rg/recurrent-pretraining,
@@ -16,7 +17,7 @@ threshold (``argmax-stability``: at least the threshold):
 | latent-diff | mean over positions of norm(s_t - s_{t-1}) / norm(s_t) | < thr | 0.03 |
 | cosine | 1 - mean over positions of cos(s_t, s_{t-1}) | < thr | 1e-3 |
 | kl | KL(p_{t-1}, p_t) = sum p_{t-1} (log p_{t-1} - log p_t) | < thr | 1e-3 |
-| minp-kl | kl on min-p filtered distributions (probabilities below 0.1 x the max set to 1/V, renormalised) | < thr | 1e-5 |
+| minp-kl | kl on min-p filtered distributions (probabilities below 0.1 x max set to 1/V, renormalised) | < thr | 1e-5 |
 | argmax-stability | number of consecutive steps up to t whose argmax equals the previous step's | >= thr | 5 |
 
 p_t is the softmax of the token's logits read out (``readout``: coda and head) from the state s_t

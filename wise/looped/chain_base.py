@@ -302,7 +302,8 @@ def build_chain_base(spec: ChainBaseSpec = ChainBaseSpec()):
 
 def card_text(spec: ChainBaseSpec, facts: dict) -> str:
     latch = ("a loop past d keeps applying the successor map, so looping it is right only at T = d"
-             if spec.overshoot else "the successor stops when the count is spent (the latched variant): right at every T >= d")
+             if spec.overshoot
+             else "the successor stops when the count is spent (the latched variant): right at every T >= d")
     return f"""# {NAME}{'' if spec.overshoot else ' (latched)'}: a constructed Llama decoder (not trained)
 
 Every weight of this model is computed from a small config and a seed by

@@ -10,8 +10,8 @@ continuation is `` answer`` + EOS. A training row is
 
 the extra questions being other questions its passages answer (``context_questions``), with two
 target sets: answer tokens + their EOS, and the prompt text. Batch i is a pure function of
-(seed, i), made by worker processes ahead of the training loop (``retrofit_stream``, the project's one ``BatchStream``), so the
-batches do not depend on the number of workers.
+(seed, i), made by worker processes ahead of the training loop (``retrofit_stream``, the project's
+one ``BatchStream``), so the batches do not depend on the number of workers.
 """
 from __future__ import annotations
 

@@ -128,7 +128,8 @@ the block-level definitions):
 - **WISE** keeps the fact blocks of steps t_d−w+1..t_d: right iff every fact a late step needs lies
   in one of them. A question with L + m ≤ t_d needs none; with L + 1 ≤ t_d it needs only the
   terminal fact, attended from step L + 1 and so in the working set: right, including when its
-  refinement runs past t_d (which Truncate loses) if the `+m` row's block is kept (above). With L ≥ t_d (and L + m > t_d) it needs facts first
+  refinement runs past t_d (which Truncate loses) if the `+m` row's block is kept (above). \
+With L ≥ t_d (and L + m > t_d) it needs facts first
   attended after t_d: lost, unless they happen to share a block with the working set;
 - **Static-95, MassMatched, SizeMatched** keep the step-1 blocks (the first hop's fact): right iff
   L + m ≤ t_d, or the facts still needed happen to share those blocks (more often at short contexts,

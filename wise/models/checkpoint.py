@@ -31,7 +31,8 @@ from wise.models.recurrent import RecurrentDepthModel, init_weights
 from wise.models.state_dict_map import to_project_names
 
 CONFIG_NAME = "config.json"
-LOOPED_MODEL_TYPE = "recurtrace_looped"  # = wise.models.looped.config.MODEL_TYPE (imported lazily, for retrofit folders only)
+# = wise.models.looped.config.MODEL_TYPE (imported lazily, for retrofit folders only)
+LOOPED_MODEL_TYPE = "recurtrace_looped"
 TOKENIZER_NAME = "tokenizer.json"
 
 

@@ -61,8 +61,8 @@ from wise.models.chain_parts import (  # noqa: F401 (re-exported: the constructi
     BOS_LOGIT, CONST, EOS_LOGIT, FETCH_BOS_LOGIT, FETCH_LOGIT, GATE_SLOPE, HEAD_DIM, HEADS, MATCH_LOGIT,
     DECOY, NEED_SPLIT, NOISE_DIMS, NOISE_STEP, PENALTY_LOGIT, POSITION_MARGIN, POSITION_PAIRS, READOUT_SCALE,
     RENORM_SPLIT, ROPE_BASE, SINK_CONTENT, SINK_LOGIT, Slots, chase_head, first_step_decoy, offset_head, pair_dims,
-    split_head, Writer,    code_frequencies, core_slots, entity_codes, max_code_correlation, position_weights, prelude_slots,
-    successor_rotation)
+    split_head, Writer, code_frequencies, core_slots, entity_codes, max_code_correlation, position_weights,
+    prelude_slots, successor_rotation)
 from wise.models.config import RecurrentConfig
 from wise.models.recurrent import RecurrentDepthModel
 
@@ -176,8 +176,8 @@ def build_weights(model: RecurrentDepthModel, spec: ChainSpec) -> dict:
             adapter[i, i] = 1.0
     # eos: the row after the answer (three after "?", or three after "Answer" for a "??" question)
     links = {"const": ["const"], "is_q": ["refine", "qmark", "answer", "b1_answer"], "is_q2": ["b3_follow"],
-             "arrow_b1": ["b1_arrow"], "sink": ["sink"], "bos": ["bos"], "is_m": ["refine"], "eos": ["b3_qmark", "b3_answer"],
-             "v_term": ["b1_term"], "v_match": ["entity"]}
+             "arrow_b1": ["b1_arrow"], "sink": ["sink"], "bos": ["bos"], "is_m": ["refine"],
+             "eos": ["b3_qmark", "b3_answer"], "v_term": ["b1_term"], "v_match": ["entity"]}
     for dst, srcs in links.items():
         for src in srcs:
             adapter[X.at(dst), h + E.at(src)] = 1.0

@@ -10,8 +10,9 @@ with two target masks: the answer tokens plus EOS (the main loss) and the prompt
 optional language-model loss). Rows are right-padded; causal attention never lets a real token
 see a pad, so padding changes nothing for the real positions.
 
-Generation runs in worker processes (``training_stream``, the project's one ``BatchStream``) so the GPU never waits for Python text
-work; the batch for an index is the same whichever process makes it.
+Generation runs in worker processes (``training_stream``, the project's one ``BatchStream``) so the
+GPU never waits for Python text work; the batch for an index is the same whichever process makes
+it.
 """
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ def make_batch(config: TrainConfig, tok, index: int) -> Batch:
             seed = derive_seed(config.seed, "examples", index, bench, attempt) % (2**31)
             examples = load_examples(bench, "train", need + 2 + need // 4, seed)
             variants = build_cohort_variants(examples, [budget], count_tokens, seed,
-                                             style=config.prompt_style, reserve_tokens=config.answer_reserve + config.extra_reserve)
+                                             style=config.prompt_style,
+                                             reserve_tokens=config.answer_reserve + config.extra_reserve)
             for example, cv in zip(examples, variants):
                 if need == 0 or budget not in cv.variants:
                     continue
@@ -158,7 +160,8 @@ def _training_batches(config: TrainConfig, tokenizer_path: str):
     return functools.partial(make_batch, config, tok)
 
 
-def training_stream(config: TrainConfig, tokenizer_path: str, start: int = 0, workers: int | None = None) -> BatchStream:
+def training_stream(config: TrainConfig, tokenizer_path: str, start: int = 0,
+                    workers: int | None = None) -> BatchStream:
     """Batches `start`, `start+1`, ... of `config` (``wise.data.batch_stream``; workers: config.data_workers
     unless given)."""
     return BatchStream(functools.partial(_training_batches, config, tokenizer_path), start,

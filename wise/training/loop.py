@@ -189,7 +189,8 @@ def _run_steps(config: TrainConfig, model: RecurrentDepthModel, opt, stream, aut
         with autocast:
             logits = recurrent_forward(model, ids, steps, config.backprop_steps, state_gen)
         loss, answer_loss, lm_loss = batch_loss(logits, targets, is_answer, config.lm_loss_weight)
-        return loss, answer_loss, lm_loss, {"recurrence": steps, "budget": batch.budget, "rows": int(batch.ids.shape[0])}
+        return loss, answer_loss, lm_loss, {"recurrence": steps, "budget": batch.budget,
+                                            "rows": int(batch.ids.shape[0])}
 
     def held_out(step: int, log: list[dict]) -> None:
         if check is not None and step > 0 and step % config.eval_every == 0:

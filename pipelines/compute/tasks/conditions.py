@@ -16,7 +16,8 @@ def run_conditions(model, item: dict, context: ConditionsContext) -> dict:
     require("conditions", context, ConditionsContext)
     settings = context.settings
     examples = item["examples"]
-    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"], state_seed(ex["example_id"], context.init_seed))
+    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"],
+                                      state_seed(ex["example_id"], context.init_seed))
                                      for ex in examples], context.conditions, settings,
                              context.max_new_tokens, set(context.stop_ids), context.generation)
     out = []

@@ -14,7 +14,8 @@ def run_exits(model, item: dict, context: ExitCriteriaContext) -> dict:
     token then runs the settings' T) of each of item["examples"]."""
     require("exit_criteria", context, ExitCriteriaContext)
     examples = item["examples"]
-    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"], state_seed(ex["example_id"], context.init_seed))
+    runs = evaluate_examples(model, [(ex["token_ids"], ex["answer_ids"],
+                                      state_seed(ex["example_id"], context.init_seed))
                                      for ex in examples], [context.condition], context.settings,
                              context.max_new_tokens, set(context.stop_ids), "cached")
     return {"examples": [{"example_id": ex["example_id"], "tokens": list(r[context.condition].tokens),

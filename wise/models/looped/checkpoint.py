@@ -61,7 +61,8 @@ def _atomic_write(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def save_retrofit(model: LoopedModel, folder: str | os.PathLike, tokenizer_from: str | os.PathLike | None = None) -> Path:
+def save_retrofit(model: LoopedModel, folder: str | os.PathLike,
+                  tokenizer_from: str | os.PathLike | None = None) -> Path:
     """Write config.json + retrofit.safetensors (+ the tokenizer files of `tokenizer_from`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from wise.models.looped.base import DecoderParts, Positions, apply_layer, decoder_parts, freeze, parameter_count, positions
+from wise.models.looped.base import (DecoderParts, Positions, apply_layer, decoder_parts, freeze, parameter_count,
+                                     positions)
 from wise.models.looped.adapter import BlockAdapter
 from wise.models.looped.config import LoopedConfig
 from wise.models.looped.lma import LoopMemoryAttention

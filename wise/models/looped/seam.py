@@ -5,11 +5,12 @@ The looped block's attention modules get a private copy of the base config whose
 ``_attn_implementation`` names ``SEAM`` (the other layers keep the base's SDPA). transformers then
 calls ``seam_attention(module, q, k, v, mask, ...)`` for every block layer with q [b, H, n, d] and
 k/v [b, Hkv, n, d] after q/k-norm and RoPE, the same tensors a routing policy of
-``wise.engine.routing`` takes. Inside ``routed(step, policy, observer)`` (what ``core_step`` opens around
-one loop) the call goes to ``policy(q, k, v, step=, layer=)`` (None back: the base's own output) and ``observer.on_attention``, with
-``layer`` the index inside the block (0..k-1), as for the recurrent models' core layers. Without a
-policy the base's own implementation computes the output (so the loop without routing is exactly
-the base's arithmetic), and an observer still sees it.
+``wise.engine.routing`` takes. Inside ``routed(step, policy, observer)`` (what ``core_step`` opens
+around one loop) the call goes to ``policy(q, k, v, step=, layer=)`` (None back: the base's own
+output) and ``observer.on_attention``, with ``layer`` the index inside the block (0..k-1), as for
+the recurrent models' core layers. Without a policy the base's own implementation computes the
+output (so the loop without routing is exactly the base's arithmetic), and an observer still sees
+it.
 
 The prefix and suffix layers (``install_plain_seam``) reach the seam too, for the engine's cached
 decoding: inside ``plain(attend)`` a layer's call goes to ``attend(q, k, v)``, which returns the
