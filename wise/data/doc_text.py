@@ -41,7 +41,9 @@ def windows(tokens: np.ndarray, length: int, limit: int | None = None) -> list[l
 
 
 @dataclass(frozen=True)
-class NeedleItem:
+class PassageQuestion:
+    """A question about facts hidden in a run of real prose, answered by one city (the needle and hop
+    items extend it)."""
     example_id: str
     split: str
     distribution: str  # whose documentation the passage is drawn from
@@ -49,6 +51,10 @@ class NeedleItem:
     question: str
     lead: str  # the assistant's answer up to the city ("Tamsin lives in"), prefilled
     answer: str  # the city
+
+
+@dataclass(frozen=True)
+class NeedleItem(PassageQuestion):
     facts: int  # facts in the passage (the target's and the distractors)
 
 

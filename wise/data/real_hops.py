@@ -17,19 +17,13 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from wise.data.doc_text import CITIES, NAMES, split_runs
+from wise.data.doc_text import CITIES, NAMES, PassageQuestion, split_runs
 from wise.data.splits import derive_seed
 
 
 @dataclass(frozen=True)
-class HopItem:
-    example_id: str
-    split: str
-    distribution: str  # whose documentation the passage is drawn from
-    passage: str  # prose with the facts hidden in it
-    question: str
-    lead: str  # the assistant's answer up to the city, prefilled
-    answer: str  # the city at the end of the chain
+class HopItem(PassageQuestion):
+    """``answer`` is the city at the end of the chain."""
     hops: int  # facts on the chain: h - 1 key links and the last person's city
     chain: tuple[str, ...]  # the people from the question's start to the chain's end
     links: tuple[tuple[str, str], ...]  # (person, keeper of that person's key), in chain order

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from wise.data.real_hops import HopItem
-from wise.data.doc_text import NeedleItem
+from wise.data.doc_text import PassageQuestion
 from wise.data.splits import derive_seed
 from wise.looped.data import IGNORE, Batch, IndexedBatches, PromptRow
 
 
-def needle_row(tokenizer, item: NeedleItem | HopItem) -> PromptRow:
+def needle_row(tokenizer, item: PassageQuestion) -> PromptRow:
     """The item through the chat template, the lead prefilled; continuation: " <city>". The row's
     hops: a hop item's hop count, a needle item's fact count."""
     messages = [{"role": "user", "content": f"{item.passage}\n\nQuestion: {item.question}"}]
