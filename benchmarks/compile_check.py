@@ -60,9 +60,11 @@ def _usage_from_log(log: str) -> dict:
 
 
 def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: int = 90,
-                   dtype: str = "bf16") -> dict:
+                   dtype: str = "bf16", kernel=None) -> dict:
     """Compile one (B, d, config) for sm_<arch>; returns its instruction counts and resources.
-    Raises whatever Triton raises when the config does not compile (e.g. shared memory)."""
+    kernel: a @triton.jit with the attention kernel's signature (default kernel_for(config); the
+    key-major variant, kernels.key_major, passes its own). Raises whatever Triton raises when the
+    config does not compile (e.g. shared memory)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -72,10 +74,15 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
                            "replaces the kernels)")
     config, values = kernel_constexprs(config, head_dim, block_size,
                                        torch.bfloat16 if dtype == "bf16" else torch.float16)
-    fn = kernel_for(config)
+    fn = kernel or kernel_for(config)
     names = list(fn.arg_names)
+    # what a real launch specialises on: 16-byte aligned tensors and strides that are multiples of
+    # 16 (every d in HEAD_DIMS); without it Triton cannot prove the K/V rows contiguous and emits
+    # 2-byte loads, so registers and instruction counts would be a different kernel's
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+               if name in ("Q", "K", "V", "Out") or name.endswith("_ptr") or name.startswith("stride_")}
     src = ASTSource(fn=fn, signature=_signature(fn, dtype),
-                    constexprs={(names.index(k),): v for k, v in values.items()})
+                    constexprs={(names.index(k),): v for k, v in values.items()}, attrs=aligned)
     # A fresh cache makes Triton run ptxas (a cached kernel skips it), and dump_ptxas_log makes it
     # print ptxas's -v report, which names registers and spills with Triton's own flags.
     from triton import knobs
