@@ -6,7 +6,7 @@ over a grid of its launch configs, at real densities: one command that measures 
 Per shape (n:rho; default the issue's 4096:0.13, 16384:0.13 and the paper's 4096:0.37; Huginn
 geometry, 55 heads, d=96, B=32, bf16, 4 layers, benchmarks.bench's supports and seed): every
 kernel's output checked against the fp32 reference on layer 0 (all heads up to n=8192, the first
-8 query heads' group above), then the current kernel (its default config for n), each key-major
+4 query heads above), then the current kernel (its default config for n), each key-major
 config, dense flash and cuDNN timed in turns (timers.interleaved_ms), FlexAttention tuned as in
 benchmarks.bench. Both sparse kernels run on the same schedules (build_schedule, sorted order,
 default head group) through their compiled-kernel launchers, so no host cost is timed.
@@ -29,6 +29,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -47,12 +48,14 @@ from .output import write_rows
 
 SHAPES = "4096:0.13,16384:0.13,4096:0.37"
 # pack,kb,warps,stages[,pad_d[,maxnreg]]: 64- and 128-key M tiles, one or two warpgroups, 2-3
-# stages, d=96 split 64+32 or padded to 128, a 128-register cap (4 programs per SM; offline sm_90
-# compile: 104 B of spills), and pack 2 (two query blocks on N, over their union) for real supports
-GRID = "1,2,4,2;1,2,4,3;1,2,4,2,1;1,2,4,2,0,128;1,2,8,2;1,4,8,2;1,4,4,2;1,4,8,3;2,2,4,2"
+# stages, d=96 split 64+32 or padded to 128, register caps of 168 / 128 (3 / 4 programs per SM
+# instead of 2 at 176 registers; offline sm_90 compile: 0 / 104 B of spills, python -m
+# benchmarks.compile_check --key-major), and pack 2 (two query blocks on N, over their union)
+GRID = "1,2,4,2;1,2,4,3;1,2,4,2,1;1,2,4,2,0,168;1,2,4,2,0,128;1,2,8,2;1,4,8,2;1,4,4,2;2,2,4,2"
 REAL_LAYOUTS = "benchmarks/results/real-wise-gpu-h200/2026-12-03/layouts.parquet"
 RESERVE_S = 90.0  # wall seconds kept back for each shape not yet run
-CHECK_FULL_UP_TO = 8192  # above this n the fp32 reference covers the first 8 query heads' group only
+CHECK_FULL_UP_TO = 8192  # above this n the fp32 reference covers the first CHECK_HEADS query heads only
+CHECK_HEADS = 4  # (n=16384: 1 GiB of fp32 scores per head)
 
 
 def computed_over_kept(layout: torch.Tensor, pack: int = 1, kb: int = 1) -> float:
@@ -112,7 +115,7 @@ def measure_shape(n: int, rho: float, configs: list[KernelConfig], *, heads=55, 
                  useful_gflop=useful_gflop, dense_gflop=dense_gflop, head_group=group or 0,
                  **overheads(lays.cpu()))
     ratio = heads // kv_heads
-    hc = heads if n <= CHECK_FULL_UP_TO else min(heads, 8 * ratio)
+    hc = heads if n <= CHECK_FULL_UP_TO else min(heads, max(1, CHECK_HEADS // ratio) * ratio)
     ref = masked_attention_reference(*(x[:h] for x, h in zip(qkv[0], (hc, hc // ratio, hc // ratio))),
                                      lays[0][:hc], block_size, out_dtype=torch.float32)
     scheds = {}
@@ -189,9 +192,10 @@ def measure_shape(n: int, rho: float, configs: list[KernelConfig], *, heads=55, 
 
 
 def run_shape(n: int, rho: float, configs: list[str], argv_common: list[str], workdir: str, timeout_s: float,
-              runner=subprocess.run) -> list[dict]:
+              runner=subprocess.run, log_dir: str | None = None) -> list[dict]:
     """The shape in a child process; a config that kills the child is recorded and the shape run
-    again without it. runner: subprocess.run's signature (tests stand one in)."""
+    again without it. A failed child's command and stderr go to log_dir/worker-<n>-<rho>-<try>.log.
+    runner: subprocess.run's signature (tests stand one in)."""
     crashed, left = [], list(configs)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -201,9 +205,13 @@ def run_shape(n: int, rho: float, configs: list[str], argv_common: list[str], wo
                "--configs", ";".join(left), "--rows-file", rows_file, "--progress-file", progress, *argv_common]
         try:
             proc = runner(cmd, timeout=max(1.0, deadline - time.monotonic()), capture_output=True, text=True)
-            rc, tail = proc.returncode, (proc.stderr or "").strip().splitlines()[-1:]
-        except subprocess.TimeoutExpired:
-            rc, tail = "timeout", [f"shape ran past {timeout_s:.0f} s"]
+            rc, err = proc.returncode, proc.stderr or ""
+        except subprocess.TimeoutExpired as e:
+            rc, err = "timeout", f"{e.stderr or ''}\nshape ran past {timeout_s:.0f} s"
+        tail = err.strip().splitlines()[-1:]
+        if rc != 0 and log_dir:
+            with open(os.path.join(log_dir, f"worker-{tag}.log"), "w") as f:
+                f.write(" ".join(cmd) + "\n" + (err if isinstance(err, str) else err.decode(errors="replace")))
         if rc == 0:
             with open(rows_file) as f:
                 return json.load(f) + crashed
@@ -217,7 +225,8 @@ def run_shape(n: int, rho: float, configs: list[str], argv_common: list[str], wo
             if left and time.monotonic() < deadline:
                 continue
         last = steps[-1] if steps else "start"
-        return crashed + [dict(base, config=";".join(left), status=f"shape failed at '{last}' ({rc}): {' '.join(tail)}")]
+        why = f"shape failed at '{last}' ({rc}): {' '.join(tail)}"
+        return crashed + [dict(base, config=";".join(left), status=why)]
 
 
 def _fmt(v, spec):
@@ -232,7 +241,8 @@ def summary(rows: list[dict]) -> str:
         lines.append(f"\nn={n} rho={rho} density {_fmt(s.get('density'), '{:.3f}')} | computed/kept: pack2 union "
                      f"{_fmt(s.get('pack2_union_over_kept'), '{:.2f}')}, pack4 union "
                      f"{_fmt(s.get('pack4_union_over_kept'), '{:.2f}')}, key-major kb2 "
-                     f"{_fmt(s.get('kb2_slots_over_kept'), '{:.2f}')}, kb4 {_fmt(s.get('kb4_slots_over_kept'), '{:.2f}')}")
+                     f"{_fmt(s.get('kb2_slots_over_kept'), '{:.2f}')}, kb4 "
+                     f"{_fmt(s.get('kb4_slots_over_kept'), '{:.2f}')}")
         lines.append("kernel | config | ms | TF/s | x flash | x cuDNN | rate/cuDNN | err | status")
         for r in group:
             lines.append(" | ".join([r["kernel"], str(r.get("config", ""))[:40], _fmt(r.get("ms"), "{:.4f}"),
@@ -304,14 +314,13 @@ def main(argv=None) -> int:
     if not a.out:
         p.error("--out DIR is required")
     os.makedirs(a.out, exist_ok=True)
-    work = os.path.join(a.out, "workers")
-    os.makedirs(work, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="bench_key_major-")
     start = time.monotonic()
     rows = real_overheads(a.real_layouts) if a.real_layouts else []
     for i, (n, rho) in enumerate(shapes):
         # later shapes keep RESERVE_S each, so a slow first shape cannot starve them
         left_s = a.budget_s - (time.monotonic() - start) - RESERVE_S * (len(shapes) - 1 - i)
-        rows += run_shape(n, rho, configs, common, work, left_s)
+        rows += run_shape(n, rho, configs, common, work, left_s, log_dir=a.out)
         print(summary([r for r in rows if r.get("n") == n and r.get("rho") == rho]), flush=True)
     meta = dict(command=" ".join(sys.argv), device=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=__import__("triton").__version__, wall_s=time.monotonic() - start)

@@ -42,7 +42,7 @@ def key_major_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: i
 
 
 @triton.jit
-def _key_major_fwd(
+def key_major_fwd(
     Q, K, V, Out,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_on,
     order_ptr, row_start_ptr, row_count_ptr, row_full_ptr, key_blocks_ptr,
@@ -155,7 +155,7 @@ def key_major_launcher(schedule: Schedule, q_shape, kv_shape, dtype: torch.dtype
     cfg, qk_scale, constexprs = plan_launch(schedule, q_shape, kv_shape, dtype, device, scale, cfg)
     fixed = launch_args(schedule, qk_scale, constexprs, q_shape, kv_shape, qkv_strides,
                         (q_shape[1] * q_shape[2], q_shape[2]))
-    return FastLauncher(_key_major_fwd, (schedule.num_tiles,), fixed, **cfg.launch_options())
+    return FastLauncher(key_major_fwd, (schedule.num_tiles,), fixed, **cfg.launch_options())
 
 
 def key_major_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule,
@@ -181,5 +181,5 @@ def key_major_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
                          f"with a contiguous last dim")
     args = launch_args(schedule, qk_scale, constexprs, q.shape, k.shape, (q.stride(), k.stride(), v.stride()),
                        out.stride())
-    _key_major_fwd[(schedule.num_tiles,)](q, k, v, out, *args, **cfg.launch_options())
+    key_major_fwd[(schedule.num_tiles,)](q, k, v, out, *args, **cfg.launch_options())
     return out
