@@ -1,7 +1,7 @@
 """The key-major kernel (kernels.key_major) beside the current one, cuDNN, flash and FlexAttention,
 over a grid of its launch configs, at real densities: one command that measures and tunes it.
 
-    python -m benchmarks.bench_key_major --out benchmarks/results/kernel-h200/key-major
+    python -m benchmarks.bench_key_major --out OUT_DIR
 
 Per shape (n:rho; default the issue's 4096:0.13, 16384:0.13 and the paper's 4096:0.37; Huginn
 geometry, 55 heads, d=96, B=32, bf16, 4 layers, benchmarks.bench's supports and seed): every
