@@ -43,7 +43,7 @@ from kernels.sparse_attention import KernelConfig, config_name, default_config, 
 from . import flex as flex_baseline
 from . import timers
 from .discovered_layouts import load_discovered_layouts
-from .inputs import REL_ERR_BOUND, active_pairs, backend_context, bench_layouts, dense_call, density, random_qkv
+from .inputs import DTYPES, REL_ERR_BOUND, active_pairs, backend_context, bench_layouts, dense_call, density, random_qkv
 from .output import write_rows
 
 SHAPES = "4096:0.13,16384:0.13,4096:0.37"
@@ -272,7 +272,8 @@ def real_overheads(path: str) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
+def main(argv=None, runner=subprocess.run) -> int:
+    """The command line; runner: how the per-shape children run (subprocess.run's signature)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_key_major", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=SHAPES, help="n:rho,...")
     p.add_argument("--configs", default=GRID, help="key-major configs pack,kb,warps,stages[,pad_d[,maxnreg]];...")
@@ -284,6 +285,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="wall-clock limit over all shapes")
     p.add_argument("--real-layouts", default=REAL_LAYOUTS, help="layouts file for the overheads ('' skips)")
     p.add_argument("--out", default=None, help="directory for key_major.csv / key_major.json")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the interpreter, for tests
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rows-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--progress-file", default=None, help=argparse.SUPPRESS)
@@ -292,23 +295,25 @@ def main(argv=None) -> int:
         shapes = [(int(s.split(":")[0]), float(s.split(":")[1])) for s in a.shapes.split(",") if s]
     except (ValueError, IndexError):
         p.error(f"--shapes must be n:rho,...; got {a.shapes!r}")
-    configs = [c for c in a.configs.split(";") if c]
     try:
-        parsed = [parse_config(c) for c in configs]
+        parsed = [parse_config(c) for c in a.configs.split(";") if c]
     except ValueError as e:
         p.error(str(e))
+    configs = [config_name(c) for c in parsed]  # as a child's progress lines name them
     common = ["--heads", str(a.heads), "--head-dim", str(a.head_dim), "--layers", str(a.layers),
-              "--rounds", str(a.rounds)] + (["--no-flex"] if a.no_flex else [])
+              "--rounds", str(a.rounds), "--device", a.device, "--dtype", a.dtype]
+    common += ["--no-flex"] if a.no_flex else []
     if a.worker:
         (n, rho), = shapes
         rows = measure_shape(n, rho, parsed, heads=a.heads, kv_heads=a.heads, head_dim=a.head_dim, layers=a.layers,
-                             rounds=a.rounds, flex=not a.no_flex, progress=a.progress_file)
+                             rounds=a.rounds, flex=not a.no_flex, progress=a.progress_file, device=a.device,
+                             dtype=DTYPES[a.dtype])
         tmp = f"{a.rows_file}.tmp-{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(rows, f)
         os.replace(tmp, a.rows_file)
         return 0
-    if not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks.bench_key_major needs a CUDA device", file=sys.stderr)
         return 2
     if not a.out:
@@ -320,9 +325,10 @@ def main(argv=None) -> int:
     for i, (n, rho) in enumerate(shapes):
         # later shapes keep RESERVE_S each, so a slow first shape cannot starve them
         left_s = a.budget_s - (time.monotonic() - start) - RESERVE_S * (len(shapes) - 1 - i)
-        rows += run_shape(n, rho, configs, common, work, left_s, log_dir=a.out)
+        rows += run_shape(n, rho, configs, common, work, left_s, runner=runner, log_dir=a.out)
         print(summary([r for r in rows if r.get("n") == n and r.get("rho") == rho]), flush=True)
-    meta = dict(command=" ".join(sys.argv), device=torch.cuda.get_device_name(), torch=torch.__version__,
+    meta = dict(command=" ".join(sys.argv), torch=torch.__version__,
+                device=torch.cuda.get_device_name() if a.device == "cuda" else a.device,
                 triton=__import__("triton").__version__, wall_s=time.monotonic() - start)
     timed = [r for r in rows if r["kernel"] != "real-supports"]
     cols = list(dict.fromkeys(k for r in timed for k in r))  # pyarrow takes the first row's keys only

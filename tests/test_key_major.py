@@ -216,3 +216,51 @@ def test_bench_key_major_needs_cuda_and_refuses_bad_arguments(tmp_path, capsys):
     assert "kernel config must be" in capsys.readouterr().err
     if not CUDA:
         assert main(["--out", str(tmp_path)]) == 2
+
+
+def test_command_line_parent_and_worker_on_the_interpreter(tmp_path, monkeypatch, capsys):
+    """The parent's command for a child, read back by the child's own argument parser (run in this
+    process), its rows file, the crash of one config and the files under --out."""
+    if CUDA:
+        pytest.skip("the CPU path of the benchmark")
+    import csv
+
+    from benchmarks import bench_key_major, timers
+    from kernels.sparse_attention import config_name, default_config
+
+    monkeypatch.setattr(timers, "interleaved_ms",
+                        lambda calls, rounds=5, rep=100: ({name: 2.0 for name, _, _ in calls}, 1.0))
+    real_measure = bench_key_major.measure_shape
+
+    def measure(n, rho, configs, **kw):  # the 8-warp config "crashes the GPU"
+        if any(c.num_warps == 8 for c in configs):
+            with open(kw["progress"], "a") as f:
+                f.write("check key_major 1,2,8,1,0\n")
+            raise SystemExit(3)
+        return real_measure(n, rho, configs, **kw)
+
+    monkeypatch.setattr(bench_key_major, "measure_shape", measure)
+    seen = []
+
+    def in_process(cmd, timeout, capture_output, text):
+        assert cmd[1:3] == ["-m", "benchmarks.bench_key_major"]
+        seen.append(cmd[3:])
+        try:
+            rc = bench_key_major.main(cmd[3:])
+        except SystemExit as e:
+            rc = e.code
+        return subprocess.CompletedProcess(cmd, rc, "", "")
+
+    out = tmp_path / "out"
+    rc = bench_key_major.main(["--shapes", "128:0.3", "--configs", "1,2,4,1;1,2,8,1", "--heads", "2",
+                               "--head-dim", "64", "--layers", "1", "--no-flex", "--device", "cpu", "--dtype", "fp32",
+                               "--real-layouts", "", "--out", str(out)], runner=in_process)
+    assert rc == 0 and len(seen) == 2 and "--worker" in seen[0]
+    with open(out / "key_major.csv") as f:
+        rows = list(csv.DictReader(f))
+    current = config_name(default_config(64, 32, torch.float32, seq_len=128))
+    assert [(r["kernel"], r["config"], r["status"][:7]) for r in rows] == [
+        ("current", current, "ok"), ("key_major", "1,2,4,1,0", "ok"), ("key_major", "1,2,8,1,0", "crashed")]
+    assert float(rows[1]["ms"]) == 2.0 and float(rows[1]["rel_err"]) <= 1e-4
+    meta = json.load(open(out / "key_major.json"))["meta"]
+    assert meta["device"] == "cpu" and "best key_major: 1,2,4,1,0" in capsys.readouterr().out
