@@ -12,7 +12,8 @@ KB·B-row tile, so the dots are
     Oᵀ [d, rows]   += V_tileᵀ [d, KB·B] · Pᵀ [KB·B, rows]      (M = d: 64 / 128; d=96 padded to 128
                                                                  or split 64 + 32)
 
-with the online softmax taken down the columns (per query). The only extra work is the last
+with the online softmax taken down the columns (per query); with d padded, V's first padding
+column is set to ones so the softmax sum comes out of the PV dot. The only extra work is the last
 iteration's empty slots when a row's key count is not a multiple of KB. Each program holds a
 [d, rows] fp32 accumulator (32 registers a thread at d=128, 4 warps), not the row-major tile's 255,
 so several programs share an SM.
@@ -54,6 +55,9 @@ def key_major_fwd(
 ):
     ROWS: tl.constexpr = B * PACK  # query rows of the tile (the dots' N)
     KEYS: tl.constexpr = B * KB  # gathered keys per iteration (the dots' M)
+    # head_dim padded (96 -> 128): the softmax sum rides in the PV dot on a padding row instead of a
+    # reduction over the keys, which on these tiles crosses the warps of the warpgroup
+    SUM_IN_DOT: tl.constexpr = D_A > HEAD_D
     tile = tl.load(order_ptr + tl.program_id(0))
     h = tile // tiles_per_head
     t = tile % tiles_per_head
@@ -100,8 +104,11 @@ def key_major_fwd(
         m_new = tl.maximum(m_i, tl.max(s, 0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
         va = load_tile(v_base + kidx[:, None] * stride_vn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        if SUM_IN_DOT:  # a ones column of V: row HEAD_D of Oᵀ accumulates the softmax sum
+            va = tl.where(offs_a[None, :] == HEAD_D, 1.0, va).to(va.dtype)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 0)
         acc_a = tl.dot(tl.trans(va), p.to(va.dtype), acc_a * alpha[None, :], input_precision=PRECISION)
         if D_B > 0:
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :])
@@ -129,14 +136,19 @@ def key_major_fwd(
         m_new = tl.maximum(m_i, tl.max(s, 0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
         va = load_tile(v_base + kidx[:, None] * stride_vn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        if SUM_IN_DOT:  # a ones column of V: row HEAD_D of Oᵀ accumulates the softmax sum
+            va = tl.where(offs_a[None, :] == HEAD_D, 1.0, va).to(va.dtype)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 0)
         acc_a = tl.dot(tl.trans(va), p.to(va.dtype), acc_a * alpha[None, :], input_precision=PRECISION)
         if D_B > 0:
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :], mask=k_ok[:, None], other=0.0)
             acc_b = tl.dot(tl.trans(vb), p.to(vb.dtype), acc_b * alpha[None, :], input_precision=PRECISION)
         m_i = m_new
 
+    if SUM_IN_DOT:
+        l_i = tl.sum(tl.where(offs_a[:, None] == HEAD_D, acc_a, 0.0), 0)
     # every real row keeps at least one key (no empty layout row), so l_i > 0 there
     inv_l = 1.0 / tl.where(l_i > 0, l_i, 1.0)
     o_base = Out + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_on
