@@ -14,9 +14,9 @@ KB·B-row tile, so the dots are
 
 with the online softmax taken down the columns (per query); with d padded, V's first padding
 column is set to ones so the softmax sum comes out of the PV dot. The only extra work is the last
-iteration's empty slots when a row's key count is not a multiple of KB. Each program holds a
-[d, rows] fp32 accumulator (32 registers a thread at d=128, 4 warps), not the row-major tile's 255,
-so several programs share an SM.
+iteration's empty slots when a row's key count is not a multiple of KB. The default config
+compiles to 176 registers a thread on sm_90 (two 4-warp programs per SM; the benchmark's grid caps
+registers for three or four): python -m benchmarks.compile_check --key-major --arch 90.
 
 The schedule (schedule.py), launch plan (sparse_attention.plan_launch), launcher (FastLauncher) and
 argument order are sparse_attention's; only the @triton.jit body is this module's.
