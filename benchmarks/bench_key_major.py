@@ -135,8 +135,10 @@ def measure_shape(n: int, rho: float, configs: list[KernelConfig], *, heads=55, 
             if kernel == "current":
                 fns = [prepare_attention(s, q, k, v) for s, (q, k, v) in zip(scheds[cfg.pack], qkv)]
             else:
-                fns = [key_major_launcher(s, q.shape, k.shape, dtype, dev, (q.stride(), k.stride(), v.stride()),
-                                          config=cfg) for s, (q, k, v) in zip(scheds[cfg.pack], qkv)]
+                # q.device, not dev: "cuda" is not equal to the tensors' "cuda:0"
+                fns = [key_major_launcher(s, q.shape, k.shape, q.dtype, q.device,
+                                          (q.stride(), k.stride(), v.stride()), config=cfg)
+                       for s, (q, k, v) in zip(scheds[cfg.pack], qkv)]
             outs[0].fill_(float("nan"))
             for _ in range(2):  # the second call takes the compiled-kernel launch
                 for f, (q, k, v), o in zip(fns, qkv, outs):

@@ -164,8 +164,9 @@ def test_measure_shape_on_the_interpreter(monkeypatch):
 
     monkeypatch.setattr(timers, "interleaved_ms", stand_in)
     cfgs = [KernelConfig(1, 2, 4, 1), KernelConfig(2, 2, 4, 1, pad_d=True)]
+    # "cpu:0" != the tensors' "cpu", as "cuda" != "cuda:0" on the GPU: the device must come from the tensors
     rows = bench_key_major.measure_shape(128, 0.3, cfgs, heads=2, kv_heads=1, head_dim=64, layers=1,
-                                         dtype=torch.float32, flex=False, device="cpu")
+                                         dtype=torch.float32, flex=False, device="cpu:0")
     current = config_name(default_config(64, 32, torch.float32, seq_len=128))  # the table's, d=64 packs 2
     assert [(r["kernel"], r["config"]) for r in rows] == [("current", current), ("key_major", "1,2,4,1,0"),
                                                           ("key_major", "2,2,4,1,1")]
