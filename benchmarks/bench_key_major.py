@@ -212,26 +212,33 @@ def run_shape(n: int, rho: float, configs: list[str], argv_common: list[str], wo
         try:
             proc = runner(cmd, timeout=max(1.0, deadline - time.monotonic()), capture_output=True, text=True)
             rc, err = proc.returncode, proc.stderr or ""
-        except subprocess.TimeoutExpired as e:
-            rc, err = "timeout", f"{e.stderr or ''}\nshape ran past {timeout_s:.0f} s"
+        except subprocess.TimeoutExpired as e:  # its captured stderr is bytes even in text mode
+            partial = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+            rc, err = "timeout", f"{partial}\nshape ran past {timeout_s:.0f} s"
         tail = err.strip().splitlines()[-1:]
         if rc != 0 and log_dir:
             with open(os.path.join(log_dir, f"worker-{tag}.log"), "w") as f:
-                f.write(" ".join(cmd) + "\n" + (err if isinstance(err, str) else err.decode(errors="replace")))
+                f.write(" ".join(cmd) + "\n" + err)
         if rc == 0:
             with open(rows_file) as f:
                 return json.load(f) + crashed
         steps = open(progress).read().splitlines() if os.path.exists(progress) else []
-        checks = [s.split(" ", 2) for s in steps if s.startswith(f"check {VARIANT} ")]
         base = dict(n=n, rho=rho, kernel=VARIANT)
-        if rc == 3 and checks and checks[-1][2] in left:  # that config took the context down
-            why = next((s for s in reversed(steps) if s.startswith("failed ")), f"exit {rc}")
-            crashed.append(dict(base, config=checks[-1][2], status=f"crashed the process: {why}"))
-            left.remove(checks[-1][2])
-            if left and time.monotonic() < deadline:
+        # the child died while checking a key-major config (its last line, or the last but its
+        # "failed" line): that config took the process down (exit 3: an unusable context; a signal)
+        last = steps[-1] if steps else ""
+        cfg = None
+        if last.startswith(f"check {VARIANT} "):
+            cfg = last.split(" ", 2)[2]
+        elif last.startswith(f"failed {VARIANT} ") and len(steps) > 1 and steps[-2].startswith(f"check {VARIANT} "):
+            cfg = steps[-2].split(" ", 2)[2]
+        if cfg in left:
+            why = last if last.startswith("failed ") else f"exit {rc}: {' '.join(tail)}"
+            crashed.append(dict(base, config=cfg, status=f"crashed the process: {why}"))
+            left.remove(cfg)
+            if time.monotonic() < deadline:  # again without it (with no config left: the baselines)
                 continue
-        last = steps[-1] if steps else "start"
-        why = f"shape failed at '{last}' ({rc}): {' '.join(tail)}"
+        why = f"shape failed at '{last or 'start'}' ({rc}): {' '.join(tail)}"
         return crashed + [dict(base, config=";".join(left), status=why)]
 
 

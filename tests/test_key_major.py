@@ -265,3 +265,28 @@ def test_command_line_parent_and_worker_on_the_interpreter(tmp_path, monkeypatch
     assert float(rows[1]["ms"]) == 2.0 and float(rows[1]["rel_err"]) <= 1e-4
     meta = json.load(open(out / "key_major.json"))["meta"]
     assert meta["device"] == "cpu" and "best key_major: 1,2,4,1,0" in capsys.readouterr().out
+
+
+def test_run_shape_blames_a_config_that_killed_the_child_by_a_signal(tmp_path):
+    from benchmarks.bench_key_major import run_shape
+
+    calls = []
+
+    def fake_runner(cmd, timeout, capture_output, text):
+        arg = dict(zip(cmd, cmd[1:]))
+        configs = [c for c in arg["--configs"].split(";") if c]
+        calls.append(configs)
+        with open(arg["--progress-file"], "a") as f:
+            f.write("check current 1,1,1,2,0\n")
+            for c in configs:
+                f.write(f"check key_major {c}\n")
+                return subprocess.CompletedProcess(cmd, -11, "", "")  # segfault: no "failed" line
+        with open(arg["--rows-file"], "w") as f:
+            json.dump([dict(n=4096, rho=0.13, kernel="current", config="1,1,1,2,0", status="ok")], f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    rows = run_shape(4096, 0.13, ["1,2,4,2,0"], [], str(tmp_path), 60, runner=fake_runner, log_dir=str(tmp_path))
+    assert calls == [["1,2,4,2,0"], []]  # rerun with no config left: the baselines still measured
+    assert [(r["kernel"], r["status"]) for r in rows] == [("current", "ok"),
+                                                          ("key_major", "crashed the process: exit -11: ")]
+    assert "--worker" in (tmp_path / "worker-4096-0.13-0.log").read_text()  # the dead child's command kept
