@@ -287,7 +287,7 @@ def real_overheads(path: str) -> list[dict]:
 
 def main(argv=None, runner=subprocess.run) -> int:
     """The command line; runner: how the per-shape children run (subprocess.run's signature)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_key_major", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_key_major", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=SHAPES, help="n:rho,...")
     p.add_argument("--configs", default=GRID, help="key-major configs pack,kb,warps,stages[,pad_d[,maxnreg]];...")
     p.add_argument("--heads", type=int, default=55)
