@@ -83,10 +83,10 @@ DENSE_PACK_DENSITY = 0.8
 
 
 def _dense_pack_pays(device) -> bool:
-    """The dense-support pack was measured on Hopper (wgmma tiles). On an sm_80 GPU the same
-    128-row tiles compile to mma.sync with ~27 KB of register spills per thread
-    (python -m benchmarks.compile_check), so they are kept to sm_90+; a CPU (interpreter) or an
-    unknown device keeps the table's choice."""
+    """The dense-support pack was measured on Hopper (wgmma tiles) only. On an sm_80 GPU the same
+    128-row tiles compile to mma.sync at 255 registers with 440 B of spills per thread
+    (python -m benchmarks.compile_check --arch 80 --config 4,2,4,3,1), unmeasured there, so they are
+    kept to sm_90+; a CPU (interpreter) or an unknown device keeps the table's choice."""
     if device is None or torch.device(device).type != "cuda":
         return True
     return torch.cuda.get_device_capability(torch.device(device))[0] >= 9

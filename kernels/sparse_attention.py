@@ -133,7 +133,7 @@ def default_config(head_dim: int, block_size: int, dtype: torch.dtype, pack: int
 
 
 @triton.jit
-def _load(ptrs, rows_ok, offs_d, HEAD_D: tl.constexpr, WIDTH: tl.constexpr, MASK_ROWS: tl.constexpr):
+def load_tile(ptrs, rows_ok, offs_d, HEAD_D: tl.constexpr, WIDTH: tl.constexpr, MASK_ROWS: tl.constexpr):
     """Load a [rows, WIDTH] tile; WIDTH > HEAD_D means head_dim is padded (96 -> 128) by masking."""
     if WIDTH > HEAD_D:
         if MASK_ROWS:
@@ -180,7 +180,7 @@ def _sparse_attn_fwd(
     q_base = Q + h.to(tl.int64) * stride_qh
     k_base = K + (h // group).to(tl.int64) * stride_kh
     v_base = V + (h // group).to(tl.int64) * stride_vh
-    qa = _load(q_base + offs_m[:, None] * stride_qn + offs_a[None, :], row_ok, offs_a, HEAD_D, D_A, True)
+    qa = load_tile(q_base + offs_m[:, None] * stride_qn + offs_a[None, :], row_ok, offs_a, HEAD_D, D_A, True)
     acc_a = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
     if D_B > 0:
         offs_b = D_A + tl.arange(0, D_B)
@@ -197,7 +197,7 @@ def _sparse_attn_fwd(
         ent_kb = tl.load(key_blocks_ptr + start + g * KB + offs_kb)  # [KB] entries
         kidx = tl.reshape((ent_kb >> 4)[:, None] * B + offs_b0[None, :], [BLOCK_N])
         ent = tl.reshape(tl.broadcast_to(ent_kb[:, None], [KB, B]), [BLOCK_N])
-        ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        ka = load_tile(k_base + kidx[:, None] * stride_kn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
         if D_B > 0:
             kb_ = tl.load(k_base + kidx[:, None] * stride_kn + offs_b[None, :])
@@ -210,7 +210,7 @@ def _sparse_attn_fwd(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        va = _load(v_base + kidx[:, None] * stride_vn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
+        va = load_tile(v_base + kidx[:, None] * stride_vn + offs_a[None, :], kidx, offs_a, HEAD_D, D_A, False)
         acc_a = tl.dot(p.to(va.dtype), va, acc_a * alpha[:, None], input_precision=PRECISION)
         if D_B > 0:
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :])
@@ -225,7 +225,7 @@ def _sparse_attn_fwd(
         ent = tl.reshape(tl.broadcast_to(ent_kb[:, None], [KB, B]), [BLOCK_N])
         e_ok = tl.reshape(tl.broadcast_to((e_kb < count)[:, None], [KB, B]), [BLOCK_N])
         k_ok = e_ok & (kidx < n_ctx)
-        ka = _load(k_base + kidx[:, None] * stride_kn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        ka = load_tile(k_base + kidx[:, None] * stride_kn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
         if D_B > 0:
             kb_ = tl.load(k_base + kidx[:, None] * stride_kn + offs_b[None, :], mask=k_ok[:, None], other=0.0)
@@ -239,7 +239,7 @@ def _sparse_attn_fwd(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        va = _load(v_base + kidx[:, None] * stride_vn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
+        va = load_tile(v_base + kidx[:, None] * stride_vn + offs_a[None, :], k_ok, offs_a, HEAD_D, D_A, True)
         acc_a = tl.dot(p.to(va.dtype), va, acc_a * alpha[:, None], input_precision=PRECISION)
         if D_B > 0:
             vb = tl.load(v_base + kidx[:, None] * stride_vn + offs_b[None, :], mask=k_ok[:, None], other=0.0)

@@ -35,7 +35,7 @@ def docstrings():
 
 def test_the_checker_sees_a_missing_file():
     assert missing("see DESIGN.md and README.md", ROOT) == ["DESIGN.md"]
-    assert missing("in kernels/key_major.py, not kernels/schedule.py", ROOT, REPO_PATH) == ["kernels/key_major.py"]
+    assert missing("in kernels/no_such.py, not kernels/schedule.py", ROOT, REPO_PATH) == ["kernels/no_such.py"]
 
 
 def test_module_docstrings_name_only_existing_documents_and_paths():
