@@ -15,7 +15,8 @@ carry_tree_mib() {  # what a device call sends besides its carried paths
 
 carry_check() {  # MIN_MIB: stop (one line) before any packing when a call has less room than that
   local chunk=${CHUNK_MIB:-$((63 - $(carry_tree_mib)))}
-  [ "$chunk" -ge "$1" ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all; CHUNK_MIB=N overrides)"; exit 1; }
+  [ "$chunk" -ge "$1" ] \
+    || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all; CHUNK_MIB=N overrides)"; exit 1; }
 }
 
 carry_pack() {

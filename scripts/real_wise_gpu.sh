@@ -80,7 +80,8 @@ study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study'
     ${lengths:+--lengths "$lengths"} > "$logs/study.log" 2>&1 || rc=$?
   studied=$(date +%s)
   grep -v "it/s]" "$logs/study.log" | tr '\r' '\n' | grep -v "it/s]" | tail -40
-  echo "wall: study parts ${lengths:-(every length)} $((studied - start)) s, exit $rc ($params)" | tee -a "$logs/run.log"
+  echo "wall: study parts ${lengths:-(every length)} $((studied - start)) s, exit $rc ($params)" \
+    | tee -a "$logs/run.log"
   # $OUT takes 8 files at most (16 MiB each): one gzipped tar per finished part, the logs, one tar of the tables
   for f in "$done_parts"/length-*; do
     [ -f "$f/part.json" ] && tar -czf "$logs/.tmp.tar.gz" -C "$done_parts" "$(basename "$f")" \
@@ -120,13 +121,12 @@ bench() {  # device: the kernel and whole-model benchmarks on the study's layout
 summary() {  # here (CPU, seconds): join the parts the calls sent back into data/real/wise, as one run writes it
   [ "$#" -ge 1 ] || { echo "usage: $0 summary FOLDER... (holding parts-length-N.tar.gz or length-N/)"; exit 2; }
   local tmp f dirs=()
-  tmp=$(mktemp -d)
+  tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
   for d in "$@"; do
     for f in "$d"/parts-*.tar.gz; do [ -f "$f" ] && tar -xzf "$f" -C "$tmp"; done
     dirs+=("$d")
   done
   $py -m stages.real_wise --params "$params" --join "$tmp" "${dirs[@]}"
-  rm -rf "$tmp"
 }
 
 case "${1:-}" in

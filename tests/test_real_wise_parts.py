@@ -108,7 +108,8 @@ def test_run_parts_resumes_and_join_writes_the_one_run_tables(tmp_path, monkeypa
 
     assert study_order(p, written) == _filled(_one_run_rows(p, [256, 512, 1024]))
     # parts made under other study params are neither resumed nor joined
-    other = dataclasses.replace(p, real_wise=dataclasses.replace(p.real_wise, continuation=p.real_wise.continuation + 1))
+    longer = p.real_wise.continuation + 1
+    other = dataclasses.replace(p, real_wise=dataclasses.replace(p.real_wise, continuation=longer))
     with pytest.raises(ValueError, match="made under other study params"):
         wise_parts.join_parts(other, [first, second])
     wise_parts.run_parts(other, [256], first)
