@@ -120,7 +120,7 @@ bench() {  # device: the kernel and whole-model benchmarks on the study's layout
 
 summary() {  # here (CPU, seconds): join the parts the calls sent back into data/real/wise, as one run writes it
   [ "$#" -ge 1 ] || { echo "usage: $0 summary FOLDER... (holding parts-length-N.tar.gz or length-N/)"; exit 2; }
-  local tmp f dirs=()
+  local f dirs=()
   tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
   for d in "$@"; do
     for f in "$d"/parts-*.tar.gz; do [ -f "$f" ] && tar -xzf "$f" -C "$tmp"; done

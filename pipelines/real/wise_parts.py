@@ -93,7 +93,8 @@ def find_parts(p: Params, folders: list[Path]) -> dict[int, Path] | str:
                 found[n] = folder
                 break
         else:
-            return f"no finished part of length {n} in {[str(f) for f in folders]} (run real_wise --parts DIR --lengths {n})"
+            return (f"no finished part of length {n} in {[str(f) for f in folders]} "
+                    f"(run real_wise --parts DIR --lengths {n})")
     return found
 
 
