@@ -41,16 +41,12 @@ params=${PARAMS:-params.yaml}
 work=${WORK:-/tmp/wise-real}
 name=smollm2-135m
 base="$work/$name-instruct"
-tree_mib() {  # what a device call sends besides its carried paths
-  { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null \
-    | awk '{s += $1} END {print int(s / 1048576) + 1}'
-}
+source scripts/carry.sh  # carry_pack, carry_receive: the chunked transfer both GPU scripts share
 
 pack() {  # here: the files the device needs, in chunks that fit one call each beside the tree
-  local out=.real-gpu chunk gguf  # ignored (.gitignore): it travels only when a call carries it
-  chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
-  [ "$chunk" -ge 4 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all)"; exit 1; }
-  rm -rf "$out" && mkdir -p "$out/files" "$out/parts"
+  local out=.real-gpu gguf  # ignored (.gitignore): it travels only when a call carries it
+  carry_check 4
+  rm -rf "$out" && mkdir -p "$out/files"
   gguf=$($py -c "from wise.model_files.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
   cp "$gguf" "$out/files/model.gguf"
   cp "${WHEEL:-.whl/gguf-0.19.0-py3-none-any.whl}" "$out/files/"
@@ -61,46 +57,13 @@ pack() {  # here: the files the device needs, in chunks that fit one call each b
     [ -f "data/real/$f" ] || { echo "pack: data/real/$f is missing: run dvc repro real_corpus"; exit 1; }
     cp "data/real/$f" "$out/files/"
   done
-  : > "$out/MANIFEST"
-  for f in "$out"/files/*; do
-    local n; n=$(basename "$f")
-    split -b "${chunk}M" -d -a 2 "$f" "$out/parts/$n.part-"
-    echo "$n $(sha256sum "$f" | cut -d' ' -f1) $(ls "$out/parts/$n".part-* | wc -l)" >> "$out/MANIFEST"
-  done
-  # first fit, largest parts first: few calls
-  local i=0 size dir placed used
-  declare -A used_mib=()
-  for part in $(ls -S "$out"/parts/*); do
-    size=$(( ($(stat -c %s "$part") + 1048575) / 1048576 )); placed=""
-    for ((j = 0; j < i; j++)); do
-      used=${used_mib[$j]}
-      if [ $((used + size)) -le "$chunk" ]; then placed=$j; break; fi
-    done
-    if [ -z "$placed" ]; then placed=$i; used_mib[$i]=0; i=$((i + 1)); fi
-    dir=$(printf "%s/call-%02d" "$out" "$placed"); mkdir -p "$dir"
-    mv "$part" "$dir/"; used_mib[$placed]=$(( ${used_mib[$placed]} + size ))
-  done
-  for dir in "$out"/call-*; do cp "$out/MANIFEST" "$dir/"; done
-  rm -rf "$out/files" "$out/parts"
-  { echo "tree $(tree_mib) MiB, $chunk MiB per call; carry one folder per device call (receive), then train:"
-    for dir in "$out"/call-*; do echo "  $dir $(du -sm "$dir" | cut -f1) MiB"; done
-    cat "$out/MANIFEST"; } | tee "$out/plan.txt"
+  carry_pack "$out" 4 "carry one folder per device call (receive), then train:"
 }
 
 receive() {  # device: take in the carried chunks, put complete files together, convert the base
-  mkdir -p "$work/incoming" "$work/files"
-  for dir in .real-gpu/call-*; do [ -d "$dir" ] && cp "$dir"/* "$work/incoming/"; done
-  [ -f "$work/incoming/MANIFEST" ] || { echo "receive: nothing carried yet (carry .real-gpu/call-NN)"; exit 1; }
-  local n sha parts have missing=0
-  while read -r n sha parts; do
-    [ -f "$work/files/$n" ] && continue
-    have=$(ls "$work/incoming/$n".part-* 2>/dev/null | wc -l)
-    if [ "$have" -lt "$parts" ]; then echo "receive: $n has $have of $parts parts"; missing=1; continue; fi
-    cat "$work/incoming/$n".part-* > "$work/files/$n.tmp"
-    [ "$(sha256sum "$work/files/$n.tmp" | cut -d' ' -f1)" = "$sha" ] || { echo "receive: $n sha256 mismatch"; exit 1; }
-    mv "$work/files/$n.tmp" "$work/files/$n" && rm -f "$work/incoming/$n".part-*
-    echo "receive: $n complete"
-  done < "$work/incoming/MANIFEST"
+  local missing=0
+  carry_receive .real-gpu "$work/incoming" "$work/files" || missing=$?
+  [ "$missing" -ne 2 ] || { echo "receive: nothing carried yet (carry .real-gpu/call-NN)"; exit 1; }
   local wheel; wheel=$(ls "$work"/files/gguf-*.whl 2> /dev/null || true)
   if [ ! -f "$base/config.json" ] && [ -f "$work/files/model.gguf" ] && [ -n "$wheel" ]; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$wheel"

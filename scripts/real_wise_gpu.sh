@@ -14,13 +14,24 @@
 #   here:    scripts/real_wise_gpu.sh pack      # -> .real-wise-gpu/call-NN/ + .real-wise-gpu/plan.txt
 #   device:  scripts/real_model_gpu.sh receive  # carry .real-gpu/call-NN, one call each: the base in
 #                                                           # /tmp/wise-real/smollm2-135m-instruct
-#   device:  scripts/real_wise_gpu.sh study     # carry .real-wise-gpu/call-NN (the last one with it)
+#   device:  scripts/real_wise_gpu.sh study --lengths 512,1024,2048   # carry .real-wise-gpu/call-NN
+#   device:  scripts/real_wise_gpu.sh study --lengths 4096,8160       # (the machine still warm) joins, benchmarks
+#   here:    tar -xzf $OUT/real_wise.tar.gz -C benchmarks/results/real-wise-gpu-h200/<date>/
+# (`study` without --lengths runs every length in one call.) If the machine went cold between the two calls:
+# copy the first call's parts-length-*.tar.gz into .real-wise-parts/ and carry it with the second call (after
+# the receives again), or join here: `scripts/real_wise_gpu.sh summary <folders holding the parts' tars>`
+# (CPU, seconds; no duckdb needed) and run `bench` on a warm machine carrying data/real/wise/layouts.parquet.
 #
-# `study` takes in the carried chunks (checked by sha256), puts the test split under data/real/ and links the
-# converted base into data/models/, then writes to $OUT (else ./real-wise-gpu-logs): run.log (walls), gpu.txt,
-# study.log, the study's tables (real_wise.md, summary / mechanism / supports / layouts parquet, ...) and the
-# three benchmark tables. Without CUDA the benchmark steps are skipped with a message (the study runs on CPU
-# with PARAMS=<a tiny params file>). PARAMS (default params/real-wise-gpu.yaml), WORK (default /tmp/wise-real).
+# `study` takes in the carried chunks (scripts/carry.sh: sha256 checked), puts the test split under data/real/
+# and links the converted base into data/models/, then runs stage real_wise one length at a time
+# (`--parts`, pipelines/real/wise_parts.py) under $WORK/wise-parts, skipping lengths already done with the
+# same params: a call cut short is resumed by calling it again. The stage is stopped after STUDY_LIMIT_S
+# (default 450) so that what is finished comes back: $OUT (else ./real-wise-gpu-logs; 8 files at most) gets
+# run.log (walls), study.log, parts-length-N.tar.gz per finished length and, once every length is done,
+# real_wise.tar.gz: the joined tables (as one run writes them: real_wise.md, summary / mechanism / supports /
+# layouts parquet, ...), gpu.txt, and the three benchmark tables with bench.log (BENCH=0 leaves them to
+# `bench`). Without CUDA the benchmark steps are skipped with a message (the study runs on CPU with
+# PARAMS=<a tiny params file>). PARAMS (default params/real-wise-gpu.yaml), WORK (default /tmp/wise-real).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -28,50 +39,20 @@ py=${PYTHON:-python3}
 params=${PARAMS:-params/real-wise-gpu.yaml}
 work=${WORK:-/tmp/wise-real}
 carry=.real-wise-gpu  # ignored (.gitignore): it travels only when a call carries it
-tree_mib() {  # what a device call sends besides its carried paths
-  { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null \
-    | awk '{s += $1} END {print int(s / 1048576) + 1}'
-}
+parts=.real-wise-parts  # ignored: an earlier call's $OUT/parts, carried when the machine went cold between calls
+source scripts/carry.sh  # carry_pack, carry_receive: the chunked transfer both GPU scripts share
 
 pack() {  # here: the test split's documents and token ids, in chunks that fit one call each beside the tree
-  local chunk; chunk=${CHUNK_MIB:-$((63 - $(tree_mib)))}
-  [ "$chunk" -ge 2 ] || { echo "pack: the working tree leaves ${chunk} MiB per call (64 MiB in all; CHUNK_MIB=N overrides)"; exit 1; }
-  rm -rf "$carry" && mkdir -p "$carry/files" "$carry/parts"
+  carry_check 2
+  rm -rf "$carry" && mkdir -p "$carry/files"
   $py -m scripts.real_wise_pack --out "$carry/files"
-  : > "$carry/MANIFEST"
-  for f in "$carry"/files/*; do
-    local n; n=$(basename "$f")
-    split -b "${chunk}M" -d -a 2 "$f" "$carry/parts/$n.part-"
-    echo "$n $(sha256sum "$f" | cut -d' ' -f1) $(ls "$carry/parts/$n".part-* | wc -l)" >> "$carry/MANIFEST"
-  done
-  local i=0 used=0 size dir
-  for part in $(ls "$carry"/parts/*); do  # in order; a new call when the current one is full
-    size=$(( ($(stat -c %s "$part") + 1048575) / 1048576 ))
-    if [ $((used + size)) -gt "$chunk" ] && [ "$used" -gt 0 ]; then i=$((i + 1)); used=0; fi
-    dir=$(printf "%s/call-%02d" "$carry" "$i"); mkdir -p "$dir"
-    mv "$part" "$dir/"; used=$((used + size))
-  done
-  for dir in "$carry"/call-*; do cp "$carry/MANIFEST" "$dir/"; done
-  rm -rf "$carry/files" "$carry/parts"
-  { echo "tree $(tree_mib) MiB, $chunk MiB per call; carry each folder (the last with \`study\`):"
-    for dir in "$carry"/call-*; do echo "  $dir $(du -sm "$dir" | cut -f1) MiB"; done
-    cat "$carry/MANIFEST"; } | tee "$carry/plan.txt"
+  carry_pack "$carry" 2 "carry each folder (the last with \`study\`):"
 }
 
 receive() {  # device: take in the carried chunks; the test split under data/real/ once every part is here
-  mkdir -p "$work/wise-incoming" data/real
-  for dir in "$carry"/call-*; do [ -d "$dir" ] && cp "$dir"/* "$work/wise-incoming/"; done
-  local n sha parts have missing=0
-  if [ -f "$work/wise-incoming/MANIFEST" ]; then
-    while read -r n sha parts; do
-      [ -f "data/real/$n" ] && [ "$(sha256sum "data/real/$n" | cut -d' ' -f1)" = "$sha" ] && continue
-      have=$(ls "$work/wise-incoming/$n".part-* 2>/dev/null | wc -l)
-      if [ "$have" -lt "$parts" ]; then echo "receive: $n has $have of $parts parts"; missing=1; continue; fi
-      cat "$work/wise-incoming/$n".part-* > "data/real/.$n.tmp-$$"
-      [ "$(sha256sum "data/real/.$n.tmp-$$" | cut -d' ' -f1)" = "$sha" ] || { echo "receive: $n sha256 mismatch"; exit 1; }
-      mv "data/real/.$n.tmp-$$" "data/real/$n" && echo "receive: data/real/$n complete"
-    done < "$work/wise-incoming/MANIFEST"
-  fi
+  local missing=0
+  carry_receive "$carry" "$work/wise-incoming" data/real || missing=$?
+  [ "$missing" -ne 2 ] || missing=0  # nothing carried: data/real/ may already hold the files (checked below)
   for n in corpus.parquet tokens_test.npy; do
     [ -f "data/real/$n" ] || { echo "receive: data/real/$n is missing (carry .real-wise-gpu/call-NN)"; missing=1; }
   done
@@ -83,16 +64,47 @@ receive() {  # device: take in the carried chunks; the test split under data/rea
   return $missing
 }
 
-study() {  # device (or CPU with a tiny PARAMS): the study, its tables, the benchmarks on its layouts
-  local logs=${OUT:-real-wise-gpu-logs} layouts=data/real/wise/layouts.parquet start studied done_at
-  mkdir -p "$logs"
+study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study's parts, joined when all are done
+  local logs=${OUT:-real-wise-gpu-logs} lengths="" start studied rc=0 f stage
+  [ "${1:-}" != --lengths ] || lengths=${2:?study --lengths N,N,...}
+  local done_parts="$work/wise-parts" res="$work/wise-results"
+  mkdir -p "$logs" "$done_parts"
   receive || { echo "study: files are still missing (above)"; exit 1; }
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } \
-    | tee "$logs/gpu.txt" > "$logs/run.log"
+    | tee "$work/gpu.txt" > "$logs/run.log"
+  for f in "$parts"/parts-*.tar.gz; do [ -f "$f" ] && tar -xzf "$f" -C "$done_parts"; done  # a cold machine's
   start=$(date +%s)
-  $py -m stages.real_wise --params "$params" 2>&1 | grep --line-buffered -v "it/s]" | tee "$logs/study.log"
+  # Stopped after STUDY_LIMIT_S (default 450 s, inside a 480-600 s call) so the finished parts are packed below;
+  # a length's part counts once its part.json is written (pipelines.real.wise_parts), so a cut leaves whole parts.
+  timeout "${STUDY_LIMIT_S:-450}" $py -m stages.real_wise --params "$params" --parts "$done_parts" \
+    ${lengths:+--lengths "$lengths"} > "$logs/study.log" 2>&1 || rc=$?
   studied=$(date +%s)
-  cp data/real/wise/* "$logs/"
+  grep -v "it/s]" "$logs/study.log" | tr '\r' '\n' | grep -v "it/s]" | tail -40
+  echo "wall: study parts ${lengths:-(every length)} $((studied - start)) s, exit $rc ($params)" \
+    | tee -a "$logs/run.log"
+  # $OUT takes 8 files at most (16 MiB each): one gzipped tar per finished part, the logs, one tar of the tables
+  for f in "$done_parts"/length-*; do
+    [ -f "$f/part.json" ] && tar -czf "$logs/.tmp.tar.gz" -C "$done_parts" "$(basename "$f")" \
+      && mv "$logs/.tmp.tar.gz" "$logs/parts-$(basename "$f").tar.gz"
+  done
+  if ! $py -m stages.real_wise --params "$params" --join "$done_parts" >> "$logs/study.log" 2>&1; then
+    tail -1 "$logs/study.log"
+    echo "study: not joined yet: run the other lengths (study --lengths ...); if the machine went cold, carry" \
+      "$parts/ holding this call's parts-*.tar.gz; or join here: scripts/real_wise_gpu.sh summary <folders>"
+    return 0
+  fi
+  rm -rf "$res" && mkdir -p "$res" && cp data/real/wise/* "$work/gpu.txt" "$res/"
+  if [ "${BENCH:-1}" = 1 ]; then OUT="$res" bench; else echo "study: BENCH=0: the benchmarks are left to \`bench\`"; fi
+  cp "$res/bench.log" "$logs/" 2>/dev/null || true
+  tar -czf "$logs/.tmp.tar.gz" -C "$res" . && mv "$logs/.tmp.tar.gz" "$logs/real_wise.tar.gz"
+  echo "study: tables and benchmarks in $logs/real_wise.tar.gz (tar -xzf it into benchmarks/results/<dated folder>/)"
+}
+
+bench() {  # device: the kernel and whole-model benchmarks on the study's layouts (data/real/wise/layouts.parquet)
+  local logs=${OUT:-real-wise-gpu-logs} layouts=data/real/wise/layouts.parquet start
+  mkdir -p "$logs"
+  [ -f "$layouts" ] || { echo "bench: $layouts is missing (study or summary writes it)"; exit 1; }
+  start=$(date +%s)
   if $py -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     $py -m benchmarks.bench --layouts "$layouts" --gqa 3 --head-dim 64 --packs 1 2 \
       --out "$logs/kernel_real_smollm2.parquet" 2>&1 | tee "$logs/bench.log"
@@ -101,15 +113,27 @@ study() {  # device (or CPU with a tiny PARAMS): the study, its tables, the benc
     $py -m benchmarks.whole_model --layouts "$layouts" --preset huginn-0125 \
       --out "$logs/whole_real_huginn.parquet" 2>&1 | tee -a "$logs/bench.log"
   else
-    echo "study: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" | tee "$logs/bench.log"
+    echo "bench: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" | tee "$logs/bench.log"
   fi
-  done_at=$(date +%s)
-  echo "wall: study $((studied - start)) s, kernel benchmarks $((done_at - studied)) s ($params)" | tee -a "$logs/run.log"
+  echo "wall: kernel benchmarks $(($(date +%s) - start)) s" | tee -a "$logs/run.log"
+}
+
+summary() {  # here (CPU, seconds): join the parts the calls sent back into data/real/wise, as one run writes it
+  [ "$#" -ge 1 ] || { echo "usage: $0 summary FOLDER... (holding parts-length-N.tar.gz or length-N/)"; exit 2; }
+  local f dirs=()
+  tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT
+  for d in "$@"; do
+    for f in "$d"/parts-*.tar.gz; do [ -f "$f" ] && tar -xzf "$f" -C "$tmp"; done
+    dirs+=("$d")
+  done
+  $py -m stages.real_wise --params "$params" --join "$tmp" "${dirs[@]}"
 }
 
 case "${1:-}" in
   pack) pack ;;
   receive) receive ;;
-  study) study ;;
-  *) echo "usage: $0 pack | receive | study"; exit 2 ;;
+  study) shift; study "$@" ;;
+  bench) bench ;;
+  summary) shift; summary "$@" ;;
+  *) echo "usage: $0 pack | receive | study [--lengths N,N] | bench | summary PARTS_DIR..."; exit 2 ;;
 esac

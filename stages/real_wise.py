@@ -1,17 +1,37 @@
 """Stage `real_wise`: WISE on the real model's retrofit (the looped SmolLM2): Full traces, the
 mechanism's convergence loops, supports and every condition on real-text QA and held-out text,
-paired against Full, and the layouts the kernel benchmarks read (pipelines.real.wise_study)."""
+paired against Full, and the layouts the kernel benchmarks read (pipelines.real.wise_study).
+
+Without options the whole study runs in one process (dvc repro). For time-limited device calls
+(scripts/real_wise_gpu.sh): `--parts DIR [--lengths 512,1024]` studies those lengths (default: all),
+one finished part per length under DIR, skipping lengths already done; `--join DIR [DIR ...]` then
+writes the study's files from the parts of every length (pipelines.real.wise_parts)."""
 import sys
+from pathlib import Path
 
 from pipelines.config import paths
 from pipelines.config.cli import stage_main
 from pipelines.real.wise_study import run_real_wise
 
 
-def run(params) -> None:
-    metrics = run_real_wise(params)
-    print(f"real_wise: {metrics} -> {paths.REAL_WISE_DIR}")
+def arguments(parser) -> None:
+    parser.add_argument("--parts", type=Path, help="study --lengths into this folder, one part per length")
+    parser.add_argument("--lengths", help="with --parts: comma-separated lengths (default: every length)")
+    parser.add_argument("--join", type=Path, nargs="+", help="write the study from the parts in these folders")
+
+
+def run(params, args) -> None:
+    from pipelines.real.wise_parts import join_parts, parse_lengths, run_parts
+
+    if args.lengths is not None and args.parts is None:
+        raise ValueError("--lengths needs --parts DIR (where the parts are written)")
+    if args.parts is not None:
+        run_parts(params, parse_lengths(params, args.lengths), args.parts)
+    if args.join is not None:
+        print(f"real_wise: {join_parts(params, args.join)} -> {paths.REAL_WISE_DIR} (joined)")
+    elif args.parts is None:
+        print(f"real_wise: {run_real_wise(params)} -> {paths.REAL_WISE_DIR}")
 
 
 if __name__ == "__main__":
-    sys.exit(stage_main("real_wise", run, check_model=False))
+    sys.exit(stage_main("real_wise", run, check_model=False, arguments=arguments))

@@ -142,6 +142,29 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
     assert relative_error(out, ref) <= 1e-4
 
 
+def test_a_trace_is_the_full_runs_trajectory_without_its_readout(looped, window):
+    """trace_example skips the readout (a trace keeps no logits): its masses, diagnostics and state
+    hash are those the observer records on run_condition("full"), the trace of before."""
+    import numpy as np
+
+    from pipelines.compute.tasks.contexts import TraceContext
+    from pipelines.compute.tasks.trace import trace_example
+    from wise.engine.mechanism import TrajectoryObserver
+    from wise.engine.runner import run_condition, state_seed
+
+    s = _settings()
+    item = {"example_id": "window-test-0@160", "token_ids": window[:96], "question_start": 80}
+    tr = trace_example(looped, item, TraceContext(settings=s, init_seed=0, topk=16, diagnostics=True))
+    obs = TrajectoryObserver(s.block_size, k_max=16, diagnostics=True, rows=range(80, 96))
+    res = run_condition(looped, torch.tensor(item["token_ids"]), "full", s, state_seed(item["example_id"], 0),
+                        observer=obs)
+    assert tr["state_hash_td"] == res.state_hash
+    assert np.array_equal(tr["masses"], obs.stacked_masses(s.steps).numpy())
+    np.testing.assert_array_equal(np.array(list(tr["series"].values())),
+                                  np.array(list(obs.step_series(s.steps).values())))
+    assert tr["layer_values"] == [{"step": t, "layer": l, **v} for (t, l), v in sorted(obs.layer_values.items())]
+
+
 def _params(**real_wise):
     from pipelines.config.params import load_params
 

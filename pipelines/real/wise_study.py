@@ -84,11 +84,11 @@ def needles_at(tokenizer, corpus: list[dict], p: Params, length: int) -> list:
     return best
 
 
-def real_cohort(p: Params, tokenizer, corpus: list[dict]) -> list[dict]:
-    """The study's cohort: per length, the QA prompts (answer: the city) and the text windows
-    (prompt: the window less its last `continuation` tokens, answer: those tokens)."""
+def real_cohort(p: Params, tokenizer, corpus: list[dict], lengths=None) -> list[dict]:
+    """The study's cohort: per length (real_wise.lengths, or `lengths`), the QA prompts (answer: the
+    city) and the text windows (prompt: the window less its last `continuation` tokens, answer: those tokens)."""
     r, items = p.real_wise, []
-    for n in r.lengths:
+    for n in (r.lengths if lengths is None else lengths):
         for row in needles_at(tokenizer, corpus, p, n):
             items.append({"example_id": f"{row.example_id}@{n}", "task": "qa", "length": n,
                           "token_ids": list(row.prompt_ids), "answer_ids": list(row.answer_ids),
@@ -115,23 +115,34 @@ def retrofit_model(p: Params) -> ModelParams:
 
 
 def run_real_wise(p: Params) -> dict:
-    from pipelines.real.wise_summary import condition_summary, mechanism_summary, working_set_table
+    """The whole study in one process: every length of real_wise.lengths and layout_lengths, then
+    the tables (``write_study``); ``pipelines.real.wise_parts`` runs it a few lengths at a time."""
+    return write_study(p, study_tables(p))
 
+
+def study_tables(p: Params, lengths=None) -> dict[str, list[dict]]:
+    """The study's row tables (steps, mechanism, supports, results, layouts) on the prompts of
+    `lengths` (None: every length of real_wise.lengths and real_wise.layout_lengths). Every row
+    depends on its own prompt only (seeds by example id, batches of one prompt length), so the
+    tables of a few lengths at a time, put in ``study_order``, are the tables of one run."""
     r = p.real_wise
+    keep = (lambda n: True) if lengths is None else (lambda n: n in set(lengths))
     tokenizer = load_tokenizer(base_folder(p.real_model))
     corpus = load_corpus()
-    cohort = real_cohort(p, tokenizer, corpus)
+    cohort = real_cohort(p, tokenizer, corpus, [n for n in r.lengths if keep(n)])
     long_cohort = [{"example_id": f"window-test-0@{n}", "task": "long", "length": n, "answer": "",
                     "token_ids": split_windows("test", n, 1)[0], "answer_ids": []}
-                   for n in r.layout_lengths]
+                   for n in r.layout_lengths if keep(n)]
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     by_T: dict[int, list[tuple[int, int, int]]] = {}
     for T, t_d, w in r.settings:
         by_T.setdefault(T, []).append((T, t_d, w))
     headline_setting = tuple(r.settings[0])
     steps, mechanism, supports, results, layouts = [], [], [], [], []
-    with WorkerPool(retrofit_model(p), p.compute, len(cohort)) as pool:
+    with WorkerPool(retrofit_model(p), p.compute, max(1, len(cohort))) as pool:
         for T, group in by_T.items():
+            if not cohort:
+                break
             traced = setting(p, *group[0])  # the trace's state hash is taken at this setting's t_d
             traces = list(trace_cohort(pool, cohort, trace_context(p, traced), desc=f"real_wise traces T={T}"))
             for it, tr in zip(cohort, traces, strict=True):
@@ -161,21 +172,55 @@ def run_real_wise(p: Params) -> dict:
                 summ = derive_supports(torch.from_numpy(tr["masses"]), len(it["token_ids"]), ["wise"], s)
                 supports += support_rows(it, summ, *headline_setting)
                 layouts += layout_rows(it, summ["wise"].layout, *headline_setting, s.block_size)
-    write_parquet(steps, paths.REAL_WISE_STEPS, schemas.REAL_WISE_STEPS)
-    write_parquet(mechanism, paths.REAL_WISE_MECHANISM, schemas.REAL_WISE_MECHANISM)
-    write_parquet(supports, paths.REAL_WISE_SUPPORTS, schemas.REAL_WISE_SUPPORTS)
-    write_parquet(results, paths.REAL_WISE_RESULTS, schemas.REAL_WISE_RESULTS)
-    write_parquet(layouts, paths.REAL_WISE_LAYOUTS, schemas.REAL_WISE_LAYOUTS)
+    return {"steps": steps, "mechanism": mechanism, "supports": supports, "results": results, "layouts": layouts}
+
+
+# The row tables of the study and where each is written.
+TABLES = {"steps": (paths.REAL_WISE_STEPS, schemas.REAL_WISE_STEPS),
+          "mechanism": (paths.REAL_WISE_MECHANISM, schemas.REAL_WISE_MECHANISM),
+          "supports": (paths.REAL_WISE_SUPPORTS, schemas.REAL_WISE_SUPPORTS),
+          "results": (paths.REAL_WISE_RESULTS, schemas.REAL_WISE_RESULTS),
+          "layouts": (paths.REAL_WISE_LAYOUTS, schemas.REAL_WISE_LAYOUTS)}
+
+
+def study_order(p: Params, tables: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The rows of several parts (a few lengths each) in the order one run writes them: settings
+    grouped by T as in real_wise.settings, then the conditions' QA before text rows, then the
+    lengths of real_wise.lengths, the long traces last; within a group the part's own order (the
+    cohort's). A stable sort, so one run's tables are left as they are."""
+    r = p.real_wise
+    T_rank = {T: i for i, T in enumerate(dict.fromkeys(T for T, _, _ in r.settings))}
+    setting_rank = {tuple(s): i for i, s in enumerate(r.settings)}
+    length_rank = {n: i for i, n in enumerate(r.lengths)}
+    long_rank = {n: i for i, n in enumerate(r.layout_lengths)}
+
+    def key(row: dict, by_task: bool) -> tuple:
+        long = row["task"] == "long"
+        return (long, T_rank[row["T"]], setting_rank.get((row["T"], row.get("t_d"), row.get("w")), 0),
+                ("qa", "text").index(row["task"]) if by_task and not long else 0,
+                (long_rank if long else length_rank)[row["length"]])
+
+    return {name: sorted(rows, key=lambda row: key(row, name == "results")) for name, rows in tables.items()}
+
+
+def write_study(p: Params, tables: dict[str, list[dict]]) -> dict:
+    """The study's files under data/real/wise from its row tables: the tables themselves, the
+    summaries (CIs, McNemar, convergence), the report section, the figure and the metrics."""
+    from pipelines.real.wise_summary import condition_summary, mechanism_summary, working_set_table
+    from pipelines.reports.real_wise_report import real_wise_markdown, real_wise_figure
+
+    tables = study_order(p, tables)
+    for name, (path, schema) in TABLES.items():
+        write_parquet(tables[name], path, schema)
+    steps, mechanism, supports, results = (tables[k] for k in ("steps", "mechanism", "supports", "results"))
     st = p.statistics
     summary = condition_summary(results, st.bootstrap_resamples, st.bootstrap_seed, st.ci_level, supports)
     mech = mechanism_summary(mechanism)
     write_parquet(summary, paths.REAL_WISE_SUMMARY, schemas.REAL_WISE_SUMMARY)
     write_parquet(mech, paths.REAL_WISE_MECHANISM_SUMMARY, schemas.REAL_WISE_MECHANISM_SUMMARY)
-    from pipelines.reports.real_wise_report import real_wise_markdown, real_wise_figure
-
     real_wise_figure(steps, paths.REAL_WISE_FIGURE)
-    write_text(real_wise_markdown(p, summary, mech, working_set_table(supports), cohort + long_cohort),
-               paths.REAL_WISE_MD)
+    items = list({m["example_id"]: m for m in mechanism}.values())  # every prompt has a mechanism row per T
+    write_text(real_wise_markdown(p, summary, mech, working_set_table(supports), items), paths.REAL_WISE_MD)
     metrics = headline(p, summary, mech)
     write_json(metrics, paths.REAL_WISE_JSON)
     return metrics
