@@ -94,3 +94,23 @@ def test_kernel_decode_in_cuda_graphs_gives_the_numbers_of_the_dense_path(monkey
         f"the sparse decode must be captured: {graph_decode.StaticDecoder.capture_errors}"
     assert calls.n > 0 and calls.sparse
     assert_same(out, ref, 1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case")
+def test_full_rows_alone_run_every_layer_through_the_kernel(monkeypatch):
+    """A group of Full rows only: the static decoder's dense attention (prelude, every step, coda) goes
+    through the decode kernel with every block kept, with the numbers of the fp32-score products."""
+    model, max_new = gqa_model(), 3
+
+    def full(backend):
+        return evaluate_examples(model, EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend=backend), max_new, set(),
+                                 "cached", graphs=True)[0]["full"]
+    ref = full("reference")
+    calls = Calls(monkeypatch)
+    out = full("kernel")
+    c = model.config
+    layers = c.n_prelude + c.n_coda + SETTINGS["steps"] * c.n_core
+    assert calls.n >= (max_new - 1) * layers and not calls.sparse
+    assert out.tokens == ref.tokens and len(out.tokens) == max_new
+    assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)
+    assert out.gold_logprob == pytest.approx(ref.gold_logprob, abs=1e-4)

@@ -30,7 +30,7 @@ import torch
 from wise.engine.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
-from wise.engine.sparse_late_rows import SparseLateRows, sparse_decode_enabled
+from wise.engine.sparse_late_rows import AllBlocksRows, SparseLateRows, sparse_decode_enabled
 
 
 def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -68,7 +68,7 @@ class StaticDecoder:
 
     capture_errors: list[str] = []  # why a capture fell back to eager passes (first line each), for tests
 
-    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True):
+    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True, dense_kernel: bool | None = None):
         if not group.fast:
             raise ValueError("static decoding needs the project's architecture with cached prelude and coda")
         self.g, self.C = group, max(1, capacity)
@@ -100,6 +100,10 @@ class StaticDecoder:
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
         self.sparse = SparseLateRows(group, c.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
+        # and dense attention (Full rows, layers whose probabilities no row needs) through the same kernel,
+        # every block kept (default: where the sparse decode runs; dense_kernel=False: the fp32-score products)
+        use = sparse_decode_enabled(s_, dev) if dense_kernel is None else dense_kernel
+        self.dense = AllBlocksRows(group, c.heads, c.kv_heads, dev) if use else None
         self.passes = 0
         self._graphs: tuple | None = None
 
@@ -114,6 +118,8 @@ class StaticDecoder:
     def _plain(self, cache, tail: _Tail):
         def attend(q, k, v):
             tk, tv = tail.write(k, v, self.pos)
+            if self.dense is not None:
+                return self.dense.attend_all(q, cache, tk, tv, self._tail_bias()[self.n0:])
             return weighted_sum(_attend(q, cache, tk, self._tail_bias()), cache, tv, cache.n, q.dtype)
         return attend
 
@@ -134,6 +140,8 @@ class StaticDecoder:
         def seam(q, k, v, *, step, layer):
             tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
             cache = g.early(step, layer)
+            if self.dense is not None and not (self.supported and step in self.record):
+                return self.dense.attend_all(q, cache, tk, tv, bias[self.n0:])
             probs = _attend(q, cache, tk, bias)
             if self.supported and step in self.record:
                 out["masses"].setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
@@ -158,6 +166,8 @@ class StaticDecoder:
             if self.sparse is not None:
                 frozen = self.frozen[layer] if self.frozen else None
                 return self.sparse.attend(q, cache, tk, tv, self.bias[layer][..., self.n0:], layer, frozen)
+            if self.dense is not None and not self.bias:
+                return self.dense.attend_all(q, cache, tk, tv, tail_bias[self.n0:])
             probs = _attend(q, cache, tk, self.bias[layer] if self.bias else tail_bias)
             if self.frozen:
                 probs = probs.index_copy(0, self.freeze, self.frozen[layer])
@@ -196,15 +206,17 @@ class StaticDecoder:
                 self.sparse.set_support(l, seam.allowed_blocks[:, l])
 
     # -- a pass -------------------------------------------------------------------------------
-    def step(self, tokens: list[int] | None = None) -> list[tuple[int, float, float]]:
+    def step(self, tokens: list[int] | None = None, fetch: bool = True) -> list[tuple[int, float, float]]:
+        """fetch=False: no host synchronisation; returns the device tensor [R, 3] (a graph's static output,
+        overwritten by the next pass), so passes whose choices are read later run back to back."""
         if self.passes >= self.C:
             raise ValueError(f"static decoder holds {self.C} passes")
         if self.passes == 0:
             self.ids.copy_(torch.tensor(tokens, device=self.device).view(-1, 1))
         # the decode kernel compiles per variant on its first launch, which must not fall inside a
-        # capture: a decoder with the sparse late steps always runs its first pass eagerly
+        # capture: a decoder with the sparse late steps or the dense kernel always runs its first pass eagerly
         if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM \
-                and self.sparse is None:
+                and self.sparse is None and self.dense is None:
             # once a decoder has run eagerly on this device (library handles, allocator pools,
             # compiled kernels), capturing needs no warm-up pass: the first pass is a replay too,
             # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group
@@ -229,6 +241,8 @@ class StaticDecoder:
             self._supports(early)
             graph_b.replay()
         self.passes += 1
+        if not fetch:
+            return stats
         return [(int(t), lp, m) for t, lp, m in stats.cpu().tolist()]
 
     def _capture(self, side):

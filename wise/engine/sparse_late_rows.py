@@ -95,3 +95,20 @@ class SparseLateRows:
         l_[..., S:].copy_(tail[1])
         acc[..., S:, :].copy_(tail[2])
         return combine_partials(m, l_, acc, q.dtype)
+
+
+class AllBlocksRows(SparseLateRows):
+    """Dense decode attention through the same kernel: every prompt block kept, lists made once. The
+    kernel splits the cache across programs (flash-decoding), where a matrix product over a long cache
+    runs one program per (kv head, row) and materialises fp32 scores; used by the static decoder for
+    Full rows' late steps and for the steps, prelude and coda layers whose probabilities no row needs."""
+
+    def __init__(self, group, heads: int, kv_heads: int, device):
+        super().__init__(group, 1, heads, kv_heads, 1, [], device)
+        for a, b in group.segments():  # the early steps' and the prelude's parts: one per example
+            self.launch_rows(a, b)
+        self.set_support(0, torch.ones(len(group.lates), heads, 1, self.Mp, dtype=torch.bool, device=device))
+
+    def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
+        """Attention of new rows q [R, H, 1, d] over the whole `cache` and their tail under tail_bias [t]."""
+        return self.attend(q, cache, tk, tv, tail_bias, 0)
