@@ -114,3 +114,53 @@ def test_full_rows_alone_run_every_layer_through_the_kernel(monkeypatch):
     assert out.tokens == ref.tokens and len(out.tokens) == max_new
     assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)
     assert out.gold_logprob == pytest.approx(ref.gold_logprob, abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_full_rows_alone_capture_before_their_first_pass_on_a_warm_device(monkeypatch):
+    """Once warm, a Full-only group with the dense kernel warms the kernel on its cache parts and captures
+    before its first pass (no eager pass): every pass is a replay, with the numbers of the dense path."""
+    import wise.engine.graph_decode as graph_decode
+
+    model = gqa_model("cuda")
+    settings = WiseSettings(**SETTINGS, backend="kernel")
+    evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)  # warms the device
+    capturing = []
+    orig = graph_decode.StaticDecoder._early
+
+    def early(self):
+        capturing.append(torch.cuda.is_current_stream_capturing())
+        return orig(self)
+
+    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", early)
+    calls = Calls(monkeypatch)
+    out = evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)[0]["full"]
+    assert capturing and all(capturing), graph_decode.StaticDecoder.capture_errors
+    assert calls.n > 0 and not calls.sparse
+    ref = evaluate_examples(model, EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend="reference"), 3, set(),
+                            "cached", graphs=True)[0]["full"]
+    assert out.tokens == ref.tokens
+    assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)
+
+
+def test_dense_kernel_warms_on_every_kind_of_cache_part(monkeypatch):
+    """StaticDecoder._warm_dense (run before a capture on a warm GPU) launches the kernel once per cache part
+    of the prelude, the early and late steps and the coda, and leaves the decoder's tails as they were."""
+    import wise.engine.decoding as decoding
+
+    made = []
+    real = decoding.StaticDecoder
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(decoding, "StaticDecoder", recording)
+    evaluate_examples(gqa_model(), EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend="kernel"), 3, set(), "cached",
+                      graphs=True)
+    dec = made[0]
+    tails = {k: (t.k.clone(), t.v.clone()) for k, t in dec.tails.items()}
+    calls = Calls(monkeypatch)
+    dec._warm_dense()
+    assert calls.n == 4 and not calls.sparse  # one example, one run: one part each
+    assert all(torch.equal(t.k, tails[k][0]) and torch.equal(t.v, tails[k][1]) for k, t in dec.tails.items())
