@@ -16,6 +16,10 @@ scalar that graph B advances) and attends over prompt + all C positions with -in
 contributes exact zeros, so every number is that of ``extend`` up to summation order. Initial
 states and RoPE rows of all C positions are made once and picked by p inside the graph.
 
+With the kernel backend, attention that needs no probabilities (Full rows, the prelude and coda, early
+steps no row records masses at) runs the same decode kernel with every block kept
+(``wise.engine.sparse_late_rows.AllBlocksRows``): split across the cache for occupancy, no fp32 scores.
+
 Graphs are captured once per row group after one eager pass (which is also a real pass); where
 capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
 functions eagerly (``StaticDecoder(..., graphs=False)``; the CPU tests compare that with
