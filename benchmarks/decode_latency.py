@@ -10,11 +10,13 @@ random prompts; bf16), per (shape, context n, batch b, condition full / wise):
   t_d+1..T of all b rows at once), the last rows' logits and the greedy choice;
 - tpot_ms: one decoding pass of all b rows (every step of a token) through
   ``wise.engine.graph_decode.StaticDecoder``, the engine's static-buffer decoder with its CUDA graphs
-  and, with backend kernel, the decode kernel (WISE: its block-sparse support; Full: every block);
+  and, with backend kernel, the block-sparse decode kernel for WISE's late steps and flash attention
+  for dense decode attention (Full; prelude, coda, early steps);
   the first pass (eager, capture) is not timed, the median of the next --tokens passes is, run back
   to back without a host synchronisation between them (``step(fetch=False)``);
-- full_bmm_tpot_ms: Full's passes with dense attention as fp32-score matrix products instead of the
-  kernel (``StaticDecoder(dense_kernel=False)``, same row group), where the kernel ran.
+- full_kernel_tpot_ms, full_bmm_tpot_ms: Full's passes with dense attention through the decode kernel
+  with every block kept, and as fp32-score matrix products (``StaticDecoder(dense="kernel" / "bmm")``,
+  same row group), where flash attention ran.
 Times: CUDA events (perf_counter on the CPU); ttft_ms is the median of --ttft-repeats prefills.
 Conditions run one after the other: a condition's caches, decoder and graphs are freed (and the
 allocator's cache emptied) before the next one's prefill.
@@ -65,11 +67,12 @@ LATENCY_COLS = [("model", "model", "{}"), ("n", "n", "{:d}"), ("b", "batch", "{:
                 ("wise tpot ms", "wise_tpot_ms", "{:.2f}"), ("x tpot", "tpot_speedup", "{:.3f}"),
                 ("tpot bound", "tpot_bound", "{:.3f}"), ("tpot reached", "tpot_reached", "{:.2f}"),
                 ("floor ms", "floor_ms", "{:.2f}"), ("full/floor", "floor_ratio", "{:.2f}"),
+                ("kern tpot ms", "full_kernel_tpot_ms", "{:.2f}"),
                 ("bmm tpot ms", "full_bmm_tpot_ms", "{:.2f}"), ("need GiB", "need_gib", "{:.1f}"),
                 ("peak GiB", "peak_gib", "{:.1f}"), ("status", "status", "{}")]
 MEASURED = ["density", "full_ttft_ms", "wise_ttft_ms", "ttft_speedup", "ttft_bound", "ttft_reached", "full_tpot_ms",
             "wise_tpot_ms", "tpot_speedup", "tpot_bound", "tpot_reached", "floor_ms", "floor_ratio", "peak_gib",
-            "full_bmm_tpot_ms", "need_gib"]
+            "full_kernel_tpot_ms", "full_bmm_tpot_ms", "need_gib"]
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -198,8 +201,8 @@ def timed_passes(decoder: StaticDecoder, count: int, device) -> list[float]:
     return [start.elapsed_time(end) for start, end in events]
 
 
-def _tpot(group, first, tokens: int, device, dense_kernel: bool | None = None) -> tuple[float, StaticDecoder]:
-    decoder = StaticDecoder(group, tokens + 1, graphs=device.type == "cuda", dense_kernel=dense_kernel)
+def _tpot(group, first, tokens: int, device, dense: str | None = None) -> tuple[float, StaticDecoder]:
+    decoder = StaticDecoder(group, tokens + 1, graphs=device.type == "cuda", dense=dense)
     decoder.step(first)  # eager (kernel compiles), then the graphs are captured
     return statistics.median(timed_passes(decoder, tokens, device)), decoder
 
@@ -215,7 +218,7 @@ def release(device) -> None:
 
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
     """ttft_ms (median of `repeats` prefills), tpot_ms (median of `tokens` graphed decode passes) and, for Full
-    where the decoder's dense attention ran the kernel, bmm_tpot_ms (the same passes as matrix products)."""
+    where the decoder's dense attention was fused, kernel_tpot_ms and bmm_tpot_ms (the other dense paths)."""
     dev = model.device
     ttfts, group = [], None
     for _ in range(repeats):
@@ -224,11 +227,13 @@ def time_condition(model, prompts, condition: str, settings: WiseSettings, token
         ms, (group, first) = _timed_ms(lambda: _prefill(model, prompts, condition, settings), dev)
         ttfts.append(ms)
     tpot, decoder = _tpot(group, first, tokens, dev)
-    out = dict(ttft_ms=statistics.median(ttfts), tpot_ms=tpot, graphed=decoder.graphs, bmm_tpot_ms=float("nan"))
+    out = dict(ttft_ms=statistics.median(ttfts), tpot_ms=tpot, graphed=decoder.graphs,
+               kernel_tpot_ms=float("nan"), bmm_tpot_ms=float("nan"))
     if condition == "full" and decoder.dense is not None:
-        decoder = None  # its tails and graphs go first
-        release(dev)
-        out["bmm_tpot_ms"] = _tpot(group, first, tokens, dev, dense_kernel=False)[0]
+        for dense in ("kernel", "bmm"):
+            decoder = None  # the previous decoder's tails and graphs go first
+            release(dev)
+            out[f"{dense}_tpot_ms"], decoder = _tpot(group, first, tokens, dev, dense=dense)
     return out
 
 
@@ -298,7 +303,7 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
                 row[f"{cond}_ttft_ms"], row[f"{cond}_tpot_ms"] = got["ttft_ms"], got["tpot_ms"]
                 row[f"{cond}_graphed"] = got["graphed"]
                 if cond == "full":
-                    row["full_bmm_tpot_ms"] = got["bmm_tpot_ms"]
+                    row["full_kernel_tpot_ms"], row["full_bmm_tpot_ms"] = got["kernel_tpot_ms"], got["bmm_tpot_ms"]
                 release(dev)  # only one condition's caches, decoder and graphs at a time
     except torch.cuda.OutOfMemoryError as err:
         row["status"] = f"failed: CUDA out of memory ({str(err).splitlines()[0][:120]})"

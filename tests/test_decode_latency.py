@@ -60,10 +60,12 @@ def test_runs_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
     assert r["tpot_reached"] == pytest.approx(r["tpot_speedup"] / r["tpot_bound"])
     assert r["floor_ratio"] == pytest.approx(r["full_tpot_ms"] / r["floor_ms"])
     assert r["tpot_bound"] > 1 and r["ttft_bound"] > 1 and math.isnan(rows[1]["full_ttft_ms"])
-    # Full decodes through the kernel with every block kept, then again as matrix products (its bmm column);
-    # WISE through the block-sparse decode kernel on its planted support
-    assert [(d.sparse is not None, d.dense is not None) for d in made] == [(False, True), (False, False), (True, True)]
-    assert r["full_bmm_tpot_ms"] > 0 and math.isnan(rows[1]["full_bmm_tpot_ms"])
+    # Full decodes through flash attention, then through the kernel with every block kept and as matrix products
+    # (its kernel and bmm columns); WISE through the block-sparse decode kernel on its planted support
+    dense = [type(d.dense).__name__ if d.dense is not None else None for d in made]
+    assert dense == ["FlashRows", "AllBlocksRows", None, "FlashRows"]
+    assert [d.sparse is not None for d in made] == [False, False, False, True]
+    assert r["full_kernel_tpot_ms"] > 0 and r["full_bmm_tpot_ms"] > 0 and math.isnan(rows[1]["full_bmm_tpot_ms"])
     printed = capsys.readouterr().out
     assert "wrote 2 rows" in printed and f"tiny-random n=96 b=1: needs {r['need_gib']:.1f} GiB" in printed
 

@@ -17,8 +17,9 @@ contributes exact zeros, so every number is that of ``extend`` up to summation o
 states and RoPE rows of all C positions are made once and picked by p inside the graph.
 
 With the kernel backend, attention that needs no probabilities (Full rows, the prelude and coda, early
-steps no row records masses at) runs the same decode kernel with every block kept
-(``wise.engine.sparse_late_rows.AllBlocksRows``): split across the cache for occupancy, no fp32 scores.
+steps no row records masses at) is fused: flash attention per cache part joined with the tail by
+log-sum-exps (``wise.engine.sparse_late_rows.FlashRows``; ``dense="kernel"``: the decode kernel with
+every block kept), split across the cache for occupancy, no fp32 scores in memory.
 
 Graphs are captured once per row group after one eager pass (which is also a real pass); where
 capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
@@ -34,7 +35,7 @@ import torch
 from wise.engine.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
-from wise.engine.sparse_late_rows import AllBlocksRows, SparseLateRows, sparse_decode_enabled
+from wise.engine.sparse_late_rows import AllBlocksRows, FlashRows, SparseLateRows, sparse_decode_enabled
 
 
 def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -61,6 +62,7 @@ def _nothing():
     return contextlib.nullcontext()
 
 
+DENSE_PATHS = ("flash", "kernel", "bmm")
 _WARM: set = set()  # devices on which a decoder has run an eager pass in this process
 
 
@@ -72,7 +74,7 @@ class StaticDecoder:
 
     capture_errors: list[str] = []  # why a capture fell back to eager passes (first line each), for tests
 
-    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True, dense_kernel: bool | None = None):
+    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True, dense: str | None = None):
         if not group.fast:
             raise ValueError("static decoding needs the project's architecture with cached prelude and coda")
         self.g, self.C = group, max(1, capacity)
@@ -104,10 +106,16 @@ class StaticDecoder:
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
         self.sparse = SparseLateRows(group, c.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
-        # and dense attention (Full rows, layers whose probabilities no row needs) through the same kernel,
-        # every block kept (default: where the sparse decode runs; dense_kernel=False: the fp32-score products)
-        use = sparse_decode_enabled(s_, dev) if dense_kernel is None else dense_kernel
-        self.dense = AllBlocksRows(group, c.heads, c.kv_heads, dev) if use else None
+        # and dense attention (Full rows, layers whose probabilities no row needs) fused: "flash" (flash attention
+        # per cache part, the default where the sparse decode runs), "kernel" (the decode kernel, every block
+        # kept) or "bmm" (the fp32-score matrix products below)
+        half = dtype in (torch.float16, torch.bfloat16)  # PyTorch's CUDA flash attention takes no fp32
+        dense = dense or ("flash" if sparse_decode_enabled(s_, dev) and (half or dev.type != "cuda") else "bmm")
+        if dense not in DENSE_PATHS or (dense == "flash" and dev.type == "cuda" and not half):
+            raise ValueError(f"dense decode attention {dense!r} on {dev.type} {dtype}: one of {DENSE_PATHS} "
+                             "(flash: fp16/bf16 on CUDA)")
+        self.dense = FlashRows(c.heads, c.kv_heads) if dense == "flash" else \
+            AllBlocksRows(group, c.heads, c.kv_heads, dev) if dense == "kernel" else None
         self.passes = 0
         self._graphs: tuple | None = None
 

@@ -20,7 +20,7 @@ import math
 import torch
 
 from kernels.schedule import use_triton
-from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits,
+from kernels.sparse_decode import (LOG2E, combine_partials, decode_block_lists, decode_partials, default_splits,
                                    dense_partials, partial_buffers)
 
 
@@ -112,3 +112,46 @@ class AllBlocksRows(SparseLateRows):
     def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
         """Attention of new rows q [R, H, 1, d] over the whole `cache` and their tail under tail_bias [t]."""
         return self.attend(q, cache, tk, tv, tail_bias, 0)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple:
+    """(out, logsumexp) of softmax(q kᵀ·scale) v over every key, q [B, Hkv, L, d] against k, v [B, Hkv, n, d]
+    (as many query heads as kv heads): PyTorch's flash attention, which also returns the log-sum-exp."""
+    if q.is_cuda:
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
+
+
+class FlashRows:
+    """Dense decode attention of new rows through flash attention over each cache part (split across the
+    cache by the library for the few query rows; no fp32 scores in memory), joined with the rows' own tail
+    by their log-sum-exps. GQA and rows sharing one example's cache fold into the query rows: a kv head's
+    query heads (and the rows of a shared part) are query rows of one flash call, all keys visible."""
+
+    def __init__(self, heads: int, kv_heads: int):
+        self.heads, self.kv_heads = heads, kv_heads
+
+    def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
+        """Attention of new rows q [R, H, r, d] over the whole `cache` and their tail tk, tv [R, Hkv, t, d]
+        under tail_bias [t] (0 / -inf) -> [R, H, r, d] in q's dtype."""
+        R, H, r, d = q.shape
+        hkv, scale = self.kv_heads, d ** -0.5
+        g = H // hkv
+        outs, lses, a = [], [], 0
+        for k, v, rows, shared in cache.parts:
+            x = q[a:a + rows].reshape(rows, hkv, g * r, d)
+            if shared:  # the part's rows as query rows of its one cache
+                o, lse = flash_attention(x.transpose(0, 1).reshape(1, hkv, rows * g * r, d), k, v, scale)
+                o, lse = o.view(hkv, rows, g * r, d).transpose(0, 1), lse.view(hkv, rows, g * r).transpose(0, 1)
+            else:
+                o, lse = flash_attention(x.contiguous(), k, v, scale)
+            outs.append(o.reshape(rows, H, r, d))
+            lses.append(lse.reshape(rows, H, r))
+            a += rows
+        out, lse = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
+        mt, lt, acc_t = dense_partials(q, tk, tv, tail_bias)  # base 2: [R, H, r, 1] x2, [R, H, r, 1, d]
+        m_c = lse.float() * LOG2E  # the cache's partial: max lse (base 2), sum 1, acc = its normalised output
+        top = torch.maximum(m_c, mt[..., 0])
+        w_c, w_t = torch.exp2(m_c - top), torch.exp2(mt[..., 0] - top)
+        joined = w_c[..., None] * out.float() + w_t[..., None] * acc_t[..., 0, :]
+        return (joined / (w_c + w_t * lt[..., 0])[..., None]).to(q.dtype)
