@@ -20,8 +20,9 @@ import math
 import torch
 
 from kernels.schedule import use_triton
-from kernels.sparse_decode import (LOG2E, combine_partials, decode_block_lists, decode_partials, default_splits,
+from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits,
                                    dense_partials, partial_buffers)
+from wise.engine.appended_rows import bmm_f32
 
 
 def sparse_decode_enabled(settings, device) -> bool:
@@ -149,9 +150,11 @@ class FlashRows:
             lses.append(lse.reshape(rows, H, r))
             a += rows
         out, lse = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
-        mt, lt, acc_t = dense_partials(q, tk, tv, tail_bias)  # base 2: [R, H, r, 1] x2, [R, H, r, 1, d]
-        m_c = lse.float() * LOG2E  # the cache's partial: max lse (base 2), sum 1, acc = its normalised output
-        top = torch.maximum(m_c, mt[..., 0])
-        w_c, w_t = torch.exp2(m_c - top), torch.exp2(mt[..., 0] - top)
-        joined = w_c[..., None] * out.float() + w_t[..., None] * acc_t[..., 0, :]
-        return (joined / (w_c + w_t * lt[..., 0])[..., None]).to(q.dtype)
+        # the tail's scores beside the cache's log-sum-exp as one more column: one softmax weighs the cache's
+        # normalised output (its column) and each tail value exactly as a softmax over cache and tail would
+        C = tk.shape[2]
+        qk = bmm_f32(q.reshape(R * hkv, g * r, d), tk.reshape(R * hkv, C, d).transpose(1, 2))
+        scores = torch.add(tail_bias, qk.view(R, H, r, C), alpha=scale)
+        w = torch.softmax(torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1), dim=-1)
+        tail = bmm_f32(w[..., :C].to(tv.dtype).reshape(R * hkv, g * r, C), tv.reshape(R * hkv, C, d))
+        return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype)
