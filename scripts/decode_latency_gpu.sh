@@ -7,9 +7,10 @@
 #   bench_conditions.log/.json  the lone-condition line (Full vs WISE alone, planted density 0.13)
 #   rllama.log, decode_latency_rllama.parquet   Recurrent-Llama shape, 8K/32K x batch 1/4
 #   gpu.txt                   nvidia-smi's line
-# Each part has its own time limit (timeout, 60 + 185 + 100 + 125 s), so one that overruns leaves the
-# others' files; decode_latency writes its Parquet after every cell. No network, no checkpoint: the
-# preset sources are random-init models of the shapes. Needs python with torch, triton and pyarrow.
+# Each part has its own time limit (timeout: 50, 175 and 130 s, the last part what is left of 470 s), so one
+# that overruns leaves the others' files; decode_latency writes its Parquet after every cell, the target
+# cells (8K x 4, 32K x 1) first. No network, no checkpoint: the preset sources are random-init models of
+# the shapes. Needs python with torch, triton and pyarrow.
 #   device:  OUT=... scripts/decode_latency_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,16 +31,17 @@ run() {  # run LIMIT NAME COMMAND...: time-limited, output to $dir/NAME.log, one
 }
 
 if $py -c "import pytest" 2>/dev/null; then
-    run 60 gpu_tests $py -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse_late_rows.py \
+    run 50 gpu_tests $py -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse_late_rows.py \
         tests/test_graph_decode.py
 else
     echo "gpu_tests: skipped (no pytest in this python)" | tee "$dir/gpu_tests.log"
 fi
-run 185 huginn $py -m benchmarks.decode_latency --presets huginn-0125 --n 4096 8192 16384 32768 --batch 1 4 \
+run 175 huginn $py -m benchmarks.decode_latency --presets huginn-0125 --n 8192 32768 4096 16384 --batch 4 1 \
     --max-prefill-tokens 131072 --out "$dir/decode_latency_huginn.parquet"
-run 100 bench_conditions $py -m scripts.bench_conditions --params params/huginn-paper.yaml \
+run 130 bench_conditions $py -m scripts.bench_conditions --params params/huginn-paper.yaml \
     --source preset:huginn-0125@0 --context 4096 --n 2 --skip-today --plant-density 0.13 \
     --conditions full,wise,truncate --json "$dir/bench_conditions.json"
-run 125 rllama $py -m benchmarks.decode_latency --presets recurrent-llama-3.2 --n 8192 32768 --batch 1 4 \
-    --max-prefill-tokens 131072 --out "$dir/decode_latency_rllama.parquet"
+left=$((470 - SECONDS))
+run $((left > 10 ? left : 10)) rllama $py -m benchmarks.decode_latency --presets recurrent-llama-3.2 \
+    --n 8192 32768 --batch 1 4 --max-prefill-tokens 131072 --out "$dir/decode_latency_rllama.parquet"
 ls -l "$dir"
