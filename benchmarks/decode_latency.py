@@ -10,9 +10,16 @@ random prompts; bf16), per (shape, context n, batch b, condition full / wise):
   t_d+1..T of all b rows at once), the last rows' logits and the greedy choice;
 - tpot_ms: one decoding pass of all b rows (every step of a token) through
   ``wise.engine.graph_decode.StaticDecoder``, the engine's static-buffer decoder with its CUDA graphs
-  and, for WISE with backend kernel, the block-sparse decode kernel; the first pass (eager, capture)
-  is not timed, the median of the next --tokens passes is.
+  and, with backend kernel, the block-sparse decode kernel for WISE's late steps and flash attention
+  for dense decode attention (Full; prelude, coda, early steps);
+  the first pass (eager, capture) is not timed, the median of the next --tokens passes is, run back
+  to back without a host synchronisation between them (``step(fetch=False)``);
+- full_kernel_tpot_ms, full_bmm_tpot_ms: Full's passes with dense attention through the decode kernel
+  with every block kept, and as fp32-score matrix products (``StaticDecoder(dense="kernel" / "bmm")``,
+  same row group), where flash attention ran.
 Times: CUDA events (perf_counter on the CPU); ttft_ms is the median of --ttft-repeats prefills.
+Conditions run one after the other: a condition's caches, decoder and graphs are freed (and the
+allocator's cache emptied) before the next one's prefill.
 
 WISE's support is planted (``planted_supports``): the prompt's late support is a WISE-like random
 layout at density --rho (``benchmarks.inputs.random_wise_layout``, one per core layer), and a decoded
@@ -24,8 +31,10 @@ K/V share of a core step's bytes, prelude/coda/head bytes untouched); ttft_bound
 prefill (attention's share of a core layer's FLOPs). reached = measured Full / WISE over the bound.
 floor_ms (Full's decode step): ``decode_step_bytes`` over the bandwidth of a device copy measured in
 the same run (``benchmarks.decode_attention.copy_bandwidth``); floor_ratio = Full's tpot_ms / floor_ms.
-A cell whose caches would not fit, or whose b * n is past --max-prefill-tokens, keeps its row with a
-status that says so.
+Memory (``cell_bytes``, printed before a cell runs): the weights, the K/V the cached decoding keeps
+(T core steps, prelude, coda) and a workspace bound (one core layer's prefill activations over b * n
+tokens, WISE's recorded block masses); a cell whose caches and workspace do not fit the device's free
+memory, or whose b * n is past --max-prefill-tokens, keeps its row with a status that says so.
 """
 from __future__ import annotations
 
@@ -57,9 +66,13 @@ LATENCY_COLS = [("model", "model", "{}"), ("n", "n", "{:d}"), ("b", "batch", "{:
                 ("ttft reached", "ttft_reached", "{:.2f}"), ("full tpot ms", "full_tpot_ms", "{:.2f}"),
                 ("wise tpot ms", "wise_tpot_ms", "{:.2f}"), ("x tpot", "tpot_speedup", "{:.3f}"),
                 ("tpot bound", "tpot_bound", "{:.3f}"), ("tpot reached", "tpot_reached", "{:.2f}"),
-                ("floor ms", "floor_ms", "{:.2f}"), ("full/floor", "floor_ratio", "{:.2f}"), ("status", "status", "{}")]
+                ("floor ms", "floor_ms", "{:.2f}"), ("full/floor", "floor_ratio", "{:.2f}"),
+                ("kern tpot ms", "full_kernel_tpot_ms", "{:.2f}"),
+                ("bmm tpot ms", "full_bmm_tpot_ms", "{:.2f}"), ("need GiB", "need_gib", "{:.1f}"),
+                ("peak GiB", "peak_gib", "{:.1f}"), ("status", "status", "{}")]
 MEASURED = ["density", "full_ttft_ms", "wise_ttft_ms", "ttft_speedup", "ttft_bound", "ttft_reached", "full_tpot_ms",
-            "wise_tpot_ms", "tpot_speedup", "tpot_bound", "tpot_reached", "floor_ms", "floor_ratio", "peak_gib"]
+            "wise_tpot_ms", "tpot_speedup", "tpot_bound", "tpot_reached", "floor_ms", "floor_ratio", "peak_gib",
+            "full_kernel_tpot_ms", "full_bmm_tpot_ms", "need_gib"]
 
 
 def _params(module: torch.nn.Module) -> int:
@@ -174,25 +187,79 @@ def _prefill(model, prompts, condition: str, settings: WiseSettings):
     return group, group.last_logits().argmax(-1).tolist()
 
 
+def timed_passes(decoder: StaticDecoder, count: int, device) -> list[float]:
+    """ms of each of `count` decoding passes run back to back: CUDA events around each pass, read after
+    the last one (no host synchronisation between passes); perf_counter per pass on the CPU."""
+    if device.type != "cuda":
+        return [_timed_ms(lambda: decoder.step(fetch=False), device)[0] for _ in range(count)]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+    for start, end in events:
+        start.record()
+        decoder.step(fetch=False)
+        end.record()
+    events[-1][1].synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def _tpot(group, first, tokens: int, device, dense: str | None = None) -> tuple[float, StaticDecoder]:
+    decoder = StaticDecoder(group, tokens + 1, graphs=device.type == "cuda", dense=dense)
+    decoder.step(first)  # eager (kernel compiles), then the graphs are captured
+    return statistics.median(timed_passes(decoder, tokens, device)), decoder
+
+
+def release(device) -> None:
+    """Free what nothing references any more (reference cycles included) and hand the allocator's cached
+    blocks back, so the next condition's caches find the memory."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
-    """ttft_ms (median of `repeats` prefills) and tpot_ms (median of `tokens` graphed decode passes)."""
+    """ttft_ms (median of `repeats` prefills), tpot_ms (median of `tokens` graphed decode passes) and, for Full
+    where the decoder's dense attention was fused, kernel_tpot_ms and bmm_tpot_ms (the other dense paths)."""
     dev = model.device
     ttfts, group = [], None
     for _ in range(repeats):
         group = None  # the previous prefill's caches go before the next one's are made
+        release(dev)
         ms, (group, first) = _timed_ms(lambda: _prefill(model, prompts, condition, settings), dev)
         ttfts.append(ms)
-    decoder = StaticDecoder(group, tokens + 1, graphs=dev.type == "cuda")
-    decoder.step(first)  # eager (kernel compiles), then the graphs are captured
-    passes = [_timed_ms(decoder.step, dev)[0] for _ in range(tokens)]
-    return dict(ttft_ms=statistics.median(ttfts), tpot_ms=statistics.median(passes),
-                graphed=decoder.graphs)
+    tpot, decoder = _tpot(group, first, tokens, dev)
+    out = dict(ttft_ms=statistics.median(ttfts), tpot_ms=tpot, graphed=decoder.graphs,
+               kernel_tpot_ms=float("nan"), bmm_tpot_ms=float("nan"))
+    if condition == "full" and decoder.dense is not None:
+        for dense in ("kernel", "bmm"):
+            decoder = None  # the previous decoder's tails and graphs go first
+            release(dev)
+            out[f"{dense}_tpot_ms"], decoder = _tpot(group, first, tokens, dev, dense=dense)
+    return out
 
 
 def cache_bytes(config: RecurrentConfig, n: int, batch: int, settings: WiseSettings, elem: int) -> int:
     """K/V the cached decoding keeps for `batch` prompts of length n (every step's core layers, prelude, coda)."""
     return batch * 2 * config.kv_heads * n * config.head_dim * elem * \
         (settings.steps * config.n_core + config.n_prelude + config.n_coda)
+
+
+def cell_bytes(model, n: int, batch: int, settings: WiseSettings, condition: str = "wise") -> dict:
+    """Bytes a cell needs on the device while one condition runs: weights; caches (``cache_bytes``); workspace,
+    a bound on the prefill's transients: one core layer's activations over b * n tokens at once (the MLP's
+    gate/up and product, the qkv projection, fp32 RoPE copies of q and k, a few hidden-size states) and, for
+    a support condition, the recorded fp16 block masses of step 1 and the window per prompt with their fp32
+    copies."""
+    c = model.config
+    elem = next(model.parameters()).element_size()
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    per_token = elem * (3 * c.intermediate + q + 2 * kv + 6 * c.hidden) + 4 * 3 * (q + kv)
+    M = math.ceil(n / settings.block_size)
+    masses = 0 if condition in ("full", "truncate") else \
+        batch * c.n_core * (1 + settings.window) * c.heads * M * M * (2 + 4)
+    out = dict(weights=_params(model) * elem, caches=cache_bytes(c, n, batch, settings, elem),
+               workspace=batch * n * per_token + masses)
+    out["total"] = sum(out.values())
+    return out
 
 
 def _planned(config, n, batch, settings, rho, status) -> dict:
@@ -205,15 +272,23 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
     """One (n, batch) cell: Full and WISE timed, bounds, Full's floor (see the module doc)."""
     c, dev = model.config, model.device
     row = _planned(c, n, batch, settings, rho, "ok")
-    elem = next(model.parameters()).element_size()
-    need = cache_bytes(c, n, batch, settings, elem)
     if n * batch > max_prefill_tokens:
         return {**row, "status": f"skipped: b*n {n * batch} > --max-prefill-tokens {max_prefill_tokens}"}
+    need = cell_bytes(model, n, batch, settings)
+    row["need_gib"] = need["total"] / 2**30
+    gib = {k: f"{v / 2**30:.1f}" for k, v in need.items()}
+    print(f"{c.name} n={n} b={batch}: needs {gib['total']} GiB (weights {gib['weights']} + caches {gib['caches']}"
+          f" + workspace {gib['workspace']})", end="", flush=True)
     if dev.type == "cuda":
-        free = torch.cuda.mem_get_info(dev)[0]
-        if need > 0.9 * free:
-            return {**row, "status": f"skipped: caches need {need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"}
+        release(dev)
+        free = torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        print(f"; {free / 2**30:.1f} GiB free besides the weights", flush=True)
+        if need["caches"] + need["workspace"] > free:
+            return {**row, "status": f"skipped: caches {gib['caches']} GiB + workspace {gib['workspace']} GiB "
+                                     f"> {free / 2**30:.1f} GiB free"}
         torch.cuda.reset_peak_memory_stats(dev)
+    else:
+        print(flush=True)
     g = torch.Generator().manual_seed(seed * 1_000_003 + n)
     prompts = [(torch.randint(c.vocab_size, (n,), generator=g), seed + i) for i in range(batch)]
     layout_for = random_layout_for(c, settings.block_size, rho, seed)
@@ -227,12 +302,13 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
                 got = time_condition(model, prompts, cond, settings, tokens, repeats)
                 row[f"{cond}_ttft_ms"], row[f"{cond}_tpot_ms"] = got["ttft_ms"], got["tpot_ms"]
                 row[f"{cond}_graphed"] = got["graphed"]
+                if cond == "full":
+                    row["full_kernel_tpot_ms"], row["full_bmm_tpot_ms"] = got["kernel_tpot_ms"], got["bmm_tpot_ms"]
+                release(dev)  # only one condition's caches, decoder and graphs at a time
     except torch.cuda.OutOfMemoryError as err:
         row["status"] = f"failed: CUDA out of memory ({str(err).splitlines()[0][:120]})"
     finally:
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        release(dev)
     step = decode_step_bytes(model, n, batch, settings.steps)
     tr = model.transformer
     core_p = _params(tr.core_block) + _params(tr.adapter)
@@ -293,12 +369,12 @@ def main(argv=None) -> int:
             for b in batches:
                 rows.append(latency_row(model, n, b, settings, a.rho, seed=a.seed, tokens=a.tokens,
                                         repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens))
+                rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype)
                 print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
+                write_rows(rows, a.out)  # every finished cell kept, should a later one stop the run
         del model
         gc.collect()
-    for r in rows:
-        r.update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype)
-    print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")
+    print(f"wrote {len(rows)} rows to {a.out}")
     print(f"{gpu}, torch {torch.__version__}, {a.dtype}, B={a.block_size}, rho={a.rho}, T={a.steps} "
           f"(t_d={a.dense_steps}), backend {a.backend}, copy bandwidth {bw / 1e9:.0f} GB/s; ttft: median of "
           f"{a.ttft_repeats} prefills, tpot: median of {a.tokens} decode passes "

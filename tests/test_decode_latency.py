@@ -60,9 +60,42 @@ def test_runs_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
     assert r["tpot_reached"] == pytest.approx(r["tpot_speedup"] / r["tpot_bound"])
     assert r["floor_ratio"] == pytest.approx(r["full_tpot_ms"] / r["floor_ms"])
     assert r["tpot_bound"] > 1 and r["ttft_bound"] > 1 and math.isnan(rows[1]["full_ttft_ms"])
-    # Full decodes densely, WISE through the block-sparse decode kernel on its planted support
-    assert [d.sparse is not None for d in made] == [False, True]
-    assert "wrote 2 rows" in capsys.readouterr().out
+    # Full decodes through flash attention, then through the kernel with every block kept and as matrix products
+    # (its kernel and bmm columns); WISE through the block-sparse decode kernel on its planted support
+    dense = [type(d.dense).__name__ if d.dense is not None else None for d in made]
+    assert dense == ["FlashRows", "AllBlocksRows", None, "FlashRows"]
+    assert [d.sparse is not None for d in made] == [False, False, False, True]
+    assert r["full_kernel_tpot_ms"] > 0 and r["full_bmm_tpot_ms"] > 0 and math.isnan(rows[1]["full_bmm_tpot_ms"])
+    printed = capsys.readouterr().out
+    assert "wrote 2 rows" in printed and f"tiny-random n=96 b=1: needs {r['need_gib']:.1f} GiB" in printed
+
+
+def test_cell_bytes_by_hand():
+    c = RecurrentConfig.from_name("tiny-random").replace(heads=4, kv_heads=2, head_dim=16, hidden=64,
+                                                         intermediate=96, vocab_size=100)
+    model = build_model(c, 0, torch.float32, torch.device("cpu"))
+    s = WiseSettings(steps=5, discovery_step=2, window=2, block_size=16)
+    got = dl.cell_bytes(model, n=50, batch=3, settings=s)
+    assert got["weights"] == sum(p.numel() for p in model.parameters()) * 4
+    assert got["caches"] == 3 * 2 * 2 * 50 * 16 * 4 * (5 * c.n_core + c.n_prelude + c.n_coda)
+    per_token = 4 * (3 * 96 + 64 + 2 * 32 + 6 * 64) + 4 * 3 * (64 + 32)  # activations + fp32 RoPE copies
+    masses = 3 * c.n_core * 3 * 4 * 4 * 4 * 6  # batch * layers * (step 1 + window) * H * M^2 * (fp16 + fp32)
+    assert got["workspace"] == 3 * 50 * per_token + masses
+    assert dl.cell_bytes(model, 50, 3, s, "full")["workspace"] == 3 * 50 * per_token
+    assert got["total"] == got["weights"] + got["caches"] + got["workspace"]
+
+
+def test_cached_prompt_values_own_their_storage():
+    """The cached prefix keeps v apart from the fused qkv projection it is a view of (keeping the view kept the
+    projection's q and k alive: twice the cache's bytes at every cached step)."""
+    from wise.engine.runner import run_prefix
+
+    model = build_model(RecurrentConfig.from_name("tiny-random"), 0, torch.float32, torch.device("cpu"))
+    s = WiseSettings(steps=4, discovery_step=2, window=2, block_size=16)
+    prefix = run_prefix(model, torch.arange(40), s, 0, record=False, keep_qk=False, cache=True)
+    for k, v in prefix.kv.values():
+        for x in (k, v):
+            assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
 
 
 def test_planted_support_reaches_the_late_steps():

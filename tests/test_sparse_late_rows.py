@@ -94,3 +94,118 @@ def test_kernel_decode_in_cuda_graphs_gives_the_numbers_of_the_dense_path(monkey
         f"the sparse decode must be captured: {graph_decode.StaticDecoder.capture_errors}"
     assert calls.n > 0 and calls.sparse
     assert_same(out, ref, 1e-4)
+
+
+class FlashCalls:
+    """Counts the dense decode path's flash attention calls (wise.engine.sparse_late_rows.flash_attention)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        orig = sparse_late_rows.flash_attention
+
+        def counted(*a, **kw):
+            self.n += 1
+            return orig(*a, **kw)
+
+        monkeypatch.setattr(sparse_late_rows, "flash_attention", counted)
+
+
+def with_dense(monkeypatch, dense):
+    """Decoders of wise.engine.decoding built with StaticDecoder(dense=dense); returns the list they go to."""
+    import wise.engine.decoding as decoding
+
+    made, real = [], decoding.StaticDecoder
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs, dense=dense))
+        return made[-1]
+
+    monkeypatch.setattr(decoding, "StaticDecoder", recording)
+    return made
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case")
+@pytest.mark.parametrize("dense", ["flash", "kernel"])
+def test_full_rows_alone_run_every_layer_fused(monkeypatch, dense):
+    """A group of Full rows only: the static decoder's dense attention (prelude, every step, coda) goes through
+    flash attention per cache part (the default) or the decode kernel with every block kept, with the numbers
+    of the fp32-score products."""
+    model, max_new = gqa_model(), 3
+
+    def full(backend):
+        return evaluate_examples(model, EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend=backend), max_new, set(),
+                                 "cached", graphs=True)[0]["full"]
+    ref = full("reference")
+    made = with_dense(monkeypatch, None if dense == "flash" else dense)
+    calls, flash = Calls(monkeypatch), FlashCalls(monkeypatch)
+    out = full("kernel")
+    assert made and type(made[0].dense).__name__ == {"flash": "FlashRows", "kernel": "AllBlocksRows"}[dense]
+    c = model.config
+    layers = c.n_prelude + c.n_coda + SETTINGS["steps"] * c.n_core
+    assert (flash.n if dense == "flash" else calls.n) >= (max_new - 1) * layers and not calls.sparse
+    assert (calls.n if dense == "flash" else flash.n) == 0
+    assert out.tokens == ref.tokens and len(out.tokens) == max_new
+    assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)
+    assert out.gold_logprob == pytest.approx(ref.gold_logprob, abs=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense", ["flash", "kernel"])
+def test_full_rows_alone_capture_before_their_first_pass_on_a_warm_device(monkeypatch, dense):
+    """Once warm, a Full-only group with fused dense attention (the kernel warmed on its cache parts first)
+    captures before its first pass (no eager pass): every pass is a replay, with the numbers of the dense path."""
+    import wise.engine.graph_decode as graph_decode
+
+    model = gqa_model("cuda").to(torch.float16 if dense == "flash" else torch.float32)
+    settings = WiseSettings(**SETTINGS, backend="kernel")
+    with_dense(monkeypatch, dense)
+    evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)  # warms the device
+    capturing = []
+    orig = graph_decode.StaticDecoder._early
+
+    def early(self):
+        capturing.append(torch.cuda.is_current_stream_capturing())
+        return orig(self)
+
+    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", early)
+    calls, flash = Calls(monkeypatch), FlashCalls(monkeypatch)
+    out = evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)[0]["full"]
+    assert capturing and all(capturing), graph_decode.StaticDecoder.capture_errors
+    assert (flash.n if dense == "flash" else calls.n) > 0 and not calls.sparse
+    ref = evaluate_examples(model, EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend="reference"), 3, set(),
+                            "cached", graphs=True)[0]["full"]
+    assert out.tokens == ref.tokens
+    assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-2 if dense == "flash" else 1e-4)
+
+
+def test_dense_kernel_warms_on_every_kind_of_cache_part(monkeypatch):
+    """StaticDecoder._warm_dense (run before a capture on a warm GPU) launches the kernel once per cache part
+    of the prelude, the early and late steps and the coda, and leaves the decoder's tails as they were."""
+    made = with_dense(monkeypatch, "kernel")
+    evaluate_examples(gqa_model(), EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend="kernel"), 3, set(), "cached",
+                      graphs=True)
+    dec = made[0]
+    tails = {k: (t.k.clone(), t.v.clone()) for k, t in dec.tails.items()}
+    calls = Calls(monkeypatch)
+    dec._warm_dense()
+    assert calls.n == 4 and not calls.sparse  # one example, one run: one part each
+    assert all(torch.equal(t.k, tails[k][0]) and torch.equal(t.v, tails[k][1]) for k, t in dec.tails.items())
+
+
+def test_flash_rows_give_the_numbers_of_the_fp32_score_products():
+    """FlashRows over a cache shared by two rows and a row's own cache (GQA 4/2) plus a tail cut at a position:
+    the fp32 scores' softmax and weighted sums of the static decoder's bmm path."""
+    from wise.engine.appended_rows import Cache, weighted_sum
+    from wise.engine.graph_decode import _attend
+
+    g = torch.Generator().manual_seed(0)
+    R, H, hkv, d, n, C = 3, 4, 2, 64, 40, 5
+    q = torch.randn(R, H, 1, d, generator=g)
+    kv = [torch.randn(1, hkv, n, d, generator=g) for _ in range(4)]
+    cache = Cache([(kv[0], kv[1], 2, True), (kv[2], kv[3], 1, False)])
+    tk, tv = torch.randn(R, hkv, C, d, generator=g), torch.randn(R, hkv, C, d, generator=g)
+    bias = torch.where(torch.arange(n + C) <= n + 2, 0.0, float("-inf"))  # this pass writes tail position 2
+    ref = weighted_sum(_attend(q, cache, tk, bias), cache, tv, n, q.dtype)
+    got = sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, bias[n:])
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, 0 * bias[n:]))

@@ -16,6 +16,11 @@ scalar that graph B advances) and attends over prompt + all C positions with -in
 contributes exact zeros, so every number is that of ``extend`` up to summation order. Initial
 states and RoPE rows of all C positions are made once and picked by p inside the graph.
 
+With the kernel backend, attention that needs no probabilities (Full rows, the prelude and coda, early
+steps no row records masses at) is fused: flash attention per cache part joined with the tail by
+log-sum-exps (``wise.engine.sparse_late_rows.FlashRows``; ``dense="kernel"``: the decode kernel with
+every block kept), split across the cache for occupancy, no fp32 scores in memory.
+
 Graphs are captured once per row group after one eager pass (which is also a real pass); where
 capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
 functions eagerly (``StaticDecoder(..., graphs=False)``; the CPU tests compare that with
@@ -30,7 +35,7 @@ import torch
 from wise.engine.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
-from wise.engine.sparse_late_rows import SparseLateRows, sparse_decode_enabled
+from wise.engine.sparse_late_rows import AllBlocksRows, FlashRows, SparseLateRows, sparse_decode_enabled
 
 
 def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -57,6 +62,7 @@ def _nothing():
     return contextlib.nullcontext()
 
 
+DENSE_PATHS = ("flash", "kernel", "bmm")
 _WARM: set = set()  # devices on which a decoder has run an eager pass in this process
 
 
@@ -68,7 +74,7 @@ class StaticDecoder:
 
     capture_errors: list[str] = []  # why a capture fell back to eager passes (first line each), for tests
 
-    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True):
+    def __init__(self, group: RowGroup, capacity: int, graphs: bool = True, dense: str | None = None):
         if not group.fast:
             raise ValueError("static decoding needs the project's architecture with cached prelude and coda")
         self.g, self.C = group, max(1, capacity)
@@ -100,6 +106,16 @@ class StaticDecoder:
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
         self.sparse = SparseLateRows(group, c.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
+        # and dense attention (Full rows, layers whose probabilities no row needs) fused: "flash" (flash attention
+        # per cache part, the default where the sparse decode runs), "kernel" (the decode kernel, every block
+        # kept) or "bmm" (the fp32-score matrix products below)
+        half = dtype in (torch.float16, torch.bfloat16)  # PyTorch's CUDA flash attention takes no fp32
+        dense = dense or ("flash" if sparse_decode_enabled(s_, dev) and (half or dev.type != "cuda") else "bmm")
+        if dense not in DENSE_PATHS or (dense == "flash" and dev.type == "cuda" and not half):
+            raise ValueError(f"dense decode attention {dense!r} on {dev.type} {dtype}: one of {DENSE_PATHS} "
+                             "(flash: fp16/bf16 on CUDA)")
+        self.dense = FlashRows(c.heads, c.kv_heads) if dense == "flash" else \
+            AllBlocksRows(group, c.heads, c.kv_heads, dev) if dense == "kernel" else None
         self.passes = 0
         self._graphs: tuple | None = None
 
@@ -114,6 +130,8 @@ class StaticDecoder:
     def _plain(self, cache, tail: _Tail):
         def attend(q, k, v):
             tk, tv = tail.write(k, v, self.pos)
+            if self.dense is not None:
+                return self.dense.attend_all(q, cache, tk, tv, self._tail_bias()[self.n0:])
             return weighted_sum(_attend(q, cache, tk, self._tail_bias()), cache, tv, cache.n, q.dtype)
         return attend
 
@@ -134,6 +152,8 @@ class StaticDecoder:
         def seam(q, k, v, *, step, layer):
             tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
             cache = g.early(step, layer)
+            if self.dense is not None and not (self.supported and step in self.record):
+                return self.dense.attend_all(q, cache, tk, tv, bias[self.n0:])
             probs = _attend(q, cache, tk, bias)
             if self.supported and step in self.record:
                 out["masses"].setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
@@ -158,6 +178,8 @@ class StaticDecoder:
             if self.sparse is not None:
                 frozen = self.frozen[layer] if self.frozen else None
                 return self.sparse.attend(q, cache, tk, tv, self.bias[layer][..., self.n0:], layer, frozen)
+            if self.dense is not None and not self.bias:
+                return self.dense.attend_all(q, cache, tk, tv, tail_bias[self.n0:])
             probs = _attend(q, cache, tk, self.bias[layer] if self.bias else tail_bias)
             if self.frozen:
                 probs = probs.index_copy(0, self.freeze, self.frozen[layer])
@@ -196,7 +218,9 @@ class StaticDecoder:
                 self.sparse.set_support(l, seam.allowed_blocks[:, l])
 
     # -- a pass -------------------------------------------------------------------------------
-    def step(self, tokens: list[int] | None = None) -> list[tuple[int, float, float]]:
+    def step(self, tokens: list[int] | None = None, fetch: bool = True) -> list[tuple[int, float, float]]:
+        """fetch=False: no host synchronisation; returns the device tensor [R, 3] (a graph's static output,
+        overwritten by the next pass), so passes whose choices are read later run back to back."""
         if self.passes >= self.C:
             raise ValueError(f"static decoder holds {self.C} passes")
         if self.passes == 0:
@@ -208,6 +232,8 @@ class StaticDecoder:
             # once a decoder has run eagerly on this device (library handles, allocator pools,
             # compiled kernels), capturing needs no warm-up pass: the first pass is a replay too,
             # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group
+            if self.dense is not None:
+                self._warm_dense()
             self._graphs = self._capture(torch.cuda.Stream(self.device))
         if self._graphs is None:
             # the first pass warms up on the stream the graphs are captured on
@@ -229,7 +255,22 @@ class StaticDecoder:
             self._supports(early)
             graph_b.replay()
         self.passes += 1
+        if not fetch:
+            return stats
         return [(int(t), lp, m) for t, lp, m in stats.cpu().tolist()]
+
+    def _warm_dense(self) -> None:
+        """One eager call of the dense decode kernel on each kind of cache part (prelude, early and late
+        steps, coda) with this decoder's own tensors, so that no kernel variant compiles inside a capture."""
+        g, c = self.g, self.g.model.config
+        q = torch.zeros(self.R, c.heads, 1, c.head_dim, dtype=self.x0.dtype, device=self.device)
+        caches = [(g.early(1, 0), (1, 0))]
+        caches += [(g.prelude(0), ("prelude", 0))] if c.n_prelude else []
+        caches += [(g.coda[0], ("coda", 0))] if c.n_coda else []
+        caches += [(g.late(self.last, 0), (self.last, 0))] if self.last > g.s.discovery_step else []
+        bias = self._tail_bias()[self.n0:]
+        for cache, key in caches:
+            self.dense.attend_all(q, cache, self.tails[key].k, self.tails[key].v, bias)
 
     def _capture(self, side):
         """(graph A, graph B, A's outputs, B's outputs), or None where capture fails (the eager

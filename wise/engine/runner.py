@@ -99,7 +99,8 @@ class KVRecorder:
         self.kv: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, q, k, v, *, step: int, layer: int) -> torch.Tensor | None:
-        self.kv[(step, layer)] = (k, v)
+        # v in storage of its own (a view of the fused qkv projection would keep its q and k alive too)
+        self.kv[(step, layer)] = (k, v if self.defer else v.transpose(1, 2).contiguous().transpose(1, 2))
         if self.inner is not None:
             return self.inner(q, k, v, step=step, layer=layer)
         return None if self.defer else causal_attention(q, k, v)

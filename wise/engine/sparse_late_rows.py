@@ -22,6 +22,7 @@ import torch
 from kernels.schedule import use_triton
 from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits,
                                    dense_partials, partial_buffers)
+from wise.engine.appended_rows import bmm_f32
 
 
 def sparse_decode_enabled(settings, device) -> bool:
@@ -95,3 +96,65 @@ class SparseLateRows:
         l_[..., S:].copy_(tail[1])
         acc[..., S:, :].copy_(tail[2])
         return combine_partials(m, l_, acc, q.dtype)
+
+
+class AllBlocksRows(SparseLateRows):
+    """Dense decode attention through the same kernel: every prompt block kept, lists made once. The
+    kernel splits the cache across programs (flash-decoding), where a matrix product over a long cache
+    runs one program per (kv head, row) and materialises fp32 scores; used by the static decoder for
+    Full rows' late steps and for the steps, prelude and coda layers whose probabilities no row needs."""
+
+    def __init__(self, group, heads: int, kv_heads: int, device):
+        super().__init__(group, 1, heads, kv_heads, 1, [], device)
+        for a, b in group.segments():  # the early steps' and the prelude's parts: one per example
+            self.launch_rows(a, b)
+        self.set_support(0, torch.ones(len(group.lates), heads, 1, self.Mp, dtype=torch.bool, device=device))
+
+    def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
+        """Attention of new rows q [R, H, 1, d] over the whole `cache` and their tail under tail_bias [t]."""
+        return self.attend(q, cache, tk, tv, tail_bias, 0)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple:
+    """(out, logsumexp) of softmax(q kᵀ·scale) v over every key, q [B, Hkv, L, d] against k, v [B, Hkv, n, d]
+    (as many query heads as kv heads): PyTorch's flash attention, which also returns the log-sum-exp."""
+    if q.is_cuda:
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)[:2]
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
+
+
+class FlashRows:
+    """Dense decode attention of new rows through flash attention over each cache part (split across the
+    cache by the library for the few query rows; no fp32 scores in memory), joined with the rows' own tail
+    by their log-sum-exps. GQA and rows sharing one example's cache fold into the query rows: a kv head's
+    query heads (and the rows of a shared part) are query rows of one flash call, all keys visible."""
+
+    def __init__(self, heads: int, kv_heads: int):
+        self.heads, self.kv_heads = heads, kv_heads
+
+    def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
+        """Attention of new rows q [R, H, r, d] over the whole `cache` and their tail tk, tv [R, Hkv, t, d]
+        under tail_bias [t] (0 / -inf) -> [R, H, r, d] in q's dtype."""
+        R, H, r, d = q.shape
+        hkv, scale = self.kv_heads, d ** -0.5
+        g = H // hkv
+        outs, lses, a = [], [], 0
+        for k, v, rows, shared in cache.parts:
+            x = q[a:a + rows].reshape(rows, hkv, g * r, d)
+            if shared:  # the part's rows as query rows of its one cache
+                o, lse = flash_attention(x.transpose(0, 1).reshape(1, hkv, rows * g * r, d), k, v, scale)
+                o, lse = o.view(hkv, rows, g * r, d).transpose(0, 1), lse.view(hkv, rows, g * r).transpose(0, 1)
+            else:
+                o, lse = flash_attention(x.contiguous(), k, v, scale)
+            outs.append(o.reshape(rows, H, r, d))
+            lses.append(lse.reshape(rows, H, r))
+            a += rows
+        out, lse = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
+        # the tail's scores beside the cache's log-sum-exp as one more column: one softmax weighs the cache's
+        # normalised output (its column) and each tail value exactly as a softmax over cache and tail would
+        C = tk.shape[2]
+        qk = bmm_f32(q.reshape(R * hkv, g * r, d), tk.reshape(R * hkv, C, d).transpose(1, 2))
+        scores = torch.add(tail_bias, qk.view(R, H, r, C), alpha=scale)
+        w = torch.softmax(torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1), dim=-1)
+        tail = bmm_f32(w[..., :C].to(tv.dtype).reshape(R * hkv, g * r, C), tv.reshape(R * hkv, C, d))
+        return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype)
