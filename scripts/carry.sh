@@ -8,9 +8,9 @@
 #                                  1 while a file misses parts, 2 when nothing was ever carried
 # CHUNK_MIB=N overrides the part size (default: 63 MiB less the working tree).
 
-carry_tree_mib() {  # what a device call sends besides its carried paths
+carry_tree_mib() {  # what a device call sends besides its carried paths (a tracked file moved away travels not)
   { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null \
-    | awk '{s += $1} END {print int(s / 1048576) + 1}'
+    | awk '{s += $1} END {print int(s / 1048576) + 1}' || true  # stat's failure on a missing file is not ours
 }
 
 carry_check() {  # MIN_MIB: stop (one line) before any packing when a call has less room than that

@@ -111,7 +111,7 @@ def block_jaccard_series(masses: torch.Tensor, eta: float) -> list[float]:
 
 def retrofit_model(p: Params) -> ModelParams:
     return ModelParams(source=str(retrofit_folder(p.real_model, p.real_wise.retrofit)), dtype=p.real_model.dtype,
-                       device=p.real_model.device)
+                       device=p.real_model.device, revision=None)  # a local folder: no hub revision
 
 
 def run_real_wise(p: Params) -> dict:
