@@ -12,6 +12,7 @@ pytest.importorskip("duckdb")
 from pipelines.config import schemas  # noqa: E402
 from pipelines.store.artifacts import to_table  # noqa: E402
 from pipelines.config.params import Params  # noqa: E402
+from params_files import default_params  # noqa: E402
 from pipelines.statistics import summarise  # noqa: E402
 
 LENGTHS = (256, 512, 1024)
@@ -56,7 +57,7 @@ def independent_cluster_ci(rows: list[dict], col: str, n_resamples: int, seed: i
 
 
 def params(resamples: int = 500) -> Params:
-    p = Params()
+    p = default_params()
     return dataclasses.replace(p, statistics=dataclasses.replace(p.statistics, bootstrap_resamples=resamples,
                                                                  bootstrap_seed=7),
                                conditions=dataclasses.replace(p.conditions, names=("full", "wise")))

@@ -21,8 +21,8 @@ def test_both_recipes_extend_the_shared_keys():
     assert (TrainConfig().lr, Training().lr, RetrofitTraining().lr, BaseTraining().lr) == (2e-3, 1e-3, 2e-3, 3e-3)
 
 
-@pytest.mark.parametrize("cls, section", [(TrainConfig, "train"), (RetrofitTraining, "retrofit.train"),
-                                          (BaseTraining, "retrofit.base_train")])
+@pytest.mark.parametrize("cls, section", [(TrainConfig, "train"), (RetrofitTraining, "recurtrace.train"),
+                                          (BaseTraining, "recurtrace.base_train")])
 @pytest.mark.parametrize("key, bad", [("lr", 0.0), ("beta2", 1.0), ("data_workers", -2), ("weight_decay", -0.1),
                                       ("log_every", 0)])
 def test_a_bad_shared_key_is_refused_naming_its_section(cls, section, key, bad):
@@ -32,6 +32,6 @@ def test_a_bad_shared_key_is_refused_naming_its_section(cls, section, key, bad):
 
 def test_the_shared_keys_parse_into_either_recipe():
     raw = {"seed": 3, "max_steps": 7, "min_lr_ratio": 0.5, "beta1": 0.8, "grad_clip": 2, "data_workers": 0}
-    for cls, section in ((TrainConfig, "train"), (RetrofitTraining, "retrofit.train")):
+    for cls, section in ((TrainConfig, "train"), (RetrofitTraining, "recurtrace.train")):
         got = from_mapping(cls, raw, section)
         assert {k: getattr(got, k) for k in raw} == raw and isinstance(got.grad_clip, float)

@@ -205,7 +205,8 @@ def measure(p: RealModelParams, st, base, looped: dict, tokenizer, corpus: list[
     off = {v: g for v, g in gaps.items() if g > FLOOR_TOLERANCE}
     if off:
         raise AssertionError(f"safe floor broken: at T = 1 the NLL of {sorted(off)} differs from the base's by "
-                             f"up to {max(off.values()):.3g} nats on real rows (rounding stays below {FLOOR_TOLERANCE})")
+                             f"up to {max(off.values()):.3g} nats on real rows "
+                             f"(rounding stays below {FLOOR_TOLERANCE})")
     print(f"real_eval: T = 1 equals the base: largest NLL difference {max(gaps.values()):.2e} nats "
           "(rounding; whole logits bit for bit on one row)", flush=True)
     table = curves(rows, st.bootstrap_resamples, st.bootstrap_seed, st.ci_level)

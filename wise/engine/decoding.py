@@ -12,7 +12,8 @@ steps from there. Two ways to continue a sequence (``conditions.generation``):
   equal share each pass's prefix.
 * ``cached``: the prompt runs once; the keys and values of every (step, core layer), of the prelude
   and of the coda are kept, and a new token runs its layers on its own row against them (the
-  project's models directly, ``wise.looped``'s through its plain-layer seam). A new row's late support is defined in ``wise.engine.appended_rows``: its block's row of the
+  project's models directly, ``wise.looped``'s through its plain-layer seam). A new row's late
+  support is defined in ``wise.engine.appended_rows``: its block's row of the
   prompt's support unioned with what its own query row discovers. Truncate runs the new row's
   first t_d steps.
 

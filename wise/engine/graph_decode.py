@@ -124,7 +124,8 @@ class StaticDecoder:
         from wise.models.recurrent import Rotary
 
         view = object.__new__(Rotary)
-        view.style, view.cos, view.sin = self.style, self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
+        view.style = self.style
+        view.cos, view.sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
         return view
 
     def _plain(self, cache, tail: _Tail):
