@@ -74,7 +74,7 @@ def test_cell_bytes_by_hand():
     c = RecurrentConfig.from_name("tiny-random").replace(heads=4, kv_heads=2, head_dim=16, hidden=64,
                                                          intermediate=96, vocab_size=100)
     model = build_model(c, 0, torch.float32, torch.device("cpu"))
-    s = WiseSettings(steps=5, discovery_step=2, window=2, block_size=16)
+    s = WiseSettings(steps=5, discovery_step=2, window=2, block_size=16, eta=0.95, backend="reference")
     got = dl.cell_bytes(model, n=50, batch=3, settings=s)
     assert got["weights"] == sum(p.numel() for p in model.parameters()) * 4
     assert got["caches"] == 3 * 2 * 2 * 50 * 16 * 4 * (5 * c.n_core + c.n_prelude + c.n_coda)
@@ -91,7 +91,7 @@ def test_cached_prompt_values_own_their_storage():
     from wise.engine.runner import run_prefix
 
     model = build_model(RecurrentConfig.from_name("tiny-random"), 0, torch.float32, torch.device("cpu"))
-    s = WiseSettings(steps=4, discovery_step=2, window=2, block_size=16)
+    s = WiseSettings(steps=4, discovery_step=2, window=2, block_size=16, eta=0.95, backend="reference")
     prefix = run_prefix(model, torch.arange(40), s, 0, record=False, keep_qk=False, cache=True)
     for k, v in prefix.kv.values():
         for x in (k, v):
