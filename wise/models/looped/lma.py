@@ -67,24 +67,38 @@ class LoopMemoryAttention(nn.Module):
 
     def token_gate(self, memory: torch.Tensor) -> torch.Tensor:
         """g [b, n, 1] of a memory [b, n, m, h] (query = slot 0)."""
-        return self._gate(self.norm(memory))
+        x = self.norm(memory)
+        return self._gate(x[:, :, 0], x.mean(2))
 
-    def _gate(self, x: torch.Tensor) -> torch.Tensor:
-        pooled = torch.cat([x[:, :, 0], x.mean(2)], dim=-1)  # [q, mean X], normalised
+    def _gate(self, query: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        pooled = torch.cat([query, mean], dim=-1)  # [q, mean X], normalised
         return torch.sigmoid(self.gate_out(nn.functional.silu(self.gate_in(pooled))))
 
-    def forward(self, memory: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+    def slot_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(normalised x, K, V) of slots x [..., h]: K and V [..., H, d]. A slot's features depend on
+        that slot alone, so a whole forward pass computes each loop output's once and reuses them
+        while it stays in the window (``LoopedModel.forward``)."""
+        xn = self.norm(x)
+        k = self.k_norm(self.k_proj(xn).unflatten(-1, (self.heads, self.head_dim)))
+        return xn, k, self.v_proj(xn).unflatten(-1, (self.heads, self.head_dim))
+
+    def forward(self, memory: torch.Tensor, distance: torch.Tensor,
+                features: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """memory [b, n, m, h] (slot 0 = x^(t-1), the query; slot j = x^(t-1-j)), distance [m]
-        = t - t_j -> the update [b, n, h]."""
-        b, n, m, _ = memory.shape
-        H, d = self.heads, self.head_dim
-        x = self.norm(memory)
-        q = self.q_norm(self.q_proj(x[:, :, 0]).view(b, n, H, d))  # [b, n, H, d]
-        k = self.k_norm(self.k_proj(x).view(b, n, m, H, d))  # [b, n, m, H, d]
-        v = self.v_proj(x).view(b, n, m, H, d)
-        # Scores in fp32: m <= W slots, so this is cheap, and the distance bias stays exact.
-        scores = torch.einsum("bnhd,bnmhd->bnhm", q.float(), k.float()) / math.sqrt(d)
+        = t - t_j -> the update [b, n, h]. `features`: the slots' ``slot_features`` (most recent
+        first) when the caller kept them; else they are computed from `memory`."""
+        if features is None:
+            xn, k, v = self.slot_features(memory)
+            features = [(xn[:, :, j], k[:, :, j], v[:, :, j]) for j in range(memory.shape[2])]
+        b, n, _ = features[0][0].shape
+        m, d = len(features), self.head_dim
+        q = self.q_norm(self.q_proj(features[0][0]).unflatten(-1, (self.heads, d))).float()  # [b, n, H, d]
+        # Scores in fp32, slot by slot: m <= W, so per-slot products beat a batched matmul of
+        # 1 x d by d x m tiles, and the distance bias stays exact.
+        scores = torch.stack([(q * k.float()).sum(-1) for _, k, _ in features], dim=-1) / math.sqrt(d)
         scores = scores - self.slopes.float()[:, None] * distance.to(scores)[None, :]
-        attn = torch.softmax(scores, dim=-1).to(v.dtype)  # [b, n, H, m]
-        mixed = torch.einsum("bnhm,bnmhd->bnhd", attn, v).reshape(b, n, H * d)
-        return self.gamma * self._gate(x) * self.o_proj(mixed)
+        attn = torch.softmax(scores, dim=-1)  # [b, n, H, m]
+        mixed = sum(attn[..., j, None].to(v.dtype) * v for j, (_, _, v) in enumerate(features))
+        mean = features[0][0] if m == 1 else sum(xn for xn, _, _ in features) / m
+        gate = self._gate(features[0][0], mean)
+        return self.gamma * gate * self.o_proj(mixed.reshape(b, n, self.heads * d))

@@ -142,8 +142,10 @@ class LoopedModel(nn.Module):
         return torch.zeros_like(e)
 
     def core_step(self, s: torch.Tensor, e: torch.Tensor, step: int, rope: Positions,
-                  policy=None, observer=None) -> torch.Tensor:
-        """Loop `step` (from 1) of the block; s and the result are states (see the module doc)."""
+                  policy=None, observer=None, lma_features: list[list] | None = None) -> torch.Tensor:
+        """Loop `step` (from 1) of the block; s and the result are states (see the module doc).
+        `lma_features`: one list per block layer that a caller running loops 1, 2, ... in order
+        passes to every step; LMA then computes each slot's features once (``forward``)."""
         c = self.config
         b, n, hidden = e.shape
         W = c.window
@@ -164,7 +166,11 @@ class LoopedModel(nn.Module):
                     if step >= 2:
                         m = min(W, step - 1)  # loops max(1, t-W)..t-1 exist
                         distance = torch.arange(1, m + 1, device=h.device)
-                        h = h + self.lma[i](mem[:, :, :m], distance)
+                        if lma_features is None:
+                            h = h + self.lma[i](mem[:, :, :m], distance)
+                        else:  # the new slot x^(t-1) first; the older ones' features are kept
+                            lma_features[i] = [self.lma[i].slot_features(mem[:, :, 0])] + lma_features[i][:m - 1]
+                            h = h + self.lma[i](mem[:, :, :m], distance, features=lma_features[i])
                 if self.adapters:
                     h = h + self.adapters[i](h)
                 h = apply_layer(self._parts.layers[layer_index], h, rope)
@@ -194,8 +200,9 @@ class LoopedModel(nn.Module):
         rope = self.rotary(ids.shape[1], ids.device)
         e = self.embed(ids, rope)
         s = self.initial_state(e)
+        features = [[] for _ in self.lma] if self.config.use_lma else None
         for t in range(1, loops + 1):
-            s = self.core_step(s, e, t, rope, policy, observer)
+            s = self.core_step(s, e, t, rope, policy, observer, features)
         return self.readout(s, rope)
 
     @property
