@@ -3,7 +3,6 @@
     python -m benchmarks.compile_check                  # every fixed config, sm_80 and sm_90
     python -m benchmarks.compile_check --arch 90 --config 4,2,4,3,1 --block-size 32 --head-dim 96
     python -m benchmarks.compile_check --decode         # the decode kernels (kernels.sparse_decode)
-    python -m benchmarks.compile_check --key-major      # kernels.key_major over bench_key_major's grid
 
 Triton's CUDA backend compiles without a device (its wheel carries ptxas), so every config of
 sparse_attention's tables can be checked to compile for an A100 (sm_80) and an H100/H200 (sm_90)
@@ -61,11 +60,9 @@ def _usage_from_log(log: str) -> dict:
 
 
 def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: int = 90,
-                   dtype: str = "bf16", kernel=None) -> dict:
+                   dtype: str = "bf16") -> dict:
     """Compile one (B, d, config) for sm_<arch>; returns its instruction counts and resources.
-    kernel: a @triton.jit with the attention kernel's signature (default kernel_for(config); the
-    key-major variant, kernels.key_major, passes its own). Raises whatever Triton raises when the
-    config does not compile (e.g. shared memory)."""
+    Raises whatever Triton raises when the config does not compile (e.g. shared memory)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -75,7 +72,7 @@ def compile_config(block_size: int, head_dim: int, config: KernelConfig, arch: i
                            "replaces the kernels)")
     config, values = kernel_constexprs(config, head_dim, block_size,
                                        torch.bfloat16 if dtype == "bf16" else torch.float16)
-    fn = kernel or kernel_for(config)
+    fn = kernel_for(config)
     names = list(fn.arg_names)
     # what a real launch specialises on: 16-byte aligned tensors and strides that are multiples of
     # 16 (every d in HEAD_DIMS); without it Triton cannot prove the K/V rows contiguous and emits
@@ -165,27 +162,18 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=96)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--decode", action="store_true", help="the decode kernels' shapes (DECODE_SHAPES) instead")
-    p.add_argument("--key-major", action="store_true",
-                   help="the key-major kernel (kernels.key_major): --config, default benchmarks.bench_key_major.GRID")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: unset TRITON_INTERPRET: the interpreter replaces the kernels", file=sys.stderr)
         return 2
     if a.decode:
         return _decode_main(a.arch, a.dtype)
-    kernel = None
-    if a.key_major:
-        from kernels.key_major import key_major_fwd as kernel
-
-        from .bench_key_major import GRID
-        todo = [(a.block_size, a.head_dim, parse_config(c)) for c in (a.config or GRID).split(";") if c]
-    else:
-        todo = ([(a.block_size, a.head_dim, parse_config(a.config))] if a.config else table_configs())
+    todo = [(a.block_size, a.head_dim, parse_config(a.config))] if a.config else table_configs()
     failed = 0
     for arch in a.arch:
         for b, d, cfg in todo:
             try:
-                r = compile_config(b, d, cfg, arch, a.dtype, kernel=kernel)
+                r = compile_config(b, d, cfg, arch, a.dtype)
             except (TritonError, RuntimeError) as e:  # a config that does not compile is the finding
                 # (Triton's compile / ptxas errors; MLIR pass failures arrive as RuntimeError)
                 r = dict(arch=arch, block_size=b, head_dim=d, config=cfg,
