@@ -28,7 +28,9 @@
 # `receive` and `train` first take in whatever .real-gpu/call-NN folder the call carried; the base is
 # converted as soon as the GGUF and the wheel are complete. `train VARIANT` writes $OUT/<name>-VARIANT/
 # (the checkpoint: copy it to data/models/ and `dvc commit train_real_retrofit@VARIANT`),
-# $OUT/nll_VARIANT.parquet and $OUT/train_VARIANT.log; plain and t1 take LMA's block and step count
+# $OUT/nll_VARIANT.parquet, $OUT/train_VARIANT.log, train_summary_VARIANT.json and a line of
+# checkpoints.txt (the retrofit's sha256sum; `eval` writes one too: the report labels a study that ran on
+# other retrofits than the committed ones, pipelines/real/gpu_study.py); plain and t1 take LMA's block and step count
 # from /tmp/wise-real/lma_summary.json (or MATCH=<train_summary.json>) so all three see the same
 # tokens and steps. Training keys: params.yaml's real_model (PARAMS=... to change); DEPTHS="1 2 4"
 # narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32); EVAL_WINDOWS (default 64) held-out
@@ -80,10 +82,13 @@ train() {  # device: one variant, then NLL vs loops of it and of the base
   [ "$variant" = lma ] || match=(--match "${MATCH:-$work/lma_summary.json}")
   log="$out/train_$variant.log"
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } | tee "$log"
+  cp "$log" "$out/gpu.txt"  # the GPU's line, which the report names
   $py -m scripts.real_train_gpu train "$variant" --base "$base" --tokens "$work/files/tokens_train.npy" \
     --windows "$work/files/eval_windows.npy" --params "$params" --out "$out/$name-$variant" --quiet \
     ${DEPTHS:+--depths $DEPTHS} "${match[@]}" 2>&1 | tee -a "$log"
   cp "$out/$name-$variant/train_summary.json" "$work/${variant}_summary.json"
+  cp "$out/$name-$variant/train_summary.json" "$out/train_summary_$variant.json"
+  (cd "$out" && sha256sum "$name-$variant/retrofit.safetensors") | sed "s#  #  data/models/#" >> "$out/checkpoints.txt"
 }
 
 evaluate() {  # device: stage real_eval on the committed retrofits, everything under $OUT
@@ -107,6 +112,7 @@ evaluate() {  # device: stage real_eval on the committed retrofits, everything u
     echo "eval: real_eval failed (above)"; exit 1
   fi
   echo "eval: real_eval took $((SECONDS - start)) s wall" | tee -a "$out/real_eval.log"
+  sha256sum data/models/$name-{lma,plain,t1}/retrofit.safetensors > "$out/checkpoints.txt"  # what it ran on
   for f in loops.parquet curves.parquet halting.parquet halting_examples.parquet real_model.md real_model.json \
            nll_vs_loops.png; do
     cp "data/real/$f" "$out/"
@@ -114,7 +120,7 @@ evaluate() {  # device: stage real_eval on the committed retrofits, everything u
   echo "eval: outputs under $out"
 }
 
-EVAL_FILES="corpus.parquet corpus_manifest.json tokens_test.npy"
+EVAL_FILES=${EVAL_FILES-"corpus.parquet corpus_manifest.json tokens_test.npy"}  # EVAL_FILES= packs for training only
 case "${1:-}" in
   pack) pack ;;
   receive) receive || true ;;

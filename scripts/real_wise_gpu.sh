@@ -29,7 +29,7 @@
 # (default 450) so that what is finished comes back: $OUT (else ./real-wise-gpu-logs; 8 files at most) gets
 # run.log (walls), study.log, parts-length-N.tar.gz per finished length and, once every length is done,
 # real_wise.tar.gz: the joined tables (as one run writes them: real_wise.md, summary / mechanism / supports /
-# layouts parquet, ...), gpu.txt, and the three benchmark tables with bench.log (BENCH=0 leaves them to
+# layouts parquet, ...), gpu.txt, checkpoints.txt (the retrofits' sha256sum), and the three benchmark tables with bench.log (BENCH=0 leaves them to
 # `bench`). Without CUDA the benchmark steps are skipped with a message (the study runs on CPU with
 # PARAMS=<a tiny params file>). PARAMS (default params/real-wise-gpu.yaml), WORK (default /tmp/wise-real).
 set -euo pipefail
@@ -94,6 +94,7 @@ study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study'
     return 0
   fi
   rm -rf "$res" && mkdir -p "$res" && cp data/real/wise/* "$work/gpu.txt" "$res/"
+  sha256sum data/models/smollm2-135m-{lma,plain,t1}/retrofit.safetensors > "$res/checkpoints.txt"  # what it ran on
   if [ "${BENCH:-1}" = 1 ]; then OUT="$res" bench; else echo "study: BENCH=0: the benchmarks are left to \`bench\`"; fi
   cp "$res/bench.log" "$logs/" 2>/dev/null || true
   tar -czf "$logs/.tmp.tar.gz" -C "$res" . && mv "$logs/.tmp.tar.gz" "$logs/real_wise.tar.gz"

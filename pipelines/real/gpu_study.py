@@ -1,10 +1,18 @@
 """The GPU study's real-model tables beside the default run's small sample: the report (statistics stage)
 renders the committed H200 results under benchmarks/results with the same tables, sentences and marks
 as the default run's sections (pipelines.reports.real_model_report, real_wise_report), so a reader
-sees both samples and their n side by side."""
+sees both samples and their n side by side.
+
+Each study folder lists the retrofits it ran on (``checkpoints.txt``, ``sha256sum`` lines of
+``data/models/<name>-<variant>/retrofit.safetensors``); a study whose list differs from the committed
+checkpoints is labelled so, since its numbers then describe retrofits that are no longer the repo's."""
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+
+import numpy as np
 
 from pipelines.config.params import Params
 from pipelines.real.wise_summary import working_set_table
@@ -13,6 +21,8 @@ from pipelines.reports.real_wise_report import condition_lines, mechanism_lines,
 from pipelines.store.artifacts import read_parquet
 
 # Each study: its folder under benchmarks/results (one dated subfolder per run) and the tables it needs.
+REAL_TRAIN = (Path("benchmarks/results/real-train-h200"),
+              ("nll_lma.parquet", "nll_plain.parquet", "nll_t1.parquet", "checkpoints.txt"))
 REAL_MODEL = (Path("benchmarks/results/real-h200"), ("curves.parquet", "halting.parquet"))
 REAL_WISE = (Path("benchmarks/results/real-wise-gpu-h200"),
              ("summary.parquet", "mechanism_summary.parquet", "supports.parquet"))
@@ -28,6 +38,56 @@ def latest_run(folder: Path, files: tuple[str, ...]) -> Path | None:
 def _device(run: Path) -> str:
     gpu = run / "gpu.txt"
     return gpu.read_text().strip().split(",")[0] if gpu.is_file() else "a GPU"
+
+
+def checkpoint_sentence(run: Path, root: Path) -> str:
+    """'' when the run lists the committed retrofits; else one sentence saying what it ran on."""
+    listed = run / "checkpoints.txt"
+    if not listed.is_file():
+        return "This run does not list the retrofits it ran on (no checkpoints.txt): read it as an earlier model's. "
+    for line in listed.read_text().splitlines():
+        sha, path = line.split(maxsplit=1)
+        current = root / path.strip()
+        if not current.is_file() or hashlib.sha256(current.read_bytes()).hexdigest() != sha:
+            return (f"This run used retrofits other than the committed ones ({path.strip()} has changed since): "
+                    "its numbers describe the earlier model. ")
+    return ""
+
+
+def training_lines(run: Path, root: Path, p: Params) -> list[str]:
+    """NLL vs loops of the base, the same-budget T = 1 baseline, plain and LMA on held-out windows (mean [CI]
+    over windows, percentile bootstrap) and each variant's training speed (train_summary_<variant>.json)."""
+    from wise.analysis.stats import bootstrap_means
+
+    s = p.statistics
+    rows = [r for v in ("t1", "plain", "lma") for r in read_parquet(run / f"nll_{v}.parquet").to_pylist()
+            if r["variant"] != "base" or v == "t1"]
+    depths = sorted({r["loops"] for r in rows})
+    tail = (100 - 100 * s.ci_level) / 2
+    windows = len({r["window"] for r in rows})
+    L = [f"**Real retrofits, GPU training** (`{run.relative_to(root).as_posix()}`, {_device(run)}): held-out NLL "
+         f"(nats/token) vs loops T on {windows} test-split windows, mean [{s.ci_level:.0%} CI over windows]. "
+         + checkpoint_sentence(run, root), "", "| variant | " + " | ".join(f"T = {d}" for d in depths) + " |",
+         "| --- |" + " --- |" * len(depths)]
+    for variant in ("base", "t1", "plain", "lma"):
+        cells = []
+        for d in depths:
+            values = np.array([r["nll"] for r in rows if (r["variant"], r["loops"]) == (variant, d)])
+            if values.size == 0:
+                cells.append("")
+                continue
+            low, high = np.percentile(bootstrap_means(values, s.bootstrap_resamples, seed=s.bootstrap_seed),
+                                      [tail, 100 - tail])
+            cells.append(f"{values.mean():.3f} [{low:.3f}, {high:.3f}]")
+        L.append(f"| {variant} | " + " | ".join(cells) + " |")
+    L.append("")
+    for variant in ("lma", "plain", "t1"):
+        path = run / f"train_summary_{variant}.json"
+        if path.is_file():
+            t = json.loads(path.read_text())
+            L.append(f"- {variant}: {t['added']:,} trainable parameters, {t['steps']} steps, {t['tokens']:,} tokens in "
+                     f"{t['train_seconds']:.0f} s ({t['tokens_per_s']:,.0f} tokens/s), stopped by {t['stopped_by']}.")
+    return L + [""]
 
 
 def wise_vs_truncate_sentence(summary: list[dict]) -> str:
@@ -59,23 +119,24 @@ def gpu_study_markdown(p: Params, root: Path = Path(".")) -> str | None:
     """The GPU study's tables (NLL, needle accuracy, halting; WISE mechanism, working set, conditions),
     or None when benchmarks/results holds neither study."""
     trained = (p.real_model.loops_min, p.real_model.loops_max)
+    train_run = latest_run(root / REAL_TRAIN[0], REAL_TRAIN[1])
     model_run = latest_run(root / REAL_MODEL[0], REAL_MODEL[1])
     wise_run = latest_run(root / REAL_WISE[0], REAL_WISE[1])
-    if model_run is None and wise_run is None:
+    if model_run is None and wise_run is None and train_run is None:
         return None
-    L = []
+    L = training_lines(train_run, root, p) if train_run is not None else []
     if model_run is not None:
         table = read_parquet(model_run / "curves.parquet").to_pylist()
         halting = read_parquet(model_run / "halting.parquet").to_pylist()
         L += [f"**Real model, GPU study** (`{model_run.relative_to(root).as_posix()}`, {_device(model_run)}; "
-              "benchmarks/README.md says how it ran):", ""]
+              "benchmarks/README.md says how it ran). " + checkpoint_sentence(model_run, root), ""]
         L += curve_lines(table, trained) + halting_lines(halting)
     if wise_run is not None:
         summary = read_parquet(wise_run / "summary.parquet").to_pylist()
         mech = read_parquet(wise_run / "mechanism_summary.parquet").to_pylist()
         working = working_set_table(read_parquet(wise_run / "supports.parquet").to_pylist())
         L += [f"**WISE on the real model, GPU study** (`{wise_run.relative_to(root).as_posix()}`, "
-              f"{_device(wise_run)}):", ""]
+              f"{_device(wise_run)}). " + checkpoint_sentence(wise_run, root), ""]
         L += mechanism_lines(mech) + working_set_lines(working)
         settings = sorted({(s["T"], s["t_d"], s["w"]) for s in summary})  # the run's own, not params.yaml's
         L += [wise_vs_truncate_sentence(summary), ""]
