@@ -1,6 +1,7 @@
-"""Stage `real_corpus`: the documentation corpus of the distributions pinned in pyproject.toml and
-CPython's language reference, split by distribution (pipelines.real.corpus) -> data/real/corpus.parquet,
-corpus_manifest.{parquet,json}, tokens_{train,heldout,test}.npy (built on each machine, not in git)."""
+"""Stage `real_corpus`: the documentation corpus (docstrings and comment blocks) of the distributions pinned
+in pyproject.toml and of CPython's standard library, and CPython's language reference, split by distribution
+(pipelines.real.corpus) -> data/real/corpus.parquet, corpus_manifest.{parquet,json},
+tokens_{train,heldout,test}.npy (built on each machine, not in git)."""
 import sys
 import time
 

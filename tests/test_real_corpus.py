@@ -1,14 +1,23 @@
 """The documentation corpus (wise.doc_corpus: prose, sources, documents; pipelines.real.corpus):
 code and doctest lines dropped, prose kept; pins read and a differing install refused in one line
 naming the package; whole distributions per split; the same input gives the same documents and
-sha256 whatever the worker count. Fixtures are tiny (a few docstrings, two small distributions)."""
+sha256 whatever the worker count; comment blocks kept as prose only, the stdlib read without its test
+suites. Fixtures are tiny (a few docstrings, two small distributions, two stdlib files)."""
 from __future__ import annotations
 
 import pytest
 
 from wise.doc_corpus.documents import SPLITS, assign_splits, deduplicate, file_documents, sha256_text
 from wise.doc_corpus.prose import is_prose, prose_paragraphs
-from wise.doc_corpus.sources import check_installed, docstrings_of, pinned_distributions
+from wise.doc_corpus.sources import (check_installed, comment_blocks_of, docstrings_of, pinned_distributions,
+                                     stdlib_files)
+
+# Two small stdlib modules with docstrings and comment blocks: the stdlib part of a build in these tests.
+STDLIB_SAMPLE = ("bisect.py", "textwrap.py")
+
+
+def _stdlib_sample() -> list[tuple[str, str]]:
+    return [f for f in stdlib_files() if f[1] in STDLIB_SAMPLE]
 
 NUMPY_STYLE = '''Compute the running mean of a sequence, one value per position of the input.
 
@@ -173,9 +182,12 @@ def test_the_same_pins_give_the_same_documents_whatever_the_worker_count():
     from pipelines.real.corpus import build_documents
 
     pins = {"markdown": version("markdown"), "gguf": version("gguf")}
-    one, dists, dropped = build_documents(pins, 1, 6, 200)
-    two, _, _ = build_documents(pins, 2, 6, 200)
+    one, dists, dropped = build_documents(pins, 1, 6, 200, _stdlib_sample())
+    two, _, _ = build_documents(pins, 2, 6, 200, _stdlib_sample())
     assert one == two and {d["distribution"] for d in one} == {"markdown", "gguf", "python"}
+    sources = {d["source"] for d in one}
+    assert {"docstring", "comment", "stdlib_docstring", "stdlib_comment", "pydoc_topics"} <= sources, sources
+    assert any(d["doc_id"] == "python:textwrap.py:#comments" for d in one)
     assert [sha256_text(d["text"]) for d in one] == [sha256_text(d["text"]) for d in two]
     assert len({d["doc_id"] for d in one}) == len(one) and dropped["documents_before_dedup"] >= len(one)
     assert not any(">>>" in d["text"] for d in one)
@@ -217,6 +229,7 @@ def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice
     monkeypatch.setattr(stage, "tokenizer_file", lambda folder: tmp_path / "tokenizer.json")
     monkeypatch.setattr(stage, "eos_id", lambda path: 1)
     monkeypatch.setattr(stage, "pinned_distributions", lambda path: {n: version(n) for n in ("gguf", "markdown")})
+    monkeypatch.setattr(stage, "stdlib_files", _stdlib_sample)
     sizes = dict(heldout_fraction=0.3, test_fraction=0.05)  # gguf (tiny) to test, markdown to held-out
     params = SimpleNamespace(real_model=dataclasses.replace(default_params().real_model, **sizes))
     digests = []
@@ -239,3 +252,68 @@ def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice
             ["corpus.parquet", "corpus_manifest.parquet", "corpus_manifest.json", "tokens_train.npy",
              "tokens_heldout.npy", "tokens_test.npy"])])
     assert digests[0] == digests[1]
+
+
+COMMENTED = b'''#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+# Copyright the authors of this package, who release it under the terms of the licence below.
+#
+# The second paragraph of the header says why the module exists at all in this form.
+import os  # a trailing comment after code is never part of a block of prose at all
+# noqa: E501
+# The cache is read once at import time, so that every worker of the pool sees the same state.
+# pylint: disable=unused-import
+# It is rebuilt whenever the folder changes, which is checked by the time stamp of the folder.
+def f():
+    # x = compute(first, second); y = x.sum(axis=0) if flag else None
+    return """
+    # not a comment: this line is inside a string and so it is not a comment
+    """
+'''
+
+
+def test_comment_blocks_skip_pragmas_trailing_comments_and_split_at_bare_lines():
+    blocks = comment_blocks_of(COMMENTED)
+    assert blocks == [
+        "Copyright the authors of this package, who release it under the terms of the licence below.\n\n"
+        "The second paragraph of the header says why the module exists at all in this form.",
+        "The cache is read once at import time, so that every worker of the pool sees the same state.",
+        "It is rebuilt whenever the folder changes, which is checked by the time stamp of the folder.",
+        "x = compute(first, second); y = x.sum(axis=0) if flag else None"]
+    assert comment_blocks_of(b"def broken(:\n    '''\n") == []
+    paragraphs = [p for b in blocks for p in prose_paragraphs(b, 6)]
+    assert len(paragraphs) == 4 and paragraphs[1].startswith("The second paragraph")  # blank '#' splits
+    assert not any("compute(" in p for p in paragraphs)  # commented-out code is not prose
+
+
+def test_file_documents_hold_the_comments_after_the_docstrings_and_dedup_spans_both(tmp_path):
+    pkg = tmp_path / "site-packages" / "pkg"
+    pkg.mkdir(parents=True)
+    shared = "The weights are read once and then shared by every worker of the pool."
+    header = "# Licensed under the terms of the licence that ships in the folder of this package."
+    (pkg / "a.py").write_text(f'{header}\n"""{shared}"""\n# {shared}\n#\n# Unique to a, and long enough to read.\n')
+    (pkg / "b.py").write_text(f"{header}\nimport os\n")
+    docs = file_documents(str(pkg / "a.py"), "pkg", 6) + file_documents(str(pkg / "b.py"), "pkg", 6)
+    assert [(d["doc_id"], d["source"]) for d in docs] == [
+        ("pkg:pkg/a.py:<module>", "docstring"), ("pkg:pkg/a.py:#comments", "comment"),
+        ("pkg:pkg/b.py:#comments", "comment")]
+    kept, dropped = deduplicate(docs, 10)
+    assert [d["doc_id"] for d in kept] == ["pkg:pkg/a.py:<module>", "pkg:pkg/a.py:#comments"]
+    assert kept[1]["text"].count("Licensed under") == 1 and shared not in kept[1]["text"]
+    assert dropped == {"duplicate_paragraphs": 2, "short_documents": 1}
+    std = file_documents(str(pkg / "a.py"), "python", 6, "a.py")
+    assert [(d["doc_id"], d["source"]) for d in std] == [
+        ("python:a.py:<module>", "stdlib_docstring"), ("python:a.py:#comments", "stdlib_comment")]
+
+
+def test_stdlib_files_leave_out_test_suites_and_site_packages(tmp_path):
+    for rel in ("os.py", "json/__init__.py", "test/test_os.py", "idlelib/idle_test/test_x.py", "idlelib/run.py",
+                "lib2to3/tests/data/x.py", "site-packages/pkg/mod.py", "json/__pycache__/x.py", "README.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert stdlib_files(tmp_path) == [(str(tmp_path / r), r) for r in ("idlelib/run.py", "json/__init__.py", "os.py")]
+    real = [rel for _, rel in stdlib_files()]
+    assert "textwrap.py" in real and real == sorted(real)
+    assert not any(part in ("test", "tests", "idle_test", "site-packages") for r in real for part in r.split("/"))
+    with pytest.raises(FileNotFoundError, match="no .py files"):
+        stdlib_files(tmp_path / "json" / "__pycache__" / "none")

@@ -1,4 +1,5 @@
-"""Stage body of real_corpus: the documentation corpus of the pinned distributions (``wise.doc_corpus.documents``)
+"""Stage body of real_corpus: the documentation corpus (``wise.doc_corpus.documents``: docstrings and
+comment blocks of the pinned distributions and of CPython's standard library, and the language reference)
 -> data/real/corpus.parquet, its manifest, and the token arrays a GPU run carries.
 
 Order of work: the pins are checked against the installed set (one line naming the package) before
@@ -7,12 +8,13 @@ order, so the output does not depend on the worker count); paragraphs are dedupl
 document is tokenized with the base model's tokenizer (``tokenizers``, in the same processes); whole
 distributions are assigned to splits by their token counts; then the outputs are written, each
 atomically:
-- corpus.parquet: one row per document (doc_id, distribution, version, split, source, text, chars,
-  tokens, sha256);
+- corpus.parquet: one row per document (doc_id, distribution, version, split, source -- docstring,
+  comment, stdlib_docstring, stdlib_comment or pydoc_topics --, text, chars, tokens, sha256);
 - corpus_manifest.parquet: one row per distribution (version, license as its metadata states it,
-  split, documents, chars, tokens, sha256 over its documents' sha256);
+  split, its sources joined by commas, files, documents, chars, tokens, sha256 over its documents' sha256);
 - corpus_manifest.json: the same per distribution, the totals and sha256 per split (of the text and
-  of the token array), the tokenizer and the cleaning settings;
+  of the token array), documents / chars / tokens per source (overall and per split), the tokenizer
+  and the cleaning settings;
 - tokens_{train,heldout,test}.npy: uint16 token ids of each split's documents in row order, each
   document followed by the tokenizer's EOS id.
 """
@@ -31,15 +33,16 @@ import numpy as np
 from pipelines.config import paths, schemas
 from pipelines.store.artifacts import write_json, write_parquet
 from wise.atomic_files import write_bytes_atomic
-from wise.doc_corpus.documents import SPLITS, assign_splits, deduplicate, file_documents, sha256_text, topic_documents
+from wise.doc_corpus.documents import (SOURCES, SPLITS, assign_splits, deduplicate, file_documents, sha256_text,
+                                      topic_documents)
 from wise.doc_corpus.sources import (PYTHON, check_installed, distribution, pinned_distributions, pydoc_license,
-                                   pydoc_topics, python_version)
+                                   pydoc_topics, python_version, stdlib_files)
 
 _TOKENIZER = None
 
 
-def _parse_chunk(chunk: list[tuple[str, str]], min_words: int) -> list[list[dict]]:
-    return [file_documents(path, dist, min_words) for path, dist in chunk]
+def _parse_chunk(chunk: list[tuple[str, str, str | None]], min_words: int) -> list[list[dict]]:
+    return [file_documents(path, dist, min_words, rel) for path, dist, rel in chunk]
 
 
 def _load_tokenizer(path: str) -> None:
@@ -75,20 +78,24 @@ def eos_id(tokenizer_json: Path) -> int:
     return int(tok.eos_token_id)
 
 
-def build_documents(pins: dict[str, str], workers: int, min_words: int, min_chars: int):
-    """The deduplicated documents (in distribution, file, position order), the distributions read and
-    the dropped counts."""
+def build_documents(pins: dict[str, str], workers: int, min_words: int, min_chars: int,
+                    stdlib: list[tuple[str, str]] | None = None):
+    """The deduplicated documents (in distribution, file, position order; the python distribution's
+    language reference before its stdlib files), the distributions read and the dropped counts.
+    `stdlib`: the (path, relative path) of the standard library files to read (default: all of them)."""
     dists = {name: distribution(name) for name in pins}
-    files = [(path, name) for name in sorted(dists) for path in dists[name].files]
-    docs: list[dict] = []
+    stdlib = stdlib_files() if stdlib is None else stdlib
+    files = [(path, name, None) for name in sorted(dists) for path in dists[name].files]
+    docs: list[dict] = topic_documents(pydoc_topics(), min_words)
+    chunks = _chunks(files + [(path, PYTHON, rel) for path, rel in stdlib], 16)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        for per_file in pool.map(_parse_chunk, _chunks(files, 16), [min_words] * len(_chunks(files, 16))):
+        for per_file in pool.map(_parse_chunk, chunks, [min_words] * len(chunks)):
             for file_docs in per_file:
                 docs.extend(file_docs)
-    docs.extend(topic_documents(pydoc_topics(), min_words))
     docs.sort(key=lambda d: d["distribution"])  # stable: file order kept inside each distribution
     kept, dropped = deduplicate(docs, min_chars)
     dropped["documents_before_dedup"] = len(docs)
+    dropped["stdlib_files"] = len(stdlib)
     return kept, dists, dropped
 
 
@@ -105,6 +112,16 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
+
+
+def _by_source(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """source -> documents, chars, tokens of `rows` (sources in a fixed order)."""
+    out = {}
+    for source in SOURCES:
+        mine = [r for r in rows if r["source"] == source]
+        out[source] = {"documents": len(mine), "chars": sum(r["chars"] for r in mine),
+                       "tokens": sum(r["tokens"] for r in mine)}
+    return out
 
 
 def run_real_corpus(params, pyproject: Path = Path("pyproject.toml")) -> dict:
@@ -133,7 +150,8 @@ def run_real_corpus(params, pyproject: Path = Path("pyproject.toml")) -> dict:
         mine = [r for r in rows if r["distribution"] == name]
         manifest_rows.append({
             "distribution": name, "version": version[name], "license": license_of[name], "split": split_of[name],
-            "source": mine[0]["source"], "files": len(dists[name].files) if name in dists else 0,
+            "source": ",".join(sorted({r["source"] for r in mine})),
+            "files": len(dists[name].files) if name in dists else dropped["stdlib_files"],
             "documents": len(mine), "chars": sum(r["chars"] for r in mine), "tokens": per_dist[name],
             "sha256": listing_sha256(f"{r['sha256']}\n" for r in mine)})
     splits = {}
@@ -146,13 +164,15 @@ def run_real_corpus(params, pyproject: Path = Path("pyproject.toml")) -> dict:
             "distributions": sorted({r["distribution"] for r in mine}), "documents": len(mine),
             "chars": sum(r["chars"] for r in mine), "tokens": sum(r["tokens"] for r in mine),
             "array_tokens": int(arrays[split].size), "text_sha256": listing_sha256(f"{r['sha256']}\n" for r in mine),
-            "tokens_sha256": hashlib.sha256(arrays[split].tobytes()).hexdigest()}
+            "tokens_sha256": hashlib.sha256(arrays[split].tobytes()).hexdigest(), "sources": _by_source(mine)}
     manifest = {
         "python": python_version(), "pyproject_pins": pins,
         "tokenizer": {"file": str(tokenizer_json), "sha256": hashlib.sha256(tokenizer_json.read_bytes()).hexdigest(),
                       "eos_id": eos},
-        "cleaning": {"min_words": p.corpus_min_words, "min_chars": p.corpus_min_chars, "skipped": "tests/ folders",
-                     **dropped, "documents": len(rows)},
+        "cleaning": {"min_words": p.corpus_min_words, "min_chars": p.corpus_min_chars,
+                     "skipped": "tests/ folders; the stdlib's test suites and site-packages", **dropped,
+                     "documents": len(rows)},
+        "sources": _by_source(rows),
         "split": {"seed": p.seed, "heldout_fraction": p.heldout_fraction, "test_fraction": p.test_fraction},
         "splits": splits, "distributions": manifest_rows}
     write_parquet(rows, paths.REAL_CORPUS, schemas.REAL_CORPUS)

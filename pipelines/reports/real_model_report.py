@@ -81,8 +81,9 @@ def corpus_line(manifest: dict) -> str:
     """The documentation corpus in one sentence, from its manifest (stage real_corpus)."""
     parts = [f"{s} {v['tokens']:,} tokens ({len(v['distributions'])} distributions)"
              for s, v in manifest["splits"].items()]
-    return (f"the docstrings of {len(manifest['pyproject_pins'])} pinned distributions and CPython's language "
-            f"reference reduced to prose, split by distribution: {', '.join(parts)} (`data/real/corpus_manifest.json`)")
+    return (f"the docstrings and comment blocks of {len(manifest['pyproject_pins'])} pinned distributions and of "
+            f"CPython's stdlib, and its language reference, reduced to prose, split by distribution: "
+            f"{', '.join(parts)} (`data/real/corpus_manifest.json`)")
 
 
 def real_model_markdown(p, table: list[dict], halting: list[dict], card: dict, source: dict,

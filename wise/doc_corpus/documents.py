@@ -1,14 +1,18 @@
-"""The documentation corpus: one document per docstring (module, class or function) of a pinned
-distribution, or per topic of CPython's language reference, reduced to its running prose
+"""The documentation corpus: per source file of a pinned distribution or of CPython's standard
+library, one document per docstring (module, class or function) and one holding the file's comment
+blocks; per topic of CPython's language reference, one document; each reduced to its running prose
 (``wise.doc_corpus.prose``), deduplicated, and split by distribution.
 
-- ``file_documents`` / ``topic_documents``: the prose paragraphs of each docstring or topic, with a
-  stable id (``<distribution>:<path in site-packages>:<qualified name>``, or
-  ``python:pydoc_data.topics:<topic>``). Test suites (files under ``tests/``, ``test/``,
-  ``testing/``) are skipped: their docstrings describe the test harness, and they are a fifth of
-  the code to parse.
+- ``file_documents`` / ``topic_documents``: the prose paragraphs of each docstring, comment block or
+  topic, with a stable id (``<distribution>:<path>:<qualified name>``, ``<distribution>:<path>:#comments``,
+  or ``python:pydoc_data.topics:<topic>``; the path is the one inside site-packages, or inside the
+  stdlib folder for the ``python`` distribution). A comment block is one paragraph per run of
+  comment lines (a bare ``#`` line splits it), kept only when it reads as prose (``is_prose``), so
+  commented-out code is dropped. Test suites (files under ``tests/``, ``test/``, ``testing/``) are
+  skipped: their text describes the test harness, and they are a fifth of the code to parse.
 - ``deduplicate``: a paragraph is kept only where it first occurs (documents in a fixed order:
-  distribution, file, position), so no paragraph appears twice in the corpus, and in particular
+  distribution, file, position; docstrings before the file's comments), so no paragraph appears twice
+  in the corpus (a licence header repeated at the top of every file appears once), and in particular
   never in two splits; a document left shorter than ``min_chars`` is dropped.
 - ``assign_splits``: whole distributions go to test, then held-out, until each holds its fraction
   of the corpus' tokens, in an order drawn from the seed (a distribution too large for the room left
@@ -21,11 +25,13 @@ import hashlib
 import re
 
 from wise.doc_corpus.prose import prose_paragraphs
-from wise.doc_corpus.sources import PYTHON, docstrings_of, relative_path
+from wise.doc_corpus.sources import PYTHON, comment_blocks_of, docstrings_of, relative_path
 from wise.data.splits import derive_seed
 
 SPLITS = ("train", "heldout", "test")
-SOURCES = ("docstring", "pydoc_topics")
+# what a document is: a docstring or the comments of a pinned distribution's file, of a stdlib file,
+# or a topic of the language reference
+SOURCES = ("docstring", "comment", "stdlib_docstring", "stdlib_comment", "pydoc_topics")
 TEST_FOLDERS = frozenset({"tests", "test", "testing"})
 
 
@@ -43,20 +49,26 @@ def _unique_ids(docs: list[dict]) -> list[dict]:
     return docs
 
 
-def file_documents(path: str, distribution: str, min_words: int) -> list[dict]:
+def file_documents(path: str, distribution: str, min_words: int, relative: str | None = None) -> list[dict]:
     """The documents of one source file: doc_id, distribution, source, paragraphs (prose only; a
-    docstring with no prose gives no document)."""
-    rel = relative_path(path)
+    docstring or a file's comments with no prose give no document). `relative` is the path in the
+    id (default: the path inside site-packages); a stdlib file's sources are ``stdlib_*``."""
+    rel = relative or relative_path(path)
     if is_test_file(rel):
         return []
     with open(path, "rb") as f:
         source = f.read()
+    kind = "stdlib_" if distribution == PYTHON else ""
     docs = []
     for name, doc in docstrings_of(source):
         paragraphs = prose_paragraphs(doc, min_words)
         if paragraphs:
             docs.append({"doc_id": f"{distribution}:{rel}:{name}", "distribution": distribution,
-                         "source": "docstring", "paragraphs": paragraphs})
+                         "source": f"{kind}docstring", "paragraphs": paragraphs})
+    comments = [p for block in comment_blocks_of(source) for p in prose_paragraphs(block, min_words)]
+    if comments:
+        docs.append({"doc_id": f"{distribution}:{rel}:#comments", "distribution": distribution,
+                     "source": f"{kind}comment", "paragraphs": comments})
     return _unique_ids(docs)
 
 

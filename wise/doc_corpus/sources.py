@@ -1,5 +1,5 @@
-"""Where the documentation corpus comes from: the distributions pinned exactly in pyproject.toml
-and CPython's language reference, read offline from this interpreter's installation.
+"""Where the documentation corpus comes from: the distributions pinned exactly in pyproject.toml,
+and CPython's standard library and language reference, read offline from this interpreter's installation.
 
 The set of texts is fixed by the pins: ``pinned_distributions`` reads every ``name==version``
 requirement of ``[project] dependencies``; ``check_installed`` refuses (one line naming the
@@ -7,13 +7,22 @@ package) an environment where one of them is missing or at another version, befo
 the same pins always give the same corpus. A distribution's files are the ones its RECORD lists
 (``importlib.metadata``), so every file belongs to exactly one distribution and a package is split
 as a whole. ``docstrings_of`` parses one file with ``ast`` and returns the docstrings of its
-module, classes and functions (``ast.get_docstring``, cleaned by ``inspect.cleandoc``).
+module, classes and functions (``ast.get_docstring``, cleaned by ``inspect.cleandoc``);
+``comment_blocks_of`` tokenizes it (``tokenize``) and returns its runs of full-line ``#`` comments
+(comments after code, the shebang / coding lines and tool pragmas are not prose). ``stdlib_files``
+lists the standard library's .py files (its test suites and site-packages left out), filed under the
+``python`` distribution beside the language reference.
 """
 from __future__ import annotations
 
 import ast
 import importlib.metadata as metadata
+import io
+import re
 import sys
+import sysconfig
+import textwrap
+import tokenize
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +31,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-PYTHON = "python"  # the distribution name under which CPython's own text (pydoc_data.topics) is filed
+PYTHON = "python"  # the distribution name under which CPython's own text (stdlib, pydoc_data.topics) is filed
+# Comment lines that are instructions to a tool, not prose: they split a block and are dropped.
+PRAGMA = re.compile(r"^#\s*(noqa|type:|pragma|fmt:|pylint:|isort:|mypy:|pyright:|ruff:|flake8:|nosec|-\*-|vim?:)",
+                    re.IGNORECASE)
+CODING = re.compile(r"^#.*coding[:=]")  # PEP 263, on line 1 or 2
+# Folders of the standard library that are not its documentation: test suites and installed packages.
+STDLIB_SKIPPED = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,49 @@ def docstrings_of(source: bytes) -> list[tuple[str, str]]:
         if doc:
             out.append((name, doc))
     return out
+
+
+def comment_blocks_of(source: bytes) -> list[str]:
+    """The blocks of full-line ``#`` comments of `source` (comments on consecutive lines), in source
+    order, each as text with the ``#`` and the common indentation removed; a bare ``#`` line gives an
+    empty line (a paragraph break). Comments after code, the shebang and coding lines, and tool pragmas
+    (``# noqa``, ``# type:`` ...) are left out; a pragma line ends a block. A file that does not
+    tokenize under this Python gives none."""
+    blocks: list[list[str]] = []
+    last_row = -2
+    try:
+        for tok in tokenize.tokenize(io.BytesIO(source).readline):
+            if tok.type != tokenize.COMMENT or tok.line[:tok.start[1]].strip():
+                continue  # not a comment, or a comment after code on its line
+            row, text = tok.start[0], tok.string
+            if (row <= 2 and (text.startswith("#!") or CODING.match(text))) or PRAGMA.match(text):
+                last_row = -2
+                continue
+            if row != last_row + 1:
+                blocks.append([])
+            blocks[-1].append(text[1:].rstrip())
+            last_row = row
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError, LookupError):
+        return []
+    return [textwrap.dedent("\n".join(lines)).strip("\n") for lines in blocks]
+
+
+def stdlib_folder() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(folder: Path | None = None) -> list[tuple[str, str]]:
+    """(absolute path, path relative to the stdlib folder) of the standard library's .py files, sorted
+    by relative path, without its test suites (test/, tests/, idlelib/idle_test) and site-packages."""
+    folder = folder or stdlib_folder()
+    out = []
+    for path in folder.rglob("*.py"):
+        rel = path.relative_to(folder)
+        if STDLIB_SKIPPED.isdisjoint(rel.parts[:-1]) and path.is_file():
+            out.append((str(path), rel.as_posix()))
+    if not out:
+        raise FileNotFoundError(f"{folder}: no .py files: this interpreter ships no standard library source")
+    return sorted(out, key=lambda f: f[1])
 
 
 def pydoc_topics() -> dict[str, str]:
