@@ -44,7 +44,8 @@ def checkpoint_sentence(run: Path, root: Path) -> str:
     """'' when the run lists the committed retrofits; else one sentence saying what it ran on."""
     listed = run / "checkpoints.txt"
     if not listed.is_file():
-        return "This run does not list the retrofits it ran on (no checkpoints.txt): they may not be the committed ones. "
+        return ("This run does not list the retrofits it ran on (no checkpoints.txt): "
+                "they may not be the committed ones. ")
     for line in listed.read_text().splitlines():
         sha, path = line.split(maxsplit=1)
         current = root / path.strip()
