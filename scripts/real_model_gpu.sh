@@ -16,8 +16,9 @@
 #   here:       scripts/real_model_gpu.sh pack            # (needs data/real/ from dvc repro real_corpus)
 #   device:     scripts/real_model_gpu.sh receive         # once per .real-gpu/call-NN (carry it)
 #   device:     PARAMS=params/real-model-gpu.yaml scripts/real_model_gpu.sh eval
-#   here:       copy $OUT's loops/curves/halting/halting_examples parquet, real_model.{md,json} and
-#               nll_vs_loops.png to benchmarks/results/<dated folder>/ (the journal cites them)
+#   here:       tar -xzf $OUT/real_eval.tar.gz -C benchmarks/results/real-h200/<dated folder>/ (loops, curves,
+#               halting, halting_examples parquet, real_model.{md,json}, nll_vs_loops.png, real_eval.log and
+#               checkpoints.txt; the journal cites them)
 # `eval` needs python with torch, transformers, pyarrow, pyyaml, numpy, scipy and matplotlib (checked
 # first, one line if one is missing); no ray, dvc or duckdb. It puts the carried corpus files
 # (corpus.parquet, corpus_manifest.json, tokens_test.npy: what real_eval reads) under data/real/ and the
@@ -26,8 +27,8 @@
 # line under $OUT. Run on an H200 without ray, dvc or duckdb (journal 2026-12-04 (d)).
 #
 # `receive` and `train` first take in whatever .real-gpu/call-NN folder the call carried; the base is
-# converted as soon as the GGUF and the wheel are complete. `train VARIANT` writes $OUT/<name>-VARIANT/
-# (the checkpoint: copy it to data/models/ and `dvc commit train_real_retrofit@VARIANT`),
+# converted as soon as the GGUF and the wheel are complete. `train VARIANT` writes $OUT/<name>-VARIANT.tar
+# (the checkpoint: `tar -xf` it into data/models/ and `dvc commit train_real_retrofit@VARIANT`),
 # $OUT/nll_VARIANT.parquet, $OUT/train_VARIANT.log, train_summary_VARIANT.json and a line of
 # checkpoints.txt (the retrofit's sha256sum; `eval` writes one too: the report labels a study that ran on
 # other retrofits than the committed ones, pipelines/real/gpu_study.py); plain and t1 take LMA's block and step count
@@ -89,6 +90,9 @@ train() {  # device: one variant, then NLL vs loops of it and of the base
   cp "$out/$name-$variant/train_summary.json" "$work/${variant}_summary.json"
   cp "$out/$name-$variant/train_summary.json" "$out/train_summary_$variant.json"
   (cd "$out" && sha256sum "$name-$variant/retrofit.safetensors") | sed "s#  #  data/models/#" >> "$out/checkpoints.txt"
+  # the checkpoint as one tar (a call returns 8 files at most), and a copy kept while the machine stays warm
+  rm -rf "${work:?}/$name-$variant" && cp -r "$out/$name-$variant" "$work/"
+  tar -cf "$out/$name-$variant.tar" -C "$out" "$name-$variant" && rm -rf "${out:?}/$name-$variant"
 }
 
 evaluate() {  # device: stage real_eval on the committed retrofits, everything under $OUT
@@ -112,12 +116,16 @@ evaluate() {  # device: stage real_eval on the committed retrofits, everything u
     echo "eval: real_eval failed (above)"; exit 1
   fi
   echo "eval: real_eval took $((SECONDS - start)) s wall" | tee -a "$out/real_eval.log"
-  sha256sum data/models/$name-{lma,plain,t1}/retrofit.safetensors > "$out/checkpoints.txt"  # what it ran on
+  local res="$work/real_eval" # one tar: a call returns 8 files at most
+  rm -rf "$res" && mkdir -p "$res"
+  sha256sum data/models/$name-{lma,plain,t1}/retrofit.safetensors > "$res/checkpoints.txt"  # what it ran on
   for f in loops.parquet curves.parquet halting.parquet halting_examples.parquet real_model.md real_model.json \
            nll_vs_loops.png; do
-    cp "data/real/$f" "$out/"
+    cp "data/real/$f" "$res/"
   done
-  echo "eval: outputs under $out"
+  cp "$out/real_eval.log" "$res/"
+  tar -czf "$out/real_eval.tar.gz" -C "$res" .
+  echo "eval: outputs in $out/real_eval.tar.gz"
 }
 
 EVAL_FILES=${EVAL_FILES-"corpus.parquet corpus_manifest.json tokens_test.npy"}  # EVAL_FILES= packs for training only

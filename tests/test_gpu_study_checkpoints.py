@@ -34,7 +34,7 @@ def test_a_study_on_the_committed_retrofits_has_no_label_and_one_on_others_has(t
     run = _run(tmp_path, listing)
     assert checkpoint_sentence(run, tmp_path) == ""
     _checkpoint(tmp_path, "plain", b"retrained")
-    assert "smollm2-135m-plain/retrofit.safetensors has changed" in checkpoint_sentence(run, tmp_path)
+    assert "smollm2-135m-plain/retrofit.safetensors differs" in checkpoint_sentence(run, tmp_path)
     (run / "checkpoints.txt").unlink()
     assert "does not list the retrofits" in checkpoint_sentence(run, tmp_path)
 
@@ -47,7 +47,7 @@ def test_the_training_table_has_every_variant_and_depth_with_its_interval(tmp_pa
     _run(tmp_path, listing)
     md = gpu_study_markdown(default_params(), tmp_path)
     assert "**Real retrofits, GPU training** (`benchmarks/results/real-train-h200/2026-12-05`, NVIDIA H200)" in md
-    assert "on 4 test-split windows" in md and "has changed" not in md
+    assert "on 4 test-split windows" in md and "differs" not in md
     lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
     assert lines["| lma"].count("[") == 2 and lines["| t1"].count("[") == 1  # t1 is scored at T = 1 only
     assert "| 2.915 [" in lines["| lma"]  # 3.0 - 0.1 + mean(0.00, 0.01, 0.02, 0.03) at T = 1

@@ -44,13 +44,14 @@ def checkpoint_sentence(run: Path, root: Path) -> str:
     """'' when the run lists the committed retrofits; else one sentence saying what it ran on."""
     listed = run / "checkpoints.txt"
     if not listed.is_file():
-        return "This run does not list the retrofits it ran on (no checkpoints.txt): read it as an earlier model's. "
+        return ("This run does not list the retrofits it ran on (no checkpoints.txt): "
+                "they may not be the committed ones. ")
     for line in listed.read_text().splitlines():
         sha, path = line.split(maxsplit=1)
         current = root / path.strip()
         if not current.is_file() or hashlib.sha256(current.read_bytes()).hexdigest() != sha:
-            return (f"This run used retrofits other than the committed ones ({path.strip()} has changed since): "
-                    "its numbers describe the earlier model. ")
+            return (f"This run used retrofits other than the committed ones ({path.strip()} differs): its numbers "
+                    "describe those checkpoints, not the repo's. ")
     return ""
 
 
