@@ -32,8 +32,8 @@
 # $OUT/nll_VARIANT.parquet, $OUT/train_VARIANT.log, train_summary_VARIANT.json and a line of
 # checkpoints.txt (the retrofit's sha256sum; `eval` writes one too: the report labels a study that ran on
 # other retrofits than the committed ones, pipelines/real/gpu_study.py); plain and t1 take LMA's block and step count
-# from /tmp/wise-real/lma_summary.json (or MATCH=<train_summary.json>) so all three see the same
-# tokens and steps. Training keys: params.yaml's real_model (PARAMS=... to change); DEPTHS="1 2 4"
+# from /tmp/wise-real/lma_summary.json (or MATCH=<train_summary.json>, which LMA takes too) so all three
+# see the same tokens and steps; `eval` runs on the variants this machine trained where it kept them. Training keys: params.yaml's real_model (PARAMS=... to change); DEPTHS="1 2 4"
 # narrows the loop counts scored (default 1 2 3 4 6 8 12 16 32); EVAL_WINDOWS (default 64) held-out
 # windows of train_window_tokens from the test split, evenly spaced, none overlapping.
 set -euo pipefail
@@ -80,7 +80,8 @@ receive() {  # device: take in the carried chunks, put complete files together, 
 train() {  # device: one variant, then NLL vs loops of it and of the base
   local variant=$1 out=${OUT:?the device sets OUT} match=() log
   receive || { echo "train: files are still missing (above)"; exit 1; }
-  [ "$variant" = lma ] || match=(--match "${MATCH:-$work/lma_summary.json}")
+  if [ -n "${MATCH:-}" ]; then match=(--match "$MATCH")  # any variant, LMA included: a finished run's block and steps
+  elif [ "$variant" != lma ]; then match=(--match "$work/lma_summary.json"); fi
   log="$out/train_$variant.log"
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } | tee "$log"
   cp "$log" "$out/gpu.txt"  # the GPU's line, which the report names
@@ -100,7 +101,10 @@ evaluate() {  # device: stage real_eval on the committed retrofits, everything u
   receive || { echo "eval: files are still missing (above)"; exit 1; }
   $py -c "import numpy, pyarrow, scipy, matplotlib, torch, transformers, yaml" \
     || { echo "eval: a package real_eval needs is missing (above)"; exit 1; }
-  for v in lma plain t1; do
+  for v in lma plain t1; do  # a variant this machine trained (kept under $work) replaces the committed one
+    if [ -f "$work/$name-$v/retrofit.safetensors" ]; then
+      rm -rf "data/models/$name-$v" && cp -r "$work/$name-$v" data/models/ && echo "eval: $v as trained here ($work)"
+    fi
     [ -f "data/models/$name-$v/retrofit.safetensors" ] || { echo "eval: data/models/$name-$v is missing"; exit 1; }
   done
   mkdir -p data/real

@@ -8,6 +8,7 @@ Each study folder lists the retrofits it ran on (``checkpoints.txt``, ``sha256su
 checkpoints is labelled so, since its numbers then describe retrofits that are no longer the repo's."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -40,6 +41,16 @@ def _device(run: Path) -> str:
     return gpu.read_text().strip().split(",")[0] if gpu.is_file() else "a GPU"
 
 
+def _sha256(path: Path) -> str:
+    stat = path.stat()  # the key: a file rewritten in place is hashed again
+    return _sha256_of(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)  # each study's section checks the same three checkpoints
+def _sha256_of(path: Path, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def checkpoint_sentence(run: Path, root: Path) -> str:
     """'' when the run lists the committed retrofits; else one sentence saying what it ran on."""
     listed = run / "checkpoints.txt"
@@ -49,7 +60,7 @@ def checkpoint_sentence(run: Path, root: Path) -> str:
     for line in listed.read_text().splitlines():
         sha, path = line.split(maxsplit=1)
         current = root / path.strip()
-        if not current.is_file() or hashlib.sha256(current.read_bytes()).hexdigest() != sha:
+        if not current.is_file() or _sha256(current) != sha:
             return (f"This run used retrofits other than the committed ones ({path.strip()} differs): its numbers "
                     "describe those checkpoints, not the repo's. ")
     return ""
@@ -57,31 +68,38 @@ def checkpoint_sentence(run: Path, root: Path) -> str:
 
 def training_lines(run: Path, root: Path, p: Params) -> list[str]:
     """NLL vs loops of the base, the same-budget T = 1 baseline, plain and LMA on held-out windows (mean [CI]
-    over windows, percentile bootstrap) and each variant's training speed (train_summary_<variant>.json)."""
-    from wise.analysis.stats import bootstrap_means
+    over windows, percentile bootstrap), LMA's best depth against its T = 1 and against the baseline (paired
+    over windows) and each variant's training speed (train_summary_<variant>.json)."""
+    from wise.analysis.stats import paired_bootstrap
 
     s = p.statistics
     rows = [r for v in ("t1", "plain", "lma") for r in read_parquet(run / f"nll_{v}.parquet").to_pylist()
             if r["variant"] != "base" or v == "t1"]
+    nll = {(r["variant"], r["loops"], r["window"]): r["nll"] for r in rows}
     depths = sorted({r["loops"] for r in rows})
-    tail = (100 - 100 * s.ci_level) / 2
-    windows = len({r["window"] for r in rows})
+    windows = sorted({r["window"] for r in rows})
+
+    def interval(values: list[float]) -> tuple[float, float, float]:
+        return paired_bootstrap(values, s.bootstrap_resamples, seed=s.bootstrap_seed, level=s.ci_level)
+
     L = [f"**Real retrofits, GPU training** (`{run.relative_to(root).as_posix()}`, {_device(run)}): held-out NLL "
-         f"(nats/token) vs loops T on {windows} test-split windows, mean [{s.ci_level:.0%} CI over windows]. "
+         f"(nats/token) vs loops T on {len(windows)} test-split windows, mean [{s.ci_level:.0%} CI over windows]. "
          + checkpoint_sentence(run, root), "", "| variant | " + " | ".join(f"T = {d}" for d in depths) + " |",
          "| --- |" + " --- |" * len(depths)]
     for variant in ("base", "t1", "plain", "lma"):
         cells = []
         for d in depths:
-            values = np.array([r["nll"] for r in rows if (r["variant"], r["loops"]) == (variant, d)])
-            if values.size == 0:
-                cells.append("")
-                continue
-            low, high = np.percentile(bootstrap_means(values, s.bootstrap_resamples, seed=s.bootstrap_seed),
-                                      [tail, 100 - tail])
-            cells.append(f"{values.mean():.3f} [{low:.3f}, {high:.3f}]")
+            values = [nll[variant, d, w] for w in windows if (variant, d, w) in nll]
+            cells.append("{:.3f} [{:.3f}, {:.3f}]".format(*interval(values)) if values else "")
         L.append(f"| {variant} | " + " | ".join(cells) + " |")
     L.append("")
+    lma_depths = [d for d in depths if all(("lma", d, w) in nll for w in windows)]
+    if lma_depths and all(("t1", 1, w) in nll for w in windows):
+        best = min(lma_depths, key=lambda d: np.mean([nll["lma", d, w] for w in windows]))
+        for other, label in ((("lma", 1), "LMA's own T = 1 (the base)"), (("t1", 1), "the same-budget T = 1 baseline")):
+            delta = [nll["lma", best, w] - nll[other[0], other[1], w] for w in windows]
+            L.append("- LMA at its best depth T = {} minus {}: {:+.3f} nats [{:+.3f}, {:+.3f}] (paired over "
+                     "windows).".format(best, label, *interval(delta)))
     for variant in ("lma", "plain", "t1"):
         path = run / f"train_summary_{variant}.json"
         if path.is_file():
