@@ -74,3 +74,18 @@ def test_own_blocks_take_masses_past_the_row_as_outside_its_support():
         got = own_blocks(condition, masses, SETTINGS, start)
         assert torch.equal(got, square_rows(condition, masses, SETTINGS, start)), condition
         assert not got[..., 3:].any(), condition
+
+
+@pytest.mark.gpu
+def test_own_blocks_on_cuda_equal_the_square_construction_on_the_cpu():
+    """The decoders build supports where the masses live: on CUDA, a row after a 4K prompt (M 129)."""
+    g = torch.Generator().manual_seed(7)
+    start, r = 4096 + 16, 1
+    M = -(-(start + r) // PAPER_SETTINGS.block_size)
+    masses = {t: random_masses((2, 2, 8, r, M), start, PAPER_SETTINGS.block_size, g, False)
+              for t in {1, *discovery_steps(PAPER_SETTINGS.discovery_step, PAPER_SETTINGS.window)}}
+    on_gpu = {t: m.cuda() for t, m in masses.items()}
+    for condition in SUPPORT_RULES:
+        got = own_blocks(condition, on_gpu, PAPER_SETTINGS, start)
+        assert got.is_cuda
+        assert torch.equal(got.cpu(), square_rows(condition, masses, PAPER_SETTINGS, start)), condition
