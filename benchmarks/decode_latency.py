@@ -55,7 +55,7 @@ from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_late_rows, run_
 from wise.models.config import RecurrentConfig
 
 from .decode_attention import copy_bandwidth
-from .inputs import DTYPES, random_wise_layout
+from .inputs import DTYPES, random_wise_layout, sink_and_own_block
 from .output import format_table, write_rows
 from .whole_model import build_model, speedup_bound
 
@@ -131,10 +131,7 @@ def planted_supports(layout_for):
     def own_rows(condition, masses, eta):
         if condition != "wise":
             return real(condition, masses, eta)
-        M = masses.step1.shape[-1]
-        eye = torch.eye(M, dtype=torch.bool, device=masses.step1.device)
-        eye[:, 0] = True
-        return eye.expand(masses.step1.shape).clone()
+        return sink_and_own_block(masses)
 
     with mock.patch.object(wise.engine.runner, "condition_support", prompt), \
             mock.patch.object(wise.engine.appended_rows, "condition_support", own_rows):

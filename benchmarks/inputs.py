@@ -39,6 +39,16 @@ def bench_layouts(heads: int, n: int, block_size: int, rho: float, layers: int, 
     return torch.stack([random_wise_layout(heads, n, block_size, rho, gen) for _ in range(layers)])
 
 
+def sink_and_own_block(masses) -> torch.Tensor:
+    """A planted support rule (``condition_support``'s signature, on ``DiscoveryMasses``): each row keeps
+    key block 0 and its own block (the last of its causal key blocks), shaped as the masses; a prompt's
+    square gives the diagonal and column 0, a new token's row its sink and own block."""
+    causal = masses.causal_blocks()
+    last = causal & ~F.pad(causal[..., 1:], (0, 1))  # the last causal block of each row
+    last[..., 0] = True
+    return last.expand(masses.step1.shape).clone()
+
+
 def full_layout(heads: int, n: int, block_size: int, device=None) -> torch.Tensor:
     """Every causal block kept: bool [heads, M, M]."""
     m = math.ceil(n / block_size)

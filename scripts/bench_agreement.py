@@ -17,7 +17,7 @@ from unittest import mock
 
 import torch
 
-from benchmarks.inputs import random_wise_layout
+from benchmarks.inputs import random_wise_layout, sink_and_own_block
 from wise.engine.runner import initial_state
 
 
@@ -140,10 +140,7 @@ def _local_rows_support(real):
     def support(condition, masses, eta):
         if condition != "wise":
             return real(condition, masses, eta)
-        M = masses.step1.shape[-1]
-        eye = torch.eye(M, dtype=torch.bool, device=masses.step1.device)
-        eye[:, 0] = True  # the sink block and the row's own block
-        return eye.expand(masses.step1.shape).clone()
+        return sink_and_own_block(masses)
     return support
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 52 (decoding at its floor, time per output token, the lone condition) on one H200, in one call
 # of at most 480 s, everything under $OUT/decode-latency-h200/<UTC date>/:
-#   gpu_tests.log             the decode path's CUDA-graph tests (pytest -m gpu; skipped if pytest is absent)
+#   gpu_tests.log             the decode path's GPU tests: own supports, CUDA graphs (skipped if no pytest)
 #   huginn.log, decode_latency_huginn.parquet   Huginn shape, 4K/8K/16K/32K x batch 1/4 (cells that do
 #                             not fit are skipped with the memory they need, printed before each cell)
 #   bench_conditions.log/.json  the lone-condition line (Full vs WISE alone, planted density 0.13)
@@ -31,8 +31,8 @@ run() {  # run LIMIT NAME COMMAND...: time-limited, output to $dir/NAME.log, one
 }
 
 if $py -c "import pytest" 2>/dev/null; then
-    run 50 gpu_tests $py -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse_late_rows.py \
-        tests/test_graph_decode.py
+    run 50 gpu_tests $py -m pytest -q -m gpu -p no:cacheprovider tests/test_own_blocks.py \
+        tests/test_sparse_late_rows.py tests/test_graph_decode.py
 else
     echo "gpu_tests: skipped (no pytest in this python)" | tee "$dir/gpu_tests.log"
 fi

@@ -62,8 +62,8 @@ def _freeze_a_not_renormalised(mp):
 def _eta_strict(mp):  # a block joins while the mass before it is < eta (not <=): one block short
     real = wise.engine.support._prefix_reaching
 
-    def short(mass, target, rel_tol):
-        order, sorted_mass, sorted_causal = wise.engine.support._ranked(mass)
+    def short(mass, target, rel_tol, causal=None):
+        order, sorted_mass, sorted_causal = wise.engine.support._ranked(mass, causal)
         before = torch.cumsum(sorted_mass, dim=-1)  # the bug: counts the block itself
         keep = before < target.to(torch.float64)[..., None] * (1.0 - rel_tol)
         keep[..., 0] = True
@@ -75,13 +75,13 @@ def _eta_strict(mp):  # a block joins while the mass before it is < eta (not <=)
 def _eta_fixed(mp):  # the working set cut at a hard-coded 0.9, whatever eta the settings give
     for name in ("wise", "freeze_a"):
         mp.setitem(wise.engine.conditions.SUPPORT_RULES, name,
-                   lambda d, eta: wise.engine.support.working_set(list(d.window), 0.9))
+                   lambda d, eta: wise.engine.support.working_set(list(d.window), 0.9, d.causal))
 
 
 def _mass_matched_whole_row(mp):  # MassMatched's target: the row's whole step-1 mass, not the WISE row's
     def rule(d, eta):
-        whole = torch.ones_like(wise.engine.support.working_set(list(d.window), eta))
-        return wise.engine.support.mass_matched_support(d.step1, whole)
+        whole = torch.ones_like(wise.engine.support.working_set(list(d.window), eta, d.causal))
+        return wise.engine.support.mass_matched_support(d.step1, whole, d.causal)
     mp.setitem(wise.engine.conditions.SUPPORT_RULES, "mass_matched", rule)
 
 
@@ -103,7 +103,7 @@ def _mass_matched_whole_row_changes(lay, s=PAPER_SETTINGS):
 def _last_step_only(mp):  # the working set from step t_d alone
     for name in ("wise", "freeze_a"):
         mp.setitem(wise.engine.conditions.SUPPORT_RULES, name,
-                   lambda d, eta: wise.engine.support.working_set([d.window[-1]], eta))
+                   lambda d, eta: wise.engine.support.working_set([d.window[-1]], eta, d.causal))
 
 
 def _window_shifted(mp):  # steps t_d-w..t_d-1 instead of t_d-w+1..t_d

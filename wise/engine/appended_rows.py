@@ -155,22 +155,22 @@ def row_masses(probs: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def own_blocks(condition: str, masses: dict, settings: WiseSettings, start: int) -> torch.Tensor:
     """bool [L, R, H, r, M]: each new row's own late support under `condition`, from its own masses
-    (masses[step] [L, R, H, r, M]): row i's masses become query row q_i of a square mass tensor,
-    so the support rules apply exactly as to the prompt's rows."""
+    (masses[step] [L, R, H, r, M]). Row i (position start + i, block q_i) is the support rules' row q_i
+    of a prompt's square, computed on that row alone: its causal key blocks are b <= q_i
+    (``wise.engine.support``: the rules are row-wise), so the cost is O(M) per row, not O(M^2)."""
     s_ = settings
-    L, R, H, r, M = masses[1].shape
-    q = torch.div(torch.arange(start, start + r, device=masses[1].device), s_.block_size, rounding_mode="floor")
-    idx = q.view(1, 1, r, 1, 1, 1).expand(L, R, r, H, 1, M)  # row q_i of each square
+    M = masses[1].shape[-1]
+    r = masses[1].shape[3]
+    device = masses[1].device
+    q = torch.div(torch.arange(start, start + r, device=device), s_.block_size, rounding_mode="floor")
+    causal = torch.arange(M, device=device)[None, :] <= q[:, None]  # [r, M]
 
-    def square(m):  # [L, R, H, r, M] -> [L*R*r, H, M, M] with row q_i filled
-        sq = torch.zeros(L, R, r, H, M, M, device=m.device)
-        sq.scatter_(4, idx, m.float().permute(0, 1, 3, 2, 4).unsqueeze(4))
-        return sq.reshape(L * R * r, H, M, M)
+    def rows(m):  # [L, R, H, r, M] -> [L, H, R, r, M]: layer and head first, as in a prompt's masses
+        return m.float().transpose(1, 2)
 
-    d = DiscoveryMasses(step1=square(masses[1]),
-                        window=[square(masses[t]) for t in discovery_steps(s_.discovery_step, s_.window)])
-    layout = condition_support(condition, d, s_.eta).reshape(L, R, r, H, M, M)
-    return layout.gather(4, idx).squeeze(4).permute(0, 1, 3, 2, 4)  # [L, R, H, r, M]
+    d = DiscoveryMasses(step1=rows(masses[1]), causal=causal,
+                        window=[rows(masses[t]) for t in discovery_steps(s_.discovery_step, s_.window)])
+    return condition_support(condition, d, s_.eta).transpose(1, 2)
 
 
 class Tails:

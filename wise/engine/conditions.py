@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from wise.engine.discovery_depth import NAME as ADAPTIVE, AdaptiveDiscovery, settled_step_from_trace
-from wise.engine.support import (mass_matched_support, size_matched_support, static_support,
+from wise.engine.support import (causal_block_mask, mass_matched_support, size_matched_support, static_support,
                           working_set)
 
 CONDITIONS = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate")
@@ -36,27 +36,36 @@ ALL_CONDITIONS = CONDITIONS + EXTENSIONS
 
 @dataclass(frozen=True)
 class DiscoveryMasses:
-    """What the early phase recorded: step-1 masses and the discovery window's masses."""
+    """What the early phase recorded: step-1 masses and the discovery window's masses. The rows are a
+    prompt's query blocks ([..., M, M], causal None: the block-causal square) or new tokens' own rows
+    ([..., r, M] with causal bool [r, M], True for the key blocks up to each row's own block)."""
 
-    step1: torch.Tensor  # [L, H, M, M]
-    window: Sequence[torch.Tensor]  # w tensors [L, H, M, M], steps t_d-w+1..t_d in order
+    step1: torch.Tensor  # [L, H, M, M] or [L, H, ..., r, M]
+    window: Sequence[torch.Tensor]  # w tensors shaped as step1, steps t_d-w+1..t_d in order
+    causal: torch.Tensor | None = None
+
+    def causal_blocks(self) -> torch.Tensor:
+        """bool, broadcastable to the masses: the key blocks each row may hold."""
+        if self.causal is None:
+            return causal_block_mask(self.step1.shape[-1], self.step1.device)
+        return self.causal
 
 
 def _wise(d: DiscoveryMasses, eta: float) -> torch.Tensor:
-    return working_set(list(d.window), eta)
+    return working_set(list(d.window), eta, d.causal)
 
 
 def _static95(d: DiscoveryMasses, eta: float) -> torch.Tensor:
-    return static_support(d.step1, 0.95)
+    return static_support(d.step1, 0.95, d.causal)
 
 
 def _mass_matched(d: DiscoveryMasses, eta: float) -> torch.Tensor:
-    return mass_matched_support(d.step1, _wise(d, eta))
+    return mass_matched_support(d.step1, _wise(d, eta), d.causal)
 
 
 def _size_matched(d: DiscoveryMasses, eta: float) -> torch.Tensor:
     ws = _wise(d, eta)
-    layout = size_matched_support(d.step1, ws)
+    layout = size_matched_support(d.step1, ws, d.causal)
     # The control is only meaningful if it matches the WISE cardinality row by row.
     if not torch.equal(layout.sum(-1), ws.sum(-1)):
         raise AssertionError("size_matched support does not match the WISE block count per row")
@@ -73,7 +82,8 @@ SUPPORT_RULES: dict[str, Callable[[DiscoveryMasses, float], torch.Tensor]] = {
 
 
 def condition_support(name: str, masses: DiscoveryMasses, eta: float) -> torch.Tensor | None:
-    """The late-step support of a condition as bool [L, H, M, M]; None for full and truncate."""
+    """The late-step support of a condition as bool shaped as the masses ([L, H, M, M] for a prompt);
+    None for full and truncate."""
     if name not in CONDITIONS:
         raise ValueError(f"unknown condition {name!r}; known: {list(CONDITIONS)}")
     rule = SUPPORT_RULES.get(name)

@@ -8,6 +8,12 @@ A *layout* is a bool tensor ``[..., M, M]``: ``layout[..., q, b]`` says query bl
 to key block ``b``. Every rule here returns layouts that are never above the block diagonal and
 never have an empty causal row.
 
+The rules work row by row, and a row's only use of its index is which key blocks are causal for it.
+So each rule also takes ``causal``, a bool mask broadcastable to the masses (default: the block-causal
+square ``causal_block_mask(M)``): rows of new tokens (``wise.engine.appended_rows``) are given as
+masses ``[..., r, M]`` with ``causal[i, b] = b <= q_i``, and get exactly row ``q_i`` of the square rule
+without building the ``M x M`` square.
+
 Support rules (one function each, same return type):
     mass_support          direct cumulative-mass support of one step (eq. 6)
     working_set           union of mass supports over the discovery window  -> condition ``wise``
@@ -156,15 +162,18 @@ def fast_block_mass(q: torch.Tensor, k: torch.Tensor, block_size: int,
     return attention_block_mass(q, k, block_size).to(dtype)
 
 
-def _ranked(mass: torch.Tensor):
+def _causal_or_square(mass: torch.Tensor, causal: torch.Tensor | None) -> torch.Tensor:
+    return causal_block_mask(mass.shape[-1], mass.device) if causal is None else causal
+
+
+def _ranked(mass: torch.Tensor, causal: torch.Tensor | None = None):
     """Rank each row's causal key blocks by mass, descending, ties to the lower key index.
 
     Returns (order, sorted_mass, sorted_causal): order [..., M, M] are key-block indices in rank
     order; sorted_mass is the (causal, float64) mass in that order, zero for non-causal slots;
     sorted_causal marks which ranked slots are causal blocks (non-causal slots sort last).
     """
-    M = mass.shape[-1]
-    causal = causal_block_mask(M, mass.device)
+    causal = _causal_or_square(mass, causal)
     m = mass.to(torch.float64).masked_fill(~causal, 0.0)
     # Non-causal slots get a key below any real mass so they always rank after causal ones; the
     # stable sort keeps equal masses in index order, which is the "ties to the lower index" rule.
@@ -179,10 +188,11 @@ def _scatter_ranked(order: torch.Tensor, keep_sorted: torch.Tensor) -> torch.Ten
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
-def _prefix_reaching(mass: torch.Tensor, target: torch.Tensor, rel_tol: float) -> torch.Tensor:
+def _prefix_reaching(mass: torch.Tensor, target: torch.Tensor, rel_tol: float,
+                     causal: torch.Tensor | None = None) -> torch.Tensor:
     """Per row, the shortest rank-ordered prefix whose cumulative mass reaches target [..., M]
     (within rel_tol, relative)."""
-    order, sorted_mass, sorted_causal = _ranked(mass)
+    order, sorted_mass, sorted_causal = _ranked(mass, causal)
     before = torch.cumsum(sorted_mass, dim=-1) - sorted_mass  # mass of the strictly better ranks
     goal = target.to(torch.float64)[..., None] * (1.0 - rel_tol)
     # A rank is kept while the ranks before it have not reached the goal: the prefix up to and
@@ -192,7 +202,7 @@ def _prefix_reaching(mass: torch.Tensor, target: torch.Tensor, rel_tol: float) -
     return _scatter_ranked(order, keep & sorted_causal)
 
 
-def mass_support(mass: torch.Tensor, eta: float) -> torch.Tensor:
+def mass_support(mass: torch.Tensor, eta: float, causal: torch.Tensor | None = None) -> torch.Tensor:
     """Direct cumulative-mass support (eq. 6): bool [..., M, M].
 
     Per query block q, the smallest set of causal key blocks (b <= q) whose summed mass reaches
@@ -202,43 +212,46 @@ def mass_support(mass: torch.Tensor, eta: float) -> torch.Tensor:
     """
     if not 0.0 < eta <= 1.0:
         raise ValueError(f"eta must be in (0, 1], got {eta}")
-    causal = causal_block_mask(mass.shape[-1], mass.device)
+    causal = _causal_or_square(mass, causal)
     total = mass.to(torch.float64).masked_fill(~causal, 0.0).sum(-1)
-    return _prefix_reaching(mass, eta * total, _SUM_TOL if eta == 1.0 else _REL_TOL)
+    return _prefix_reaching(mass, eta * total, _SUM_TOL if eta == 1.0 else _REL_TOL, causal)
 
 
-def working_set(masses: Sequence[torch.Tensor] | torch.Tensor, eta: float) -> torch.Tensor:
+def working_set(masses: Sequence[torch.Tensor] | torch.Tensor, eta: float,
+                causal: torch.Tensor | None = None) -> torch.Tensor:
     """Union of mass_support over per-step masses (a list, or a tensor with step as dim 0)."""
     if len(masses) == 0:
         raise ValueError("working_set needs at least one step")
     out = None
     for mass in masses:  # loop over steps only; each step's support is vectorised
-        s = mass_support(mass, eta)
+        s = mass_support(mass, eta, causal)
         out = s if out is None else out | s
     return out
 
 
-def static_support(mass_step1: torch.Tensor, eta: float = 0.95) -> torch.Tensor:
+def static_support(mass_step1: torch.Tensor, eta: float = 0.95, causal: torch.Tensor | None = None) -> torch.Tensor:
     """Condition ``static95``: the mass support of step 1."""
-    return mass_support(mass_step1, eta)
+    return mass_support(mass_step1, eta, causal)
 
 
-def mass_matched_support(mass_step1: torch.Tensor, working_set: torch.Tensor) -> torch.Tensor:
+def mass_matched_support(mass_step1: torch.Tensor, working_set: torch.Tensor,
+                         causal: torch.Tensor | None = None) -> torch.Tensor:
     """Condition ``mass_matched``: step-1 ranking, cut where its cumulative step-1 mass reaches the
     step-1 mass that the WISE set covers in the same row. Usually no larger than the WISE row
     (the top-k prefix is the maximum-mass k-set), and typically smaller."""
-    causal = causal_block_mask(mass_step1.shape[-1], mass_step1.device)
+    causal = _causal_or_square(mass_step1, causal)
     inside = working_set & causal
     target = mass_step1.to(torch.float64).masked_fill(~inside, 0.0).sum(-1)
-    return _prefix_reaching(mass_step1, target, _REL_TOL)
+    return _prefix_reaching(mass_step1, target, _REL_TOL, causal)
 
 
-def size_matched_support(mass_step1: torch.Tensor, working_set: torch.Tensor) -> torch.Tensor:
+def size_matched_support(mass_step1: torch.Tensor, working_set: torch.Tensor,
+                         causal: torch.Tensor | None = None) -> torch.Tensor:
     """Condition ``size_matched``: per row the step-1 top-K causal blocks (ties to the lower key
     index) with K = the number of WISE blocks in that row, exactly."""
-    causal = causal_block_mask(mass_step1.shape[-1], mass_step1.device)
+    causal = _causal_or_square(mass_step1, causal)
     K = (working_set & causal).sum(-1, keepdim=True)  # [..., M, 1]
-    order, _, sorted_causal = _ranked(mass_step1)
+    order, _, sorted_causal = _ranked(mass_step1, causal)
     ranks = torch.arange(order.shape[-1], device=order.device)
     out = _scatter_ranked(order, (ranks < K) & sorted_causal)
     # K <= q + 1 always holds for a causal WISE row, so the match is exact by construction; the
