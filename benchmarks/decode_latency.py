@@ -26,9 +26,16 @@ layout at density --rho (``benchmarks.inputs.random_wise_layout``, one per core 
 row keeps its block's planted row plus its sink and own block, so its density is the prompt's.
 A random-init model's own discovered support keeps nearly every block.
 
-Bounds (``benchmarks.whole_model.speedup_bound``): tpot_bound from the bytes of a decode step (the
-K/V share of a core step's bytes, prelude/coda/head bytes untouched); ttft_bound from the FLOPs of a
-prefill (attention's share of a core layer's FLOPs). reached = measured Full / WISE over the bound.
+A trained ``wise.looped`` retrofit (``--retrofit data/models/smollm2-135m-lma``) is timed on its own
+supports instead: the prompts are evenly spaced windows of a token-id export (``--text``, default the
+real corpus' test split), WISE discovers each prompt's support as the engine does (eta, w), and the
+row's density is that of the supports it ran on (causal blocks of every core layer and head).
+Its core is the looped block and its added modules; prelude and coda are the base's other layers.
+
+Bounds (``benchmarks.decode_costs``, ``benchmarks.whole_model.speedup_bound``): tpot_bound from the
+bytes of a decode step (the K/V share of a core step's bytes, prelude/coda/head bytes untouched);
+ttft_bound from the FLOPs of a prefill (attention's share of a core layer's FLOPs). reached = measured
+Full / WISE over the bound.
 floor_ms (Full's decode step): ``decode_step_bytes`` over the bandwidth of a device copy measured in
 the same run (``benchmarks.decode_attention.copy_bandwidth``); floor_ratio = Full's tpot_ms / floor_ms.
 Memory (``cell_bytes``, printed before a cell runs): the weights, the K/V the cached decoding keeps
@@ -45,6 +52,7 @@ import math
 import statistics
 import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -52,12 +60,15 @@ import torch
 from wise.engine.appended_rows import RowGroup
 from wise.engine.graph_decode import StaticDecoder
 from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_late_rows, run_prefix
+from wise.looped.token_windows import split_tokens
+from wise.models.checkpoint import load_checkpoint
 from wise.models.config import RecurrentConfig
 
 from .decode_attention import copy_bandwidth
+from .decode_costs import cell_bytes, decode_step_bytes, model_facts, tpot_bound, ttft_bound
 from .inputs import DTYPES, random_wise_layout, sink_and_own_block
 from .output import format_table, write_rows
-from .whole_model import build_model, speedup_bound
+from .whole_model import build_model
 
 CONDITIONS = ("full", "wise")
 LATENCY_COLS = [("model", "model", "{}"), ("n", "n", "{:d}"), ("b", "batch", "{:d}"), ("dens", "density", "{:.3f}"),
@@ -73,45 +84,6 @@ LATENCY_COLS = [("model", "model", "{}"), ("n", "n", "{:d}"), ("b", "batch", "{:
 MEASURED = ["density", "full_ttft_ms", "wise_ttft_ms", "ttft_speedup", "ttft_bound", "ttft_reached", "full_tpot_ms",
             "wise_tpot_ms", "tpot_speedup", "tpot_bound", "tpot_reached", "floor_ms", "floor_ratio", "peak_gib",
             "full_kernel_tpot_ms", "full_bmm_tpot_ms", "need_gib"]
-
-
-def _params(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def decode_step_bytes(model, n: int, batch: int, steps: int) -> dict:
-    """Bytes one decode pass of `batch` rows at context n must read: the core weights once per step,
-    prelude, coda, the embedding row and lm_head once, and every cached K/V of the context (each core
-    layer at every step, each prelude and coda layer once). core_weights, other_weights, core_kv
-    (all steps), other_kv, total."""
-    c, tr = model.config, model.transformer
-    elem = next(model.parameters()).element_size()
-    core = _params(tr.core_block) + _params(tr.adapter)
-    head = 0 if c.tie_embeddings else c.vocab_size * c.hidden  # a tied head is the embedding matrix: read once
-    other = _params(tr.prelude) + _params(tr.coda) + c.vocab_size * c.hidden + head + c.hidden
-    kv_layer = batch * 2 * c.kv_heads * n * c.head_dim * elem
-    out = dict(core_weights=core * elem * steps, other_weights=other * elem, core_kv=kv_layer * c.n_core * steps,
-               other_kv=kv_layer * (c.n_prelude + c.n_coda))
-    out["total"] = sum(out.values())
-    return out
-
-
-def tpot_bound(step_bytes: dict, density: float, dense_steps: int, steps: int) -> float:
-    """WISE's most over Full per output token, by bytes: attention's share of a core step is its K/V."""
-    core = step_bytes["core_weights"] + step_bytes["core_kv"]
-    other = step_bytes["other_weights"] + step_bytes["other_kv"]
-    return speedup_bound(step_bytes["core_kv"] / core, density, dense_steps, steps, other / (core + other))
-
-
-def ttft_bound(config: RecurrentConfig, core_params: int, other_params: int, n: int, density: float,
-               dense_steps: int, steps: int) -> float:
-    """WISE's most over Full for the prefill, by FLOPs: causal attention 2 * n^2 * H * d per core layer
-    (QK^T and PV, half the square) against 2 * n per weight; prelude/coda/head untouched."""
-    attn = 2.0 * n * n * config.heads * config.head_dim
-    core = steps * (2.0 * n * core_params + config.n_core * attn)
-    other = 2.0 * n * other_params + (config.n_prelude + config.n_coda) * attn
-    share = config.n_core * attn / (2.0 * n * core_params + config.n_core * attn)
-    return speedup_bound(share, density, dense_steps, steps, other / (core + other))
 
 
 @contextlib.contextmanager
@@ -138,7 +110,7 @@ def planted_supports(layout_for):
         yield
 
 
-def random_layout_for(config: RecurrentConfig, block_size: int, rho: float, seed: int):
+def random_layout_for(config, block_size: int, rho: float, seed: int):
     """layout_for(M, device) of ``planted_supports``: random WISE-like layouts, drawn once per M."""
     made: dict = {}
 
@@ -213,9 +185,21 @@ def release(device) -> None:
         torch.cuda.empty_cache()
 
 
+def support_density(group: RowGroup) -> float:
+    """Kept share of the causal blocks of the late supports the group's rows run on (every core layer, head
+    and query block; NaN without a support condition)."""
+    layouts = [late.layouts for late in group.lates if late.layouts is not None]
+    if not layouts:
+        return float("nan")
+    M = layouts[0].shape[-1]
+    causal = torch.tril(torch.ones(M, M, dtype=torch.bool, device=layouts[0].device))
+    return float(torch.stack([lay[..., causal] for lay in layouts]).float().mean())
+
+
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
-    """ttft_ms (median of `repeats` prefills), tpot_ms (median of `tokens` graphed decode passes) and, for Full
-    where the decoder's dense attention was fused, kernel_tpot_ms and bmm_tpot_ms (the other dense paths)."""
+    """ttft_ms (median of `repeats` prefills), tpot_ms (median of `tokens` graphed decode passes), the density
+    of the supports it ran on and, for Full where the decoder's dense attention was fused, kernel_tpot_ms and
+    bmm_tpot_ms (the other dense paths)."""
     dev = model.device
     ttfts, group = [], None
     for _ in range(repeats):
@@ -225,37 +209,12 @@ def time_condition(model, prompts, condition: str, settings: WiseSettings, token
         ttfts.append(ms)
     tpot, decoder = _tpot(group, first, tokens, dev)
     out = dict(ttft_ms=statistics.median(ttfts), tpot_ms=tpot, graphed=decoder.graphs,
-               kernel_tpot_ms=float("nan"), bmm_tpot_ms=float("nan"))
+               density=support_density(group), kernel_tpot_ms=float("nan"), bmm_tpot_ms=float("nan"))
     if condition == "full" and decoder.dense is not None:
         for dense in ("kernel", "bmm"):
             decoder = None  # the previous decoder's tails and graphs go first
             release(dev)
             out[f"{dense}_tpot_ms"], decoder = _tpot(group, first, tokens, dev, dense=dense)
-    return out
-
-
-def cache_bytes(config: RecurrentConfig, n: int, batch: int, settings: WiseSettings, elem: int) -> int:
-    """K/V the cached decoding keeps for `batch` prompts of length n (every step's core layers, prelude, coda)."""
-    return batch * 2 * config.kv_heads * n * config.head_dim * elem * \
-        (settings.steps * config.n_core + config.n_prelude + config.n_coda)
-
-
-def cell_bytes(model, n: int, batch: int, settings: WiseSettings, condition: str = "wise") -> dict:
-    """Bytes a cell needs on the device while one condition runs: weights; caches (``cache_bytes``); workspace,
-    a bound on the prefill's transients: one core layer's activations over b * n tokens at once (the MLP's
-    gate/up and product, the qkv projection, fp32 RoPE copies of q and k, a few hidden-size states) and, for
-    a support condition, the recorded fp16 block masses of step 1 and the window per prompt with their fp32
-    copies."""
-    c = model.config
-    elem = next(model.parameters()).element_size()
-    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    per_token = elem * (3 * c.intermediate + q + 2 * kv + 6 * c.hidden) + 4 * 3 * (q + kv)
-    M = math.ceil(n / settings.block_size)
-    masses = 0 if condition in ("full", "truncate") else \
-        batch * c.n_core * (1 + settings.window) * c.heads * M * M * (2 + 4)
-    out = dict(weights=_params(model) * elem, caches=cache_bytes(c, n, batch, settings, elem),
-               workspace=batch * n * per_token + masses)
-    out["total"] = sum(out.values())
     return out
 
 
@@ -265,12 +224,17 @@ def _planned(config, n, batch, settings, rho, status) -> dict:
 
 
 def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *, seed: int, tokens: int,
-                repeats: int, bw: float, max_prefill_tokens: int) -> dict:
-    """One (n, batch) cell: Full and WISE timed, bounds, Full's floor (see the module doc)."""
-    c, dev = model.config, model.device
-    row = _planned(c, n, batch, settings, rho, "ok")
+                repeats: int, bw: float, max_prefill_tokens: int, text=None) -> dict:
+    """One (n, batch) cell: Full and WISE timed, bounds, Full's floor (see the module doc). `text`: a 1-D
+    token-id array whose evenly spaced windows are the prompts, WISE on its own discovered supports (rho
+    unused); None: seeded random prompts and supports planted at density rho."""
+    c, dev = model_facts(model), model.device
+    row = _planned(c, n, batch, settings, rho if text is None else float("nan"), "ok")
     if n * batch > max_prefill_tokens:
         return {**row, "status": f"skipped: b*n {n * batch} > --max-prefill-tokens {max_prefill_tokens}"}
+    positions = model.config.max_positions
+    if n + tokens + 1 > positions:
+        return {**row, "status": f"skipped: n + {tokens + 1} decoded > the model's {positions} positions"}
     need = cell_bytes(model, n, batch, settings)
     row["need_gib"] = need["total"] / 2**30
     gib = {k: f"{v / 2**30:.1f}" for k, v in need.items()}
@@ -286,19 +250,28 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
         torch.cuda.reset_peak_memory_stats(dev)
     else:
         print(flush=True)
-    g = torch.Generator().manual_seed(seed * 1_000_003 + n)
-    prompts = [(torch.randint(c.vocab_size, (n,), generator=g), seed + i) for i in range(batch)]
-    layout_for = random_layout_for(c, settings.block_size, rho, seed)
-    M = math.ceil(n / settings.block_size)
-    lay = layout_for(M, "cpu")
-    causal = torch.tril(torch.ones(M, M, dtype=torch.bool))
-    row["density"] = float(lay[:, :, causal].float().mean())
+    if text is None:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + n)
+        prompts = [(torch.randint(c.vocab_size, (n,), generator=g), seed + i) for i in range(batch)]
+        layout_for = random_layout_for(c, settings.block_size, rho, seed)
+        M = math.ceil(n / settings.block_size)
+        lay = layout_for(M, "cpu")
+        causal = torch.tril(torch.ones(M, M, dtype=torch.bool))
+        row["density"] = float(lay[:, :, causal].float().mean())
+        supports = planted_supports(layout_for)
+    else:
+        from wise.looped.token_windows import spaced_windows
+
+        prompts = [(torch.as_tensor(ids), seed + i) for i, ids in enumerate(spaced_windows(text, batch, n))]
+        supports = contextlib.nullcontext()
     try:
-        with planted_supports(layout_for):
+        with supports:
             for cond in CONDITIONS:
                 got = time_condition(model, prompts, cond, settings, tokens, repeats)
                 row[f"{cond}_ttft_ms"], row[f"{cond}_tpot_ms"] = got["ttft_ms"], got["tpot_ms"]
                 row[f"{cond}_graphed"] = got["graphed"]
+                if text is not None and cond == "wise":
+                    row["density"] = got["density"]
                 if cond == "full":
                     row["full_kernel_tpot_ms"], row["full_bmm_tpot_ms"] = got["kernel_tpot_ms"], got["bmm_tpot_ms"]
                 release(dev)  # only one condition's caches, decoder and graphs at a time
@@ -307,9 +280,7 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
     finally:
         release(dev)
     step = decode_step_bytes(model, n, batch, settings.steps)
-    tr = model.transformer
-    core_p = _params(tr.core_block) + _params(tr.adapter)
-    other_p = _params(tr.prelude) + _params(tr.coda) + c.vocab_size * c.hidden
+    core_p, other_p = c.core_params, c.layer_params + c.vocab_size * c.hidden
     T, td = settings.steps, settings.discovery_step
     row.update(step_bytes=step["total"], bw_gbs=bw / 1e9, floor_ms=step["total"] / bw * 1e3,
                tpot_bound=tpot_bound(step, row["density"], td, T),
@@ -324,12 +295,19 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.decode_latency", description=__doc__.splitlines()[0])
-    p.add_argument("--presets", nargs="+", default=["huginn-0125", "recurrent-llama-3.2"], help="model shapes")
+    p.add_argument("--presets", nargs="*", default=["huginn-0125", "recurrent-llama-3.2"],
+                   help="model shapes (random init, planted supports); none: only --retrofit")
+    p.add_argument("--retrofit", nargs="*", default=[],
+                   help="wise.looped retrofit folders (e.g. data/models/smollm2-135m-lma), timed on --text windows "
+                        "with their own supports")
+    p.add_argument("--text", default="data/real/tokens_test.npy",
+                   help="the retrofits' prompts: a 1-D token-id .npy (the real_corpus stage's export)")
     p.add_argument("--n", type=int, nargs="+", default=[4096, 8192, 16384, 32768], help="context lengths")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--rho", type=float, default=0.13, help="keep-probability of the planted WISE supports")
     p.add_argument("--steps", type=int, default=32, help="T")
     p.add_argument("--dense-steps", type=int, default=12, help="t_d")
+    p.add_argument("--window", type=int, default=None, help="w (default min(4, t_d))")
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--backend", default="kernel", help="late attention backend (wise.engine.routing.BACKENDS)")
     p.add_argument("--tokens", type=int, default=8, help="timed decode passes per cell and condition (median)")
@@ -351,21 +329,39 @@ def main(argv=None) -> int:
     if not 0 < a.rho <= 1:
         print(f"error: --rho must be in (0, 1], got {a.rho}", file=sys.stderr)
         return 2
+    window = min(4, a.dense_steps) if a.window is None else a.window
+    if not 1 <= window <= a.dense_steps:
+        print(f"error: need 1 <= --window <= --dense-steps, got {window}, {a.dense_steps}", file=sys.stderr)
+        return 2
     configs = [RecurrentConfig.from_name(name) for name in a.presets]  # unknown preset: one-line error first
+    for folder in a.retrofit:
+        if not (Path(folder) / "config.json").is_file():
+            print(f"error: --retrofit {folder}: no config.json (a wise.looped retrofit folder)", file=sys.stderr)
+            return 2
+    if a.retrofit and not Path(a.text).is_file():
+        print(f"error: --text {a.text}: no such token-id export (dvc repro real_corpus writes it)", file=sys.stderr)
+        return 2
+    if not configs and not a.retrofit:
+        print("error: nothing to time: give --presets or --retrofit", file=sys.stderr)
+        return 2
     ns, batches = ([4096, 8192], [1, 4]) if a.quick else (a.n, a.batch)
     dev, dtype = torch.device(a.device), DTYPES[a.dtype]
-    settings = PAPER_SETTINGS.replace(steps=a.steps, discovery_step=a.dense_steps, window=min(4, a.dense_steps),
+    settings = PAPER_SETTINGS.replace(steps=a.steps, discovery_step=a.dense_steps, window=window,
                                       block_size=a.block_size, backend=a.backend)
     bw = measured_bandwidth(dev)
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     rows = []
-    for config in configs:
-        model = build_model(config.replace(max_positions=max(config.max_positions, max(ns) + a.tokens + 2)),
-                            a.seed, dtype, dev)
+    models = [(lambda c=config: build_model(c.replace(max_positions=max(c.max_positions, max(ns) + a.tokens + 2)),
+                                            a.seed, dtype, dev), None) for config in configs]
+    models += [(lambda f=folder: load_checkpoint(f, dtype, dev), a.text) for folder in a.retrofit]
+    for make, text_path in models:
+        model = make()
+        text = None if text_path is None else split_tokens(text_path, model.config.vocab_size)
         for n in ns:
             for b in batches:
                 rows.append(latency_row(model, n, b, settings, a.rho, seed=a.seed, tokens=a.tokens,
-                                        repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens))
+                                        repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens,
+                                        text=text))
                 rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype)
                 print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
                 write_rows(rows, a.out)  # every finished cell kept, should a later one stop the run

@@ -6,7 +6,9 @@
 # layouts of the same density and dense flash / cuDNN / FlexAttention in the same run:
 #   - SmolLM2's geometry (GQA 9 / 3, d = 64), query blocks packed 1 and 2 per tile;
 #   - Huginn-0125's geometry (55 heads, d = 96), the real heads redrawn to 55;
-#   - the whole Huginn-shape forward (random init) on those layouts.
+#   - the whole Huginn-shape forward (random init) on those layouts;
+#   - time to first token and per output token of the LMA retrofit itself, Full vs WISE on its own discovered
+#     supports over the test split's windows (benchmarks.decode_latency --retrofit; T = 8, t_d = 3, w = 2).
 # The study reads the test split's documents and token ids (data/real/corpus.parquet, tokens_test.npy, built
 # here by `dvc repro real_corpus`); `pack` writes them (test split only) in chunks that fit a device call.
 #
@@ -113,6 +115,10 @@ bench() {  # device: the kernel and whole-model benchmarks on the study's layout
       --out "$logs/kernel_real_huginn.parquet" 2>&1 | tee -a "$logs/bench.log"
     $py -m benchmarks.whole_model --layouts "$layouts" --preset huginn-0125 \
       --out "$logs/whole_real_huginn.parquet" 2>&1 | tee -a "$logs/bench.log"
+    timeout "${DECODE_LIMIT_S:-150}" $py -m benchmarks.decode_latency --presets \
+      --retrofit data/models/smollm2-135m-lma --text data/real/tokens_test.npy --n 8160 4096 2048 --batch 1 4 \
+      --steps 8 --dense-steps 3 --window 2 --max-prefill-tokens 32768 \
+      --out "$logs/decode_latency_smollm2.parquet" 2>&1 | tee -a "$logs/bench.log" || true
   else
     echo "bench: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" | tee "$logs/bench.log"
   fi

@@ -138,3 +138,78 @@ def test_report_table_from_the_newest_run(tmp_path):
     text = "\n".join(decode_latency_markdown(newest(), f, table, tmp_path))
     assert "2026-12-05" in text and "60.00" in text and "99.00" not in text
     assert "0.83" in text and "n=8192 b=8: skipped" in text
+
+
+def _looped_folder(root):
+    """A saved LMA retrofit of a random 4-layer Llama (head_dim 64: the decode kernel's smallest; its head tied to
+    the embedding, as SmolLM2's)."""
+    import shutil
+
+    from wise.model_files.fingerprint import base_fingerprint
+    from wise.models.looped.base import build_base
+    from wise.models.looped.checkpoint import base_pointer, save_retrofit
+    from wise.models.looped.model import build_looped
+
+    base = build_base("llama", 0, vocab_size=2048, hidden_size=128, intermediate_size=192, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=True).eval()
+    base.save_pretrained(root / "base")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(f"data/models/wise-tiny-random/{name}", root / "base" / name)
+    out = root / "retrofit"
+    model = build_looped(base, base_pointer(str(root / "base"), out), base_fingerprint(root / "base"), block_start=1,
+                         block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4, mean_recurrence=4,
+                         name="tiny-lma")
+    save_retrofit(model, out, tokenizer_from=root / "base")
+    return out, model
+
+
+def test_model_facts_of_a_looped_retrofit_by_hand(tmp_path):
+    _, model = _looped_folder(tmp_path)
+    f = dl.model_facts(model)
+    layers = model.parts.layers
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    added = sum(p.numel() for _, p in model.added_named_parameters())
+    assert (f.n_prelude, f.n_core, f.n_coda) == (1, 2, 1)
+    assert f.core_params == count(layers[1]) + count(layers[2]) + added and added > 0
+    assert f.layer_params == count(layers[0]) + count(layers[3])
+    assert (f.heads, f.kv_heads, f.head_dim, f.intermediate, f.tied) == (2, 1, 64, 192, True)
+    got = dl.decode_step_bytes(model, n=40, batch=2, steps=4)
+    kv = 2 * 2 * 1 * 40 * 64 * 4  # batch * (K, V) * kv_heads * n * d * fp32
+    assert got["core_kv"] == kv * 2 * 4 and got["other_kv"] == kv * 2
+    assert got["core_weights"] == f.core_params * 4 * 4
+    assert got["other_weights"] == (f.layer_params + 2048 * 128 + 128) * 4  # tied head: the embedding once
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter serves CPU tensors only without CUDA")
+def test_a_retrofit_is_timed_on_real_windows_with_its_own_supports(tmp_path, monkeypatch):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    folder, _ = _looped_folder(tmp_path)
+    text = tmp_path / "tokens.npy"
+    np.save(text, np.random.default_rng(0).integers(3, 2048, 5000).astype(np.uint16))
+    planted = []
+    monkeypatch.setattr(dl, "planted_supports", lambda *a: planted.append(a))  # must not be used
+    out = tmp_path / "lat.parquet"
+    assert dl.main(["--presets", "--retrofit", str(folder), "--text", str(text), "--n", "96", "254", "--batch", "2",
+                    "--block-size", "16", "--steps", "4", "--dense-steps", "2", "--window", "2", "--tokens", "2",
+                    "--dtype", "fp32", "--device", "cpu", "--out", str(out)]) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert not planted and [r["model"] for r in rows] == ["tiny-lma", "tiny-lma"]
+    r = rows[0]
+    assert r["status"] == "ok" and rows[1]["status"].startswith("skipped: n + 3 decoded > the model's 256 positions")
+    assert 0 < r["density"] <= 1 and math.isnan(r["rho"])  # the supports WISE discovered, not planted
+    assert r["full_tpot_ms"] > 0 and r["wise_tpot_ms"] > 0 and r["tpot_bound"] >= 1 and r["floor_ms"] > 0
+
+
+def test_retrofit_inputs_are_checked_before_any_work(tmp_path, capsys):
+    assert dl.main(["--presets", "--retrofit", str(tmp_path), "--device", "cpu"]) == 2
+    assert f"--retrofit {tmp_path}: no config.json" in capsys.readouterr().err
+    folder, _ = _looped_folder(tmp_path)
+    assert dl.main(["--presets", "--retrofit", str(folder), "--text", str(tmp_path / "none.npy"),
+                    "--device", "cpu"]) == 2
+    assert "no such token-id export" in capsys.readouterr().err
+    assert dl.main(["--presets", "--device", "cpu"]) == 2
+    assert "nothing to time" in capsys.readouterr().err

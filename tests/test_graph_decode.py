@@ -1,6 +1,7 @@
 """Decoding on static buffers (wise.engine.graph_decode): the same tokens and log-probabilities as
 ``extend`` pass by pass, eagerly on the CPU and as replayed CUDA graphs on a GPU, and cached Full
-still equal to rerun Full on the graph path."""
+still equal to rerun Full on the graph path; the same for a ``wise.looped`` retrofit (its prelude and
+coda through the plain-layer seam, its loop memory in the state)."""
 import pytest
 import torch
 
@@ -16,6 +17,23 @@ SETTINGS = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_siz
 def tiny(device="cpu"):
     cfg = RecurrentConfig.from_name("tiny-random").replace(mean_recurrence=8)
     return init_weights(RecurrentDepthModel(cfg), seed=0).eval().to(device)
+
+
+def tiny_looped(device="cpu"):
+    """An LMA retrofit of a random 4-layer Llama (block = layers 1-2), its gates opened as training would."""
+    from wise.models.looped.base import build_base
+    from wise.models.looped.model import build_looped
+
+    base = build_base("llama", 0, vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2).eval()
+    model = build_looped(base, block_start=1, block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4,
+                         mean_recurrence=8)
+    with torch.no_grad():
+        model.alpha.fill_(0.5)
+        for lma in model.lma:
+            lma.gamma.fill_(0.5)
+    return model.eval().to(device)
 
 
 def ids_of(n, seed=0):
@@ -39,6 +57,23 @@ def assert_same(a, b, tol):
 def test_static_buffers_give_the_numbers_of_extend():
     model = tiny()
     static = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
+    plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
+    assert_same(static, plain, 1e-5)
+
+
+def test_a_looped_retrofit_decodes_on_static_buffers_with_the_numbers_of_extend():
+    model = tiny_looped()
+    made = []
+    orig = wise.engine.graph_decode.StaticDecoder.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        orig(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wise.engine.graph_decode.StaticDecoder, "__init__", init)
+        static = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
+    assert made and all(not d.own and d.n_prelude == 1 and d.n_coda == 1 for d in made)
     plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
     assert_same(static, plain, 1e-5)
 
@@ -83,6 +118,25 @@ def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
         for c in ("full", "truncate"):
             assert runs[c].tokens == rerun[c].tokens
             assert runs[c].token_logprobs == pytest.approx(rerun[c].token_logprobs, abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_a_looped_retrofit_replays_graphs_with_the_numbers_of_extend():
+    model = tiny_looped("cuda")
+    captured = []
+    orig = wise.engine.graph_decode.StaticDecoder._capture
+
+    def capture(self, side):
+        out = orig(self, side)
+        captured.append(out is not None)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wise.engine.graph_decode.StaticDecoder, "_capture", capture)
+        graphs = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
+    assert captured and all(captured), wise.engine.graph_decode.StaticDecoder.capture_errors
+    plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
+    assert_same(graphs, plain, 1e-4)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch
 from wise.engine.generate import generate
 from wise.evaluate import main
 from wise.evaluate.text import default_loops
-from wise.looped.text_task import text_nll
+from wise.looped.text_task import text_nll, window_nll
 from wise.models.checkpoint import load_checkpoint
 from test_looped_pipeline import make_retrofit  # noqa: E402  (a tiny Llama retrofit with a tokenizer)
 
@@ -39,13 +39,14 @@ def forward_nll(model, ids: list[int], loops: int) -> tuple[float, int]:
 
 def test_text_nll_is_the_token_weighted_nll_of_its_windows_at_each_loop_count(model):
     ids = list(range(3, 3 + 150))  # 150 tokens: windows of 64, 64 and 22
-    nll, scored = text_nll(model, ids, [4, 1, 2], window=64)
-    assert scored == 63 + 63 + 21 and sorted(nll) == [1, 2, 4]
+    nll, scored, change = text_nll(model, ids, [4, 1, 2], window=64)
+    assert scored == 63 + 63 + 21 and sorted(nll) == sorted(change) == [1, 2, 4]
     for t in (1, 2, 4):
         parts = [forward_nll(model, ids[i:i + 64], t) for i in (0, 64, 128)]
         want = sum(s for s, _ in parts) / sum(n for _, n in parts)
         assert nll[t] == pytest.approx(want, rel=1e-6, abs=1e-6), t
     assert len({round(v, 6) for v in nll.values()}) == 3  # the loop count changes the NLL here
+    assert math.isnan(change[1]) and change[2] > 0 and change[4] > 0
     with pytest.raises(ValueError, match="at least 2"):
         text_nll(model, [5], [1], window=64)
 
@@ -73,10 +74,13 @@ def test_the_text_command_prints_nll_per_loop_count_and_generations(retrofit, mo
     out = capsys.readouterr().out.splitlines()
     tok = AutoTokenizer.from_pretrained(str(retrofit))
     ids = tok(TEXT, add_special_tokens=False).input_ids
-    want, scored = text_nll(model, ids, [1, 2, 4], window=64)
+    want, scored, change = text_nll(model, ids, [1, 2, 4], window=64)
     assert out[0] == f"{retrofit} on {path}: {scored} tokens scored, windows of up to 64 tokens"
     for line, t in zip(out[1:4], (1, 2, 4)):
         assert line.startswith(f"T={t} ") and math.isclose(float(line.split()[2]), want[t], abs_tol=5e-5), line
+        assert ("state change" in line) == (t > 1), line
+        if t > 1:
+            assert line.endswith(f"state change from T={t - 1}: {change[t]:.4f}"), line
     prompt = tok("The block input is", add_special_tokens=False).input_ids
     assert out[4] == f"{retrofit}, prompt of {len(prompt)} tokens:"
     for line, t in zip(out[5:8], (1, 2, 4)):
@@ -98,6 +102,23 @@ def test_bad_text_flags_are_one_line(retrofit, argv, why, capsys):
 def test_a_model_that_is_not_a_retrofit_is_refused_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="is not a RecurTrace retrofit"):
         main(["text", "--model", "data/models/wise-tiny-random", "--prompt", "x"])
+
+
+def test_state_change_is_how_far_each_loop_moves_the_block_output(model):
+    """window_nll's state change by hand: the block's outputs of consecutive loops from core_step, their
+    per-token relative distance averaged over positions; read only at the depths asked for."""
+    windows = torch.tensor([list(range(5, 45)), list(range(60, 100))])
+    nll, change = window_nll(model, windows, [1, 3], state_change=True)
+    with torch.no_grad():
+        rope = model.rotary(40)
+        e = model.embed(windows, rope)
+        s, states = model.initial_state(e), []
+        for t in (1, 2, 3):
+            s = model.core_step(s, e, t, rope)
+            states.append(model.hidden_state(s).float())
+    want = ((states[2] - states[1]).norm(dim=-1) / states[2].norm(dim=-1)).mean(1)
+    assert torch.isnan(change[:, 0]).all() and torch.allclose(change[:, 1], want.double(), rtol=1e-5)
+    assert torch.equal(nll, window_nll(model, windows, [1, 3]))
 
 
 def test_default_loops_double_up_to_twice_the_trained_depth():
@@ -133,7 +154,7 @@ def test_on_smollm2_text_nll_is_real_evals_window_nll(request, monkeypatch):
     window, depths = 128, [1, 2, 4]
     windows = [ids[i * window:(i + 1) * window] for i in range(2)]
     model = load_retrofit(retrofit, base=base)
-    nll, scored = text_nll(model, [t for w in windows for t in w], depths, window)
+    nll, scored, _ = text_nll(model, [t for w in windows for t in w], depths, window)
     assert scored == len(windows) * (window - 1)
     with torch.no_grad():
         per_window = window_nll(model, torch.tensor(windows), depths)  # [windows, depths]

@@ -1,7 +1,8 @@
 """Cached decoding through the block-sparse decode kernel (wise.engine.sparse_late_rows) when the
 routing backend is the kernel: the tokens and log-probabilities of the dense-bias path, pass by
 pass (``extend``) and on static buffers (eagerly on the CPU under the Triton interpreter, replayed
-CUDA graphs on a GPU), for Full, WISE and Freeze-A rows of one group, on a GQA model."""
+CUDA graphs on a GPU), for Full, WISE and Freeze-A rows of one group, on a GQA model of the project's
+architecture and on a ``wise.looped`` LMA retrofit of a GQA Llama."""
 import pytest
 import torch
 
@@ -19,6 +20,26 @@ def gqa_model(device="cpu"):
                                                            intermediate=128, mean_recurrence=6,
                                                            qk_bias=False)  # qk_bias is per query head
     return init_weights(RecurrentDepthModel(cfg), seed=3).eval().to(device)
+
+
+def gqa_looped(device="cpu"):
+    """An LMA retrofit of a random GQA Llama (2 / 1 heads, d 64), its gates opened as training would."""
+    from wise.models.looped.base import build_base
+    from wise.models.looped.model import build_looped
+
+    base = build_base("llama", 3, vocab_size=2048, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2).eval()
+    model = build_looped(base, block_start=1, block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4,
+                         mean_recurrence=5)
+    with torch.no_grad():
+        model.alpha.fill_(0.5)
+        for lma in model.lma:
+            lma.gamma.fill_(0.5)
+    return model.eval().to(device)
+
+
+MODELS = {"own": gqa_model, "looped": gqa_looped}
 
 
 def ids_of(n, seed):
@@ -63,8 +84,9 @@ def assert_same(out, ref, tol):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case; GPU: the test below")
 @pytest.mark.parametrize("graphs", [True, False])  # static buffers (eager on CPU) / extend pass by pass
-def test_kernel_decode_gives_the_numbers_of_the_dense_path(monkeypatch, graphs):
-    model = gqa_model()
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_kernel_decode_gives_the_numbers_of_the_dense_path(monkeypatch, graphs, kind):
+    model = MODELS[kind]()
     ref = decode(model, "reference", graphs)
     calls = Calls(monkeypatch)
     out = decode(model, "kernel", graphs)
@@ -79,10 +101,11 @@ def test_other_backends_keep_the_dense_path(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_kernel_decode_in_cuda_graphs_gives_the_numbers_of_the_dense_path(monkeypatch):
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_kernel_decode_in_cuda_graphs_gives_the_numbers_of_the_dense_path(monkeypatch, kind):
     import wise.engine.graph_decode as graph_decode
 
-    model = gqa_model("cuda")
+    model = MODELS[kind]("cuda")
     ref = decode(model, "reference", graphs=True)
     captured = []
     orig = graph_decode.StaticDecoder._capture

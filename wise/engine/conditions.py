@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 import torch
 
 from wise.engine.discovery_depth import NAME as ADAPTIVE, AdaptiveDiscovery, settled_step_from_trace
-from wise.engine.support import (causal_block_mask, mass_matched_support, size_matched_support, static_support,
-                          working_set)
+from wise.engine.support import (causal_or_square, mass_matched_support, size_matched_support, static_support,
+                                 working_set)
 
 CONDITIONS = ("full", "wise", "static95", "mass_matched", "size_matched", "freeze_a", "truncate")
 EXTENSIONS = (ADAPTIVE,)  # beyond the paper's seven
@@ -46,9 +46,7 @@ class DiscoveryMasses:
 
     def causal_blocks(self) -> torch.Tensor:
         """bool, broadcastable to the masses: the key blocks each row may hold."""
-        if self.causal is None:
-            return causal_block_mask(self.step1.shape[-1], self.step1.device)
-        return self.causal
+        return causal_or_square(self.step1, self.causal)
 
 
 def _wise(d: DiscoveryMasses, eta: float) -> torch.Tensor:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wise.engine.adaptive_decoding import adaptive_settings, run_adaptive_prefix
-from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row, own_architecture
+from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
 from wise.engine.conditions import ADAPTIVE
 from wise.engine.extension import extend, extend_exiting
 from wise.engine.graph_decode import StaticDecoder
@@ -137,7 +137,8 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
     numbers are those of a run on its own up to floating-point summation order. `profile` as for
     ``evaluate_example``, summed over the examples. `graphs` (cached): decode on static buffers
     replayed as CUDA graphs (``wise.engine.graph_decode``); None = wherever the device is CUDA and the
-    model is the project's architecture, True = the static path also on the CPU (eagerly),
+    model caches its prelude and coda (the project's architecture, ``wise.looped``'s retrofits), True =
+    the static path also on the CPU (eagerly),
     False = ``wise.engine.extension.extend`` pass by pass."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
@@ -317,8 +318,7 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
     done = [False] * R
     if graphs is None:
         graphs = group.lates[0].state.device.type == "cuda"
-    static = StaticDecoder(group, max_new - 1) \
-        if graphs and group.fast and own_architecture(group.model) and max_new > 1 and criterion is None else None
+    static = StaticDecoder(group, max_new - 1) if graphs and group.fast and max_new > 1 and criterion is None else None
     tails = Tails(R)
     while True:
         for k, (token, lp, margin) in enumerate(chosen):

@@ -24,7 +24,9 @@ every block kept), split across the cache for occupancy, no fp32 scores in memor
 Graphs are captured once per row group after one eager pass (which is also a real pass); where
 capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
 functions eagerly (``StaticDecoder(..., graphs=False)``; the CPU tests compare that with
-``extend``). Only the project's own architecture (cached prelude and coda) takes this path.
+``extend``). Models whose prelude and coda run row by row against cached keys take this path: the
+project's own architecture, and ``wise.looped``'s retrofits through their plain-layer seam
+(``embed_rows`` / ``readout_rows``, RoPE as ``Positions``; their loop memory rides in the state).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import contextlib
 
 import torch
 
-from wise.engine.appended_rows import RowGroup, Tails, rows_x_own, row_masses, weighted_sum
+from wise.engine.appended_rows import RowGroup, Tails, own_architecture, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
 from wise.engine.sparse_late_rows import AllBlocksRows, FlashRows, SparseLateRows, sparse_decode_enabled
@@ -76,7 +78,7 @@ class StaticDecoder:
 
     def __init__(self, group: RowGroup, capacity: int, graphs: bool = True, dense: str | None = None):
         if not group.fast:
-            raise ValueError("static decoding needs the project's architecture with cached prelude and coda")
+            raise ValueError("static decoding needs a model whose prelude and coda are cached (RowGroup.fast)")
         self.g, self.C = group, max(1, capacity)
         model, c = group.model, group.model.config
         dev, dtype = group.lates[0].state.device, next(model.parameters()).dtype
@@ -87,11 +89,18 @@ class StaticDecoder:
         self.ids = torch.zeros(R, 1, dtype=torch.long, device=dev)
         s_ = group.s
         self.last = s_.discovery_step if group.truncate else s_.steps
-        keys = [("prelude", i) for i in range(c.n_prelude)] + [("coda", i) for i in range(c.n_coda)]
-        keys += [(t, l) for t in range(1, self.last + 1) for l in range(c.n_core)]
+        self.own = own_architecture(model)
+        self.n_core = c.n_core
+        self.n_prelude = c.n_prelude if self.own else len(model.prelude_layers())
+        self.n_coda = c.n_coda if self.own else len(model.coda_layers())
+        keys = [("prelude", i) for i in range(self.n_prelude)] + [("coda", i) for i in range(self.n_coda)]
+        keys += [(t, l) for t in range(1, self.last + 1) for l in range(self.n_core)]
         self.tails = {key: _Tail(R, c.kv_heads, C, c.head_dim, dtype, dev) for key in keys}
         rope = model.rotary(n0 + C)
-        self.cos, self.sin, self.style = rope.cos[n0:], rope.sin[n0:], rope.style  # [C, d/2]
+        if self.own:  # wise.models.recurrent.Rotary: cos / sin [n, d/2]
+            self.cos, self.sin, self.style = rope.cos[n0:], rope.sin[n0:], rope.style  # [C, d/2]
+        else:  # wise.models.looped.base.Positions: ids [1, n], cos / sin [1, n, d]
+            self.cos, self.sin, self.position_ids = rope.cos[:, n0:], rope.sin[:, n0:], rope.ids[:, n0:]
         like = torch.empty(1, C, c.hidden, dtype=dtype, device=dev)
         self.x0 = torch.cat([initial_state(model, like, seed, start=n0).expand(b - a, -1, -1)
                              for (a, b), seed in zip(group.segments(), group.seeds())])  # [R, C, h]
@@ -99,12 +108,12 @@ class StaticDecoder:
         probe = CoreRows(group, self.blocks, n0, 1)
         self.supported, self.freeze, self.record = probe.supported, probe.freeze, probe.record
         width = n0 + C
-        self.bias = {l: torch.full((R, c.heads, 1, width), float("-inf"), device=dev) for l in range(c.n_core)} \
+        self.bias = {l: torch.full((R, c.heads, 1, width), float("-inf"), device=dev) for l in range(self.n_core)} \
             if self.supported and not group.truncate else {}
-        self.frozen = {l: torch.zeros(len(self.freeze), c.heads, 1, width, device=dev) for l in range(c.n_core)} \
+        self.frozen = {l: torch.zeros(len(self.freeze), c.heads, 1, width, device=dev) for l in range(self.n_core)} \
             if len(self.freeze) and not group.truncate else {}
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
-        self.sparse = SparseLateRows(group, c.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
+        self.sparse = SparseLateRows(group, self.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
         # and dense attention (Full rows, layers whose probabilities no row needs) fused: "flash" (flash attention
         # per cache part, the default where the sparse decode runs), "kernel" (the decode kernel, every block
@@ -121,6 +130,12 @@ class StaticDecoder:
 
     # -- the two halves of a pass, on static buffers -------------------------------------------
     def _rope(self):
+        """The RoPE rows of the pass's position (picked by the device scalar pos, inside a graph)."""
+        if not self.own:
+            from wise.models.looped.base import Positions
+
+            return Positions(self.position_ids.index_select(1, self.pos), self.cos.index_select(1, self.pos),
+                             self.sin.index_select(1, self.pos))
         from wise.models.recurrent import Rotary
 
         view = object.__new__(Rotary)
@@ -143,10 +158,14 @@ class StaticDecoder:
 
     def _early(self) -> dict:
         g, model, s_ = self.g, self.g.model, self.g.s
-        tr, rope = model.transformer, self._rope()
-        e = tr.wte(self.ids) * model.config.embed_scale
-        for i, block in enumerate(tr.prelude):
-            e = block(e, rope, self._plain(g.prelude(i), self.tails[("prelude", i)]))
+        rope = self._rope()
+        attends = [self._plain(g.prelude(i), self.tails[("prelude", i)]) for i in range(self.n_prelude)]
+        if self.own:
+            e = model.transformer.wte(self.ids) * model.config.embed_scale
+            for block, attend in zip(model.transformer.prelude, attends):
+                e = block(e, rope, attend)
+        else:
+            e = model.embed_rows(self.ids, rope, attends)
         out = {"e": e, "masses": {}, "td": {}}
         bias = self._tail_bias()
 
@@ -170,7 +189,7 @@ class StaticDecoder:
 
     def _late(self, early: dict) -> torch.Tensor:
         g, model, s_ = self.g, self.g.model, self.g.s
-        tr, rope, e, x = model.transformer, self._rope(), early["e"], early["x"]
+        rope, e, x = self._rope(), early["e"], early["x"]
         tail_bias = self._tail_bias()
 
         def seam(q, k, v, *, step, layer):
@@ -188,10 +207,15 @@ class StaticDecoder:
 
         for t in range(s_.discovery_step + 1, self.last + 1):
             x = model.core_step(x, e, t, rope, seam)
-        y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
-        for i, block in enumerate(tr.coda):
-            y = block(y, rope, self._plain(g.coda[i], self.tails[("coda", i)]))
-        logits = model.lm_head(tr.ln_f(y)).float()[:, -1]  # [R, vocab]
+        attends = [self._plain(g.coda[i], self.tails[("coda", i)]) for i in range(self.n_coda)]
+        if self.own:
+            tr = model.transformer
+            y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x
+            for block, attend in zip(tr.coda, attends):
+                y = block(y, rope, attend)
+            logits = model.lm_head(tr.ln_f(y)).float()[:, -1]  # [R, vocab]
+        else:
+            logits = model.readout_rows(x, rope, attends)[:, -1]
         top = logits.topk(2, dim=-1)
         lse = torch.logsumexp(logits, dim=-1)
         self.ids.copy_(top.indices[:, :1])  # the next pass's input: greedy, as extend's caller feeds it
@@ -266,8 +290,8 @@ class StaticDecoder:
         g, c = self.g, self.g.model.config
         q = torch.zeros(self.R, c.heads, 1, c.head_dim, dtype=self.x0.dtype, device=self.device)
         caches = [(g.early(1, 0), (1, 0))]
-        caches += [(g.prelude(0), ("prelude", 0))] if c.n_prelude else []
-        caches += [(g.coda[0], ("coda", 0))] if c.n_coda else []
+        caches += [(g.prelude(0), ("prelude", 0))] if self.n_prelude else []
+        caches += [(g.coda[0], ("coda", 0))] if self.n_coda else []
         caches += [(g.late(self.last, 0), (self.last, 0))] if self.last > g.s.discovery_step else []
         bias = self._tail_bias()[self.n0:]
         for cache, key in caches:

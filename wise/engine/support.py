@@ -162,7 +162,9 @@ def fast_block_mass(q: torch.Tensor, k: torch.Tensor, block_size: int,
     return attention_block_mass(q, k, block_size).to(dtype)
 
 
-def _causal_or_square(mass: torch.Tensor, causal: torch.Tensor | None) -> torch.Tensor:
+def causal_or_square(mass: torch.Tensor, causal: torch.Tensor | None) -> torch.Tensor:
+    """The rule's causal mask: `causal` as given (rows of new tokens), else the block-causal square of
+    masses whose rows are the M query blocks of a prompt."""
     return causal_block_mask(mass.shape[-1], mass.device) if causal is None else causal
 
 
@@ -173,7 +175,7 @@ def _ranked(mass: torch.Tensor, causal: torch.Tensor | None = None):
     order; sorted_mass is the (causal, float64) mass in that order, zero for non-causal slots;
     sorted_causal marks which ranked slots are causal blocks (non-causal slots sort last).
     """
-    causal = _causal_or_square(mass, causal)
+    causal = causal_or_square(mass, causal)
     m = mass.to(torch.float64).masked_fill(~causal, 0.0)
     # Non-causal slots get a key below any real mass so they always rank after causal ones; the
     # stable sort keeps equal masses in index order, which is the "ties to the lower index" rule.
@@ -212,7 +214,7 @@ def mass_support(mass: torch.Tensor, eta: float, causal: torch.Tensor | None = N
     """
     if not 0.0 < eta <= 1.0:
         raise ValueError(f"eta must be in (0, 1], got {eta}")
-    causal = _causal_or_square(mass, causal)
+    causal = causal_or_square(mass, causal)
     total = mass.to(torch.float64).masked_fill(~causal, 0.0).sum(-1)
     return _prefix_reaching(mass, eta * total, _SUM_TOL if eta == 1.0 else _REL_TOL, causal)
 
@@ -239,7 +241,7 @@ def mass_matched_support(mass_step1: torch.Tensor, working_set: torch.Tensor,
     """Condition ``mass_matched``: step-1 ranking, cut where its cumulative step-1 mass reaches the
     step-1 mass that the WISE set covers in the same row. Usually no larger than the WISE row
     (the top-k prefix is the maximum-mass k-set), and typically smaller."""
-    causal = _causal_or_square(mass_step1, causal)
+    causal = causal_or_square(mass_step1, causal)
     inside = working_set & causal
     target = mass_step1.to(torch.float64).masked_fill(~inside, 0.0).sum(-1)
     return _prefix_reaching(mass_step1, target, _REL_TOL, causal)
@@ -249,7 +251,7 @@ def size_matched_support(mass_step1: torch.Tensor, working_set: torch.Tensor,
                          causal: torch.Tensor | None = None) -> torch.Tensor:
     """Condition ``size_matched``: per row the step-1 top-K causal blocks (ties to the lower key
     index) with K = the number of WISE blocks in that row, exactly."""
-    causal = _causal_or_square(mass_step1, causal)
+    causal = causal_or_square(mass_step1, causal)
     K = (working_set & causal).sum(-1, keepdim=True)  # [..., M, 1]
     order, _, sorted_causal = _ranked(mass_step1, causal)
     ranks = torch.arange(order.shape[-1], device=order.device)

@@ -5,7 +5,9 @@
         --prompt "What is the capital of France?"
 
 --text: the file's mean next-token NLL in nats per token at each loop count (``text_nll``: windows of
---window tokens, each scored from its own first token, one recurrence read at every T). --prompt: the
+--window tokens, each scored from its own first token, one recurrence read at every T), and how far
+loop T moved the block's output (mean over tokens of |h_T - h_(T-1)| / |h_T|: near 0 where the loop
+has settled, steady where it keeps drifting). --prompt: the
 greedy continuation at each loop count (``wise.engine.generate``; --chat wraps the prompt in the
 tokenizer's chat template first). The tokenizer is the checkpoint folder's, or a retrofit's base's.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -84,10 +87,11 @@ def text(args: argparse.Namespace) -> int:
     if args.text is not None:
         ids = tok(Path(args.text).read_text(encoding="utf-8"), add_special_tokens=False).input_ids
         window = min(args.window, model.config.max_positions)
-        nll, scored = text_nll(model, ids, loops, window)
+        nll, scored, change = text_nll(model, ids, loops, window)
         print(f"{args.model} on {args.text}: {scored} tokens scored, windows of up to {window} tokens")
         for t in loops:
-            print(f"T={t:<3} NLL {nll[t]:.4f} nats/token", flush=True)
+            moved = "" if math.isnan(change[t]) else f"  state change from T={t - 1}: {change[t]:.4f}"
+            print(f"T={t:<3} NLL {nll[t]:.4f} nats/token{moved}", flush=True)
     if args.prompt is not None:
         prompt = args.prompt
         if args.chat:

@@ -3,7 +3,8 @@ batches it trains on (``wise.data.doc_text`` gives the text and the needle-fact 
 
     row = needle_row(tokenizer, item)          # chat prompt + prefilled lead -> PromptRow
     nll = window_nll(model, windows, depths)   # [windows, depths] mean next-token NLL
-    nll, n = text_nll(model, ids, depths, 1024)  # one text of any length: {T: NLL}, tokens scored
+    nll, n, change = text_nll(model, ids, depths, 1024)  # any text: {T: NLL}, tokens scored, {T: change}
+    nll, change = window_nll(model, windows, depths, state_change=True)  # and how far loop T moved the state
     stream = TextBatches(rows, windows, spec)  # training batches, batch i a function of (seed, i)
 
 A needle item is asked through the model's own chat template (``apply_chat_template`` with the
@@ -43,34 +44,46 @@ def window_row(ids: Sequence[int], example_id: str) -> PromptRow:
 
 
 @torch.no_grad()
-def window_nll(model, windows: torch.Tensor, depths: Sequence[int], batch_rows: int = 8) -> torch.Tensor:
+def window_nll(model, windows: torch.Tensor, depths: Sequence[int], batch_rows: int = 8,
+               state_change: bool = False):
     """windows [N, n] (equal lengths, no padding) -> [N, len(depths)]: each window's mean NLL of
-    tokens 2..n after T loops, for T in depths (one recurrence per batch, read at each depth)."""
+    tokens 2..n after T loops, for T in depths (one recurrence per batch, read at each depth).
+    state_change=True also returns [N, len(depths)]: how far loop T moved the block's output, the
+    mean over positions of |h_T - h_(T-1)| / |h_T| (NaN at T = 1): a loop that settles to a fixed
+    point goes to 0, one that keeps drifting does not."""
     depths = sorted(set(int(d) for d in depths))
     if not depths or depths[0] < 1:
         raise ValueError(f"depths must be >= 1, got {depths}")
     out = torch.empty(windows.shape[0], len(depths), dtype=torch.float64)
+    change = torch.full_like(out, float("nan"))
     for start in range(0, windows.shape[0], batch_rows):
         ids = windows[start:start + batch_rows].to(model.device)
+        rows = slice(start, start + ids.shape[0])
         rope = model.rotary(ids.shape[1], ids.device)
         e = model.embed(ids, rope)
         s = model.initial_state(e)
-        column = 0
+        column, previous = 0, None
         for t in range(1, depths[-1] + 1):
             s = model.core_step(s, e, t, rope)
+            h = model.hidden_state(s).float()
             if t == depths[column]:
                 logp = torch.log_softmax(model.readout(s, rope)[:, :-1], dim=-1)
                 gold = logp.gather(-1, ids[:, 1:, None])[..., 0]
-                out[start:start + ids.shape[0], column] = (-gold.double().mean(1)).cpu()
+                out[rows, column] = (-gold.double().mean(1)).cpu()
+                if previous is not None:
+                    moved = (h - previous).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)
+                    change[rows, column] = moved.double().mean(1).cpu()
                 column += 1
-    return out
+            previous = h if state_change else None
+    return (out, change) if state_change else out
 
 
 def text_nll(model, ids: Sequence[int], depths: Sequence[int], window: int,
-             batch_rows: int = 8) -> tuple[dict[int, float], int]:
+             batch_rows: int = 8) -> tuple[dict[int, float], int, dict[int, float]]:
     """A token sequence's mean next-token NLL after T loops, for T in `depths`: cut into consecutive
     windows of `window` tokens (the last may be shorter), each scored from its own first token as
-    ``window_nll`` scores them, averaged over every scored token. Returns ({T: NLL}, tokens scored)."""
+    ``window_nll`` scores them, averaged over every scored token. Returns ({T: NLL}, tokens scored,
+    {T: state change}), the state change (``window_nll``) averaged over the same tokens."""
     if window < 2:
         raise ValueError(f"window must be >= 2 tokens, got {window}")
     chunks = [list(ids[i:i + window]) for i in range(0, len(ids), window)]
@@ -79,11 +92,15 @@ def text_nll(model, ids: Sequence[int], depths: Sequence[int], window: int,
         raise ValueError(f"the text has {len(ids)} token(s): NLL needs at least 2")
     depths = sorted(set(int(d) for d in depths))
     total = torch.zeros(len(depths), dtype=torch.float64)
+    moved = torch.zeros_like(total)
     for length in sorted({len(c) for c in chunks}):  # full windows batch together, the last alone
         rows = torch.tensor([c for c in chunks if len(c) == length])
-        total += window_nll(model, rows, depths, batch_rows).sum(0) * (length - 1)
+        nll, change = window_nll(model, rows, depths, batch_rows, state_change=True)
+        total += nll.sum(0) * (length - 1)
+        moved += change.sum(0) * (length - 1)
     scored = sum(len(c) - 1 for c in chunks)
-    return {t: float(v) for t, v in zip(depths, total / scored)}, scored
+    return ({t: float(v) for t, v in zip(depths, total / scored)}, scored,
+            {t: float(v) for t, v in zip(depths, moved / scored)})
 
 
 @dataclass(frozen=True)
