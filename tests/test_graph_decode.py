@@ -10,6 +10,7 @@ from wise.analysis.calibration import CONDITIONS
 from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
 from wise.engine.runner import PAPER_SETTINGS, WiseSettings
+from tiny_retrofits import open_lma  # noqa: E402
 
 SETTINGS = PAPER_SETTINGS.replace(steps=8, discovery_step=4, window=2, block_size=16, eta=0.6)
 
@@ -20,20 +21,11 @@ def tiny(device="cpu"):
 
 
 def tiny_looped(device="cpu"):
-    """An LMA retrofit of a random 4-layer Llama (block = layers 1-2), its gates opened as training would."""
-    from wise.models.looped.base import build_base
-    from wise.models.looped.model import build_looped
+    return open_lma(device, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16)
 
-    base = build_base("llama", 0, vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      bos_token_id=0, eos_token_id=1, pad_token_id=2).eval()
-    model = build_looped(base, block_start=1, block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4,
-                         mean_recurrence=8)
-    with torch.no_grad():
-        model.alpha.fill_(0.5)
-        for lma in model.lma:
-            lma.gamma.fill_(0.5)
-    return model.eval().to(device)
+
+MODELS = {"own": tiny, "looped": tiny_looped}
 
 
 def ids_of(n, seed=0):
@@ -97,8 +89,9 @@ def test_static_decoder_refuses_more_passes_than_it_holds():
 
 
 @pytest.mark.gpu
-def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
-    model = tiny("cuda")
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_graph_replays_give_the_numbers_of_extend_and_of_rerun(kind):
+    model = MODELS[kind]("cuda")
     captured = []
     orig = wise.engine.graph_decode.StaticDecoder._capture
 
@@ -110,7 +103,8 @@ def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(wise.engine.graph_decode.StaticDecoder, "_capture", capture)
         graphs = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
-    assert captured and all(captured)  # every row group's passes were replayed graphs
+    # every row group's passes were replayed graphs
+    assert captured and all(captured), wise.engine.graph_decode.StaticDecoder.capture_errors
     plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
     assert_same(graphs, plain, 1e-4)
     for (prompt, answer, seed), runs in zip(EXAMPLES, graphs):  # cached Full = rerun Full on the graph path
@@ -118,25 +112,6 @@ def test_graph_replays_give_the_numbers_of_extend_and_of_rerun():
         for c in ("full", "truncate"):
             assert runs[c].tokens == rerun[c].tokens
             assert runs[c].token_logprobs == pytest.approx(rerun[c].token_logprobs, abs=1e-4)
-
-
-@pytest.mark.gpu
-def test_a_looped_retrofit_replays_graphs_with_the_numbers_of_extend():
-    model = tiny_looped("cuda")
-    captured = []
-    orig = wise.engine.graph_decode.StaticDecoder._capture
-
-    def capture(self, side):
-        out = orig(self, side)
-        captured.append(out is not None)
-        return out
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wise.engine.graph_decode.StaticDecoder, "_capture", capture)
-        graphs = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=True)
-    assert captured and all(captured), wise.engine.graph_decode.StaticDecoder.capture_errors
-    plain = evaluate_examples(model, EXAMPLES, CONDITIONS, SETTINGS, 6, set(), "cached", graphs=False)
-    assert_same(graphs, plain, 1e-4)
 
 
 @pytest.mark.gpu

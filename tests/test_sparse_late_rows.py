@@ -10,6 +10,7 @@ import wise.engine.sparse_late_rows as sparse_late_rows
 from wise.engine.decoding import evaluate_examples
 from wise.engine.runner import WiseSettings
 from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
+from tiny_retrofits import open_lma  # noqa: E402
 
 CONDITIONS = ["full", "wise", "freeze_a"]
 SETTINGS = dict(steps=5, discovery_step=3, window=2, block_size=16, eta=0.6)
@@ -23,20 +24,9 @@ def gqa_model(device="cpu"):
 
 
 def gqa_looped(device="cpu"):
-    """An LMA retrofit of a random GQA Llama (2 / 1 heads, d 64), its gates opened as training would."""
-    from wise.models.looped.base import build_base
-    from wise.models.looped.model import build_looped
-
-    base = build_base("llama", 3, vocab_size=2048, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-                      bos_token_id=0, eos_token_id=1, pad_token_id=2).eval()
-    model = build_looped(base, block_start=1, block_layers=2, window=3, lma_heads=2, lma_head_dim=8, gate_hidden=4,
-                         mean_recurrence=5)
-    with torch.no_grad():
-        model.alpha.fill_(0.5)
-        for lma in model.lma:
-            lma.gamma.fill_(0.5)
-    return model.eval().to(device)
+    """An LMA retrofit of a random GQA Llama (2 / 1 heads, d 64: the decode kernel's smallest)."""
+    return open_lma(device, seed=3, mean_recurrence=5, hidden_size=128, intermediate_size=128,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 
 
 MODELS = {"own": gqa_model, "looped": gqa_looped}
