@@ -60,6 +60,7 @@ import torch
 from wise.engine.appended_rows import RowGroup
 from wise.engine.graph_decode import StaticDecoder
 from wise.engine.runner import PAPER_SETTINGS, WiseSettings, run_late_rows, run_prefix
+from wise.engine.support import density
 from wise.looped.token_windows import split_tokens
 from wise.models.checkpoint import load_checkpoint
 from wise.models.config import RecurrentConfig
@@ -189,11 +190,7 @@ def support_density(group: RowGroup) -> float:
     """Kept share of the causal blocks of the late supports the group's rows run on (every core layer, head
     and query block; NaN without a support condition)."""
     layouts = [late.layouts for late in group.lates if late.layouts is not None]
-    if not layouts:
-        return float("nan")
-    M = layouts[0].shape[-1]
-    causal = torch.tril(torch.ones(M, M, dtype=torch.bool, device=layouts[0].device))
-    return float(torch.stack([lay[..., causal] for lay in layouts]).float().mean())
+    return density(torch.stack(layouts)) if layouts else float("nan")
 
 
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
@@ -255,9 +252,7 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
         prompts = [(torch.randint(c.vocab_size, (n,), generator=g), seed + i) for i in range(batch)]
         layout_for = random_layout_for(c, settings.block_size, rho, seed)
         M = math.ceil(n / settings.block_size)
-        lay = layout_for(M, "cpu")
-        causal = torch.tril(torch.ones(M, M, dtype=torch.bool))
-        row["density"] = float(lay[:, :, causal].float().mean())
+        row["density"] = density(layout_for(M, "cpu"))
         supports = planted_supports(layout_for)
     else:
         from wise.looped.token_windows import spaced_windows

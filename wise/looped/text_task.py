@@ -65,7 +65,7 @@ def window_nll(model, windows: torch.Tensor, depths: Sequence[int], batch_rows: 
         column, previous = 0, None
         for t in range(1, depths[-1] + 1):
             s = model.core_step(s, e, t, rope)
-            h = model.hidden_state(s).float()
+            h = model.hidden_state(s).float() if state_change else None  # only what the change needs
             if t == depths[column]:
                 logp = torch.log_softmax(model.readout(s, rope)[:, :-1], dim=-1)
                 gold = logp.gather(-1, ids[:, 1:, None])[..., 0]
@@ -74,7 +74,7 @@ def window_nll(model, windows: torch.Tensor, depths: Sequence[int], batch_rows: 
                     moved = (h - previous).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)
                     change[rows, column] = moved.double().mean(1).cpu()
                 column += 1
-            previous = h if state_change else None
+            previous = h
     return (out, change) if state_change else out
 
 
