@@ -208,6 +208,50 @@ def test_the_same_seed_gives_the_same_weights_and_another_seed_does_not(tmp_path
     assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
 
 
+def test_readout_depths_are_the_last_loop_and_distinct_earlier_ones_drawn_by_seed():
+    from wise.looped.depth import readout_depths
+
+    assert readout_depths(0, 5, 6) == (6,)
+    draws = {readout_depths(0, step, 8, 3) for step in range(40)}
+    assert all(len(d) == 3 and d[-1] == 8 and list(d) == sorted(set(d)) and d[0] >= 2 for d in draws)
+    assert len(draws) > 5 and readout_depths(0, 7, 8, 3) == readout_depths(0, 7, 8, 3)
+    assert readout_depths(0, 0, 3, 5) == (2, 3) and readout_depths(0, 0, 2, 4) == (2,)  # fewer earlier loops exist
+    with pytest.raises(ValueError, match="readouts >= 1"):
+        readout_depths(0, 0, 4, 0)
+
+
+def test_depth_logits_read_each_depth_as_a_forward_of_that_many_loops(base_dir):
+    from pipelines.real.train import variant_fields
+    from wise.models.looped.base import load_base
+    from wise.models.looped.model import build_looped
+
+    base = load_base(base_dir, dtype=torch.float32, device="cpu")
+    model = build_looped(base, **variant_fields(tiny_params(), "lma", base, 2)).eval()
+    torch.manual_seed(0)
+    for lma in model.lma:  # open the memory path so each depth differs
+        for q in lma.parameters():
+            q.data.normal_(0, 0.2)
+    ids = torch.randint(0, 200, (2, 24))
+    with torch.no_grad():
+        read = model.depth_logits(ids, (2, 4, 3))
+        assert all(torch.equal(x, model(ids, t)) for x, t in zip(read, (2, 4, 3)))
+        assert not torch.allclose(read[0], read[1])
+    with pytest.raises(ValueError, match="loop counts must be >= 1"):
+        model.depth_logits(ids, (0, 2))
+
+
+def test_a_loss_at_several_depths_trains_other_weights_and_is_recorded(tmp_path, base_dir, tokenizer, tokens):
+    from safetensors.torch import load_file
+
+    p = tiny_params(train_tokens=2 * 256, train_dtype="float32", train_autocast=False, loops_min=3, loops_max=4)
+    weights = []
+    for k in (1, 2):
+        out, _ = train(tmp_path / str(k), base_dir, tokenizer, tokens, "lma", dataclasses.replace(p, train_readouts=k))
+        weights.append(load_file(str(out / "retrofit.safetensors")))
+        assert json.loads((out / "train_recipe.json").read_text())["params"]["train_readouts"] == k
+    assert not all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])
+
+
 def test_overrides_match_a_baseline_to_a_finished_run(tmp_path, base_dir, tokenizer, tokens):
     _, s = train(tmp_path, base_dir, tokenizer, tokens, "t1", block_start=2, max_steps=1)
     assert s["steps"] == 1 and s["block_start"] == 2 and s["final"]["loops"] == 1
@@ -217,7 +261,9 @@ def test_overrides_match_a_baseline_to_a_finished_run(tmp_path, base_dir, tokeni
 
 @pytest.mark.parametrize("key, value, why", [("train_dtype", "float16", "must be float32 or bfloat16"),
                                              ("train_window_tokens", 16, r"must be in \[32, 8192\]"),
-                                             ("train_tokens", 0, "must be >= 1")])
+                                             ("train_tokens", 0, "must be >= 1"),
+                                             ("train_readouts", 8,
+                                              r"must be an integer in 1..loops_max - 1 \(7\): the last loop.*")])
 def test_bad_training_keys_are_refused_in_one_line(key, value, why):
     import yaml
 

@@ -226,6 +226,9 @@ def validate_real_model(m) -> None:
     require(m.loops_mean > 1 and m.loops_sigma >= 0, k + "loops_mean", m.loops_mean, "must be > 1 (loops_sigma >= 0)")
     require(2 <= m.loops_min <= m.loops_max, k + "loops_min", m.loops_min,
              f"must satisfy 2 <= loops_min <= loops_max ({m.loops_max}): one loop trains nothing")
+    require(isinstance(m.train_readouts, int) and 1 <= m.train_readouts <= m.loops_max - 1, k + "train_readouts",
+            m.train_readouts, f"must be an integer in 1..loops_max - 1 ({m.loops_max - 1}): the last loop and "
+            "earlier ones from loop 2 on")
     depths = list(m.eval_depths)
     require(bool(depths) and all(isinstance(t, int) and t >= 1 for t in depths) and 1 in depths
             and len(set(depths)) == len(depths), k + "eval_depths", depths,

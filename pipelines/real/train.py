@@ -15,9 +15,10 @@ GPU scale on the real corpus, and the same-budget T = 1 baseline beside them.
   ``wise.models.looped.adapter`` says why it is an adapter).
 - Recipe: the base's weights in ``train_dtype``, only the added modules train (fp32 master
   weights, fused AdamW on CUDA), bf16 autocast (``train_autocast``), a loop count per step from the
-  clamped log-normal Poisson (t1: 1), until ``train_tokens`` or ``train_time_limit_s``; the loss
-  curve and ``train_summary.json`` give tokens/s. One loop of every variant equals the base's
-  logits before training, or nothing trains.
+  clamped log-normal Poisson (t1: 1), the loss read at the last loop (``train_readouts`` > 1: the
+  mean over it and that many - 1 earlier loops drawn per step, ``wise.looped.depth.readout_depths``),
+  until ``train_tokens`` or ``train_time_limit_s``; the loss curve and ``train_summary.json`` give
+  tokens/s. One loop of every variant equals the base's logits before training, or nothing trains.
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
     baseline to a finished LMA run); returns the training summary."""
     from wise.atomic_files import publish_folder, staging_folder
     from wise.model_files.fingerprint import base_fingerprint
-    from wise.looped.depth import loops_for_step
+    from wise.looped.depth import loops_for_step, readout_depths
     from wise.looped.table_writers import write_csv
     from wise.looped.token_windows import WindowBatches, WindowSpec, document_texts, spaced_windows
     from wise.looped.train import LOSS_CURVE, PROBE_TABLE, SUMMARY, run_loop
@@ -177,9 +178,12 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
 
     def step_loss(t: dict, step: int):
         n_loops = 1 if variant == "t1" else loops_for_step(p.seed, step, **loops)
+        depths = readout_depths(p.seed, step, n_loops, p.train_readouts)
         with autocast:
-            logits = model(t["ids"], n_loops)
-        total, answer, lm = batch_loss(logits, t["targets"], t["is_answer"], cfg.lm_loss_weight)
+            read = model.depth_logits(t["ids"], depths)
+        # the mean over the scored depths trains; the curve logs the last depth's terms (the paper's loss)
+        losses = [batch_loss(logits, t["targets"], t["is_answer"], cfg.lm_loss_weight) for logits in read]
+        total, answer, lm = torch.stack([x[0] for x in losses]).mean(), losses[-1][1], losses[-1][2]
         extra = {"loops": n_loops, "alpha": model.alpha.detach()}
         if model.lma:
             extra["gamma"] = torch.stack([m.gamma.detach() for m in model.lma]).mean()

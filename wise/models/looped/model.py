@@ -195,15 +195,24 @@ class LoopedModel(nn.Module):
     def forward(self, ids: torch.Tensor, loops: int | None = None, policy=None, observer=None) -> torch.Tensor:
         """ids [b, n] -> logits [b, n, vocab] (fp32) after `loops` (default mean_recurrence) loops."""
         loops = self.config.mean_recurrence if loops is None else loops
-        if loops < 1:
-            raise ValueError(f"loops must be >= 1, got {loops}")
+        return self.depth_logits(ids, (loops,), policy, observer)[0]
+
+    def depth_logits(self, ids: torch.Tensor, depths, policy=None, observer=None) -> list[torch.Tensor]:
+        """ids [b, n] -> the logits after each loop count in `depths`, in that order, from one run of
+        max(depths) loops (each read out where the loop passes it: a loss at several depths)."""
+        depths = [int(t) for t in depths]
+        if not depths or min(depths) < 1:
+            raise ValueError(f"loop counts must be >= 1, got {depths}")
         rope = self.rotary(ids.shape[1], ids.device)
         e = self.embed(ids, rope)
         s = self.initial_state(e)
         features = [[] for _ in self.lma] if self.config.use_lma else None
-        for t in range(1, loops + 1):
+        read = {}
+        for t in range(1, max(depths) + 1):
             s = self.core_step(s, e, t, rope, policy, observer, features)
-        return self.readout(s, rope)
+            if t in depths:
+                read[t] = self.readout(s, rope)
+        return [read[t] for t in depths]
 
     @property
     def device(self) -> torch.device:
