@@ -17,7 +17,8 @@
 #   device:  scripts/real_model_gpu.sh receive  # carry .real-gpu/call-NN, one call each: the base in
 #                                                           # /tmp/wise-real/smollm2-135m-instruct
 #   device:  scripts/real_wise_gpu.sh study --lengths 512,1024,2048   # carry .real-wise-gpu/call-NN
-#   device:  scripts/real_wise_gpu.sh study --lengths 4096,8160       # (the machine still warm) joins, benchmarks
+#   device:  scripts/real_wise_gpu.sh study --lengths 4096            # (the machine still warm)
+#   device:  scripts/real_wise_gpu.sh study --lengths 8160 --shard 1/3   # then 2/3, 3/3: joins, benchmarks
 #   here:    tar -xzf $OUT/real_wise.tar.gz -C benchmarks/results/real-wise-gpu-h200/<date>/
 # (`study` without --lengths runs every length in one call.) If the machine went cold between the two calls:
 # copy the first call's parts-length-*.tar.gz into .real-wise-parts/ and carry it with the second call (after
@@ -67,8 +68,14 @@ receive() {  # device: take in the carried chunks; the test split under data/rea
 }
 
 study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study's parts, joined when all are done
-  local logs=${OUT:-real-wise-gpu-logs} lengths="" start studied rc=0 f stage
-  [ "${1:-}" != --lengths ] || lengths=${2:?study --lengths N,N,...}
+  local logs=${OUT:-real-wise-gpu-logs} lengths="" shard="" start studied rc=0 f stage
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --lengths) lengths=${2:?study --lengths N,N,...}; shift 2 ;;
+      --shard) shard=${2:?study --shard I/K}; shift 2 ;;
+      *) echo "study: unknown option $1 (--lengths N,N,... [--shard I/K])"; exit 2 ;;
+    esac
+  done
   local done_parts="$work/wise-parts" res="$work/wise-results"
   mkdir -p "$logs" "$done_parts"
   receive || { echo "study: files are still missing (above)"; exit 1; }
@@ -79,10 +86,10 @@ study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study'
   # Stopped after STUDY_LIMIT_S (default 450 s, inside a 480-600 s call) so the finished parts are packed below;
   # a length's part counts once its part.json is written (pipelines.real.wise_parts), so a cut leaves whole parts.
   timeout "${STUDY_LIMIT_S:-450}" $py -m stages.real_wise --params "$params" --parts "$done_parts" \
-    ${lengths:+--lengths "$lengths"} > "$logs/study.log" 2>&1 || rc=$?
+    ${lengths:+--lengths "$lengths"} ${shard:+--shard "$shard"} > "$logs/study.log" 2>&1 || rc=$?
   studied=$(date +%s)
   grep -v "it/s]" "$logs/study.log" | tr '\r' '\n' | grep -v "it/s]" | tail -40
-  echo "wall: study parts ${lengths:-(every length)} $((studied - start)) s, exit $rc ($params)" \
+  echo "wall: study parts ${lengths:-(every length)}${shard:+ shard $shard} $((studied - start)) s, exit $rc ($params)" \
     | tee -a "$logs/run.log"
   # $OUT takes 8 files at most (16 MiB each): one gzipped tar per finished part, the logs, one tar of the tables
   for f in "$done_parts"/length-*; do
@@ -142,5 +149,5 @@ case "${1:-}" in
   study) shift; study "$@" ;;
   bench) bench ;;
   summary) shift; summary "$@" ;;
-  *) echo "usage: $0 pack | receive | study [--lengths N,N] | bench | summary PARTS_DIR..."; exit 2 ;;
+  *) echo "usage: $0 pack | receive | study [--lengths N,N] [--shard I/K] | bench | summary PARTS_DIR..."; exit 2 ;;
 esac

@@ -4,8 +4,9 @@ paired against Full, and the layouts the kernel benchmarks read (pipelines.real.
 
 Without options the whole study runs in one process (dvc repro). For time-limited device calls
 (scripts/real_wise_gpu.sh): `--parts DIR [--lengths 512,1024]` studies those lengths (default: all),
-one finished part per length under DIR, skipping lengths already done; `--join DIR [DIR ...]` then
-writes the study's files from the parts of every length (pipelines.real.wise_parts)."""
+one finished part per length under DIR, skipping lengths already done (`--shard I/K`: the I-th of K
+shards of each, whole batches of its prompts, for a length one call cannot finish); `--join DIR [DIR ...]`
+then writes the study's files from the parts of every length (pipelines.real.wise_parts)."""
 import sys
 from pathlib import Path
 
@@ -17,16 +18,19 @@ from pipelines.real.wise_study import run_real_wise
 def arguments(parser) -> None:
     parser.add_argument("--parts", type=Path, help="study --lengths into this folder, one part per length")
     parser.add_argument("--lengths", help="with --parts: comma-separated lengths (default: every length)")
+    parser.add_argument("--shard", help="with --parts: I/K, the I-th of K shards of each length (e.g. 1/3)")
     parser.add_argument("--join", type=Path, nargs="+", help="write the study from the parts in these folders")
 
 
 def run(params, args) -> None:
-    from pipelines.real.wise_parts import join_parts, parse_lengths, run_parts
+    from pipelines.real.wise_parts import join_parts, parse_lengths, parse_shard, run_parts
 
-    if args.lengths is not None and args.parts is None:
-        raise ValueError("--lengths needs --parts DIR (where the parts are written)")
+    for flag in ("lengths", "shard"):
+        if getattr(args, flag) is not None and args.parts is None:
+            raise ValueError(f"--{flag} needs --parts DIR (where the parts are written)")
     if args.parts is not None:
-        run_parts(params, parse_lengths(params, args.lengths), args.parts)
+        lengths = parse_lengths(params, args.lengths)
+        run_parts(params, lengths, args.parts, parse_shard(params, args.shard, lengths))
     if args.join is not None:
         print(f"real_wise: {join_parts(params, args.join)} -> {paths.REAL_WISE_DIR} (joined)")
     elif args.parts is None:

@@ -131,6 +131,18 @@ def test_editing_recurtrace_code_reruns_no_wise_stage():
     assert not dirtied, f"WISE stages that a RecurTrace edit would rerun: {dirtied}"
 
 
+def test_editing_one_real_stage_body_reruns_no_other_real_stage():
+    # pipelines/real holds the bodies of the corpus, training, evaluation and WISE-study stages: the
+    # GPU-trained retrofits must not go stale because the WISE study's code changed, nor the reverse.
+    all_stages = stages()
+    train = ["train_real_retrofit@lma", "train_real_retrofit@plain", "train_real_retrofit@t1"]
+    for edited, runs, spared in (("pipelines/real/wise_study.py", ["real_wise"], ["real_corpus", "real_eval", *train]),
+                                 ("pipelines/real/train.py", train, ["real_corpus", "real_eval", "real_wise"]),
+                                 ("pipelines/real/corpus.py", ["real_corpus"], [*train, "real_eval", "real_wise"])):
+        rerun = {name for name, st in all_stages.items() if not uncovered({edited}, st["deps"])}
+        assert set(runs) <= rerun and not rerun & set(spared), (edited, sorted(rerun))
+
+
 def test_editing_the_mechanism_observer_reruns_every_stage_that_runs_it():
     # The example: wise/engine/mechanism.py computes the discovery masses of these stages.
     runs = {name for name, st in stages().items() if not uncovered({"wise/engine/mechanism.py"}, st["deps"])}

@@ -19,12 +19,12 @@ def _params(**real_wise):
     return dataclasses.replace(p, real_wise=dataclasses.replace(p.real_wise, **{**base, **real_wise}))
 
 
-def _one_run_rows(p, lengths: list[int]) -> dict[str, list[dict]]:
+def _one_run_rows(p, lengths: list[int], per_task: int = 2) -> dict[str, list[dict]]:
     """Rows in the order wise_study.study_tables makes them for `lengths`: per T its traces' rows
     in cohort order (per length: QA, then text), then per setting its supports (cohort order) and
     results (QA rows of every length, then text rows); the long traces last."""
     r = p.real_wise
-    cohort = [(n, task, i) for n in lengths if n in r.lengths for task in ("qa", "text") for i in range(2)]
+    cohort = [(n, task, i) for n in lengths if n in r.lengths for task in ("qa", "text") for i in range(per_task)]
     longs = [n for n in r.layout_lengths if n in lengths]
     t = {k: [] for k in ("steps", "mechanism", "supports", "results", "layouts")}
 
@@ -71,10 +71,14 @@ def _filled(tables: dict) -> dict:
             for k, rows in tables.items()}
 
 
-def _fake_study(calls: list):
-    def study_tables(p, lengths):
-        calls.append(list(lengths))
-        return _filled(_one_run_rows(p, lengths))
+def _fake_study(calls: list, per_task: int = 2):
+    def study_tables(p, lengths, items=None):  # a shard's rows: the one run's rows of its items, in that order
+        calls.append(list(lengths) if items is None else [it["example_id"] for it in items])
+        rows = _one_run_rows(p, lengths, per_task)
+        if items is not None:
+            ids = {it["example_id"] for it in items}
+            rows = {k: [r for r in v if r["example_id"] in ids] for k, v in rows.items()}
+        return _filled(rows)
     return study_tables
 
 
@@ -88,11 +92,7 @@ def test_run_parts_resumes_and_join_writes_the_one_run_tables(tmp_path, monkeypa
     # the rows' own columns only (the fake has no scores): a schema of the columns the fake makes
     import pyarrow as pa
 
-    cols = [("T", pa.int64()), ("t_d", pa.int64()), ("w", pa.int64()), ("task", pa.string()),
-            ("length", pa.int64()), ("example_id", pa.string()), ("n_tokens", pa.int64()), ("loop", pa.int64()),
-            ("condition", pa.string()), ("layer", pa.int64())]
-    monkeypatch.setattr(wise_parts, "TABLES", {k: (tmp_path / f"{k}.parquet", pa.schema(cols))
-                                               for k in ("steps", "mechanism", "supports", "results", "layouts")})
+    _table_schemas(monkeypatch, wise_parts, tmp_path)
     monkeypatch.setattr(wise_parts, "write_study", lambda p, tables: written.update(tables) or {"ok": 1})
     first, second = tmp_path / "call1", tmp_path / "call2"
     wise_parts.run_parts(p, [256, 512], first)
@@ -114,6 +114,70 @@ def test_run_parts_resumes_and_join_writes_the_one_run_tables(tmp_path, monkeypa
         wise_parts.join_parts(other, [first, second])
     wise_parts.run_parts(other, [256], first)
     assert calls[-1] == [256]
+
+
+def _table_schemas(monkeypatch, wise_parts, tmp_path):
+    import pyarrow as pa
+
+    cols = [("T", pa.int64()), ("t_d", pa.int64()), ("w", pa.int64()), ("task", pa.string()),
+            ("length", pa.int64()), ("example_id", pa.string()), ("n_tokens", pa.int64()), ("loop", pa.int64()),
+            ("condition", pa.string()), ("layer", pa.int64())]
+    monkeypatch.setattr(wise_parts, "TABLES", {k: (tmp_path / f"{k}.parquet", pa.schema(cols))
+                                               for k in ("steps", "mechanism", "supports", "results", "layouts")})
+
+
+def _cohort(n: int) -> list[dict]:
+    """A length's cohort as the fake studies it: three QA prompts, the first and last of one token
+    length (one batch, so one shard, though not adjacent), and three text windows of one length."""
+    lengths = {"qa-0": n - 9, "qa-1": n - 7, "qa-2": n - 9}
+    return [{"example_id": f"{task}-{i}@{n}", "task": task, "length": n,
+             "token_ids": [0] * lengths.get(f"{task}-{i}", n - 4)} for task in ("qa", "text") for i in range(3)]
+
+
+def test_shards_are_whole_batches_that_cover_the_cohort_once_in_its_order():
+    from pipelines.real.wise_study import shard_items
+
+    cohort = _cohort(512)
+    shards = [[it["example_id"] for it in shard_items(cohort, i, 3)] for i in (1, 2, 3)]
+    assert shards == [["qa-0@512", "qa-2@512"], ["qa-1@512", "text-0@512", "text-1@512", "text-2@512"], []]
+    assert [it["example_id"] for it in shard_items(cohort, 1, 1)] == [it["example_id"] for it in cohort]
+    with pytest.raises(ValueError, match=r"^shard 4/3: expected 1 <= index <= count$"):
+        shard_items(cohort, 4, 3)
+
+
+def test_a_length_in_shards_joins_into_the_one_run_tables(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    from pipelines.real import wise_parts
+    from pipelines.real.wise_study import study_order
+
+    p = _params()
+    calls, written = [], {}
+    monkeypatch.setattr(wise_parts, "study_tables", _fake_study(calls, per_task=3))
+    monkeypatch.setattr(wise_parts, "length_cohort", lambda p, n: _cohort(n))
+    monkeypatch.setattr(wise_parts, "write_study", lambda p, tables: written.update(tables) or {"ok": 1})
+    _table_schemas(monkeypatch, wise_parts, tmp_path)
+    parts = tmp_path / "parts"
+    wise_parts.run_parts(p, [256, 1024], parts)
+    for i in (1, 3):
+        wise_parts.run_parts(p, [512], parts, shard=(i, 3))
+    with pytest.raises(ValueError, match=r"^real_wise --join: .*length 512 has finished shards \[\(1, 3\), \(3, 3\)\]"):
+        wise_parts.join_parts(p, [parts])
+    wise_parts.run_parts(p, [512], parts, shard=(2, 3))
+    assert calls[2:] == [["qa-0@512", "qa-2@512"], [], ["qa-1@512", "text-0@512", "text-1@512", "text-2@512"]]
+    assert wise_parts.join_parts(p, [parts]) == {"ok": 1}
+    assert study_order(p, written) == _filled(_one_run_rows(p, [256, 512, 1024], per_task=3))
+
+
+def test_bad_shards_are_refused_in_one_line():
+    from pipelines.real.wise_parts import parse_shard
+
+    p = _params()
+    assert parse_shard(p, None, [512]) is None and parse_shard(p, "2/3", [256, 512]) == (2, 3)
+    for text, why in (("2of3", "expected I/K"), ("4/3", "expected 1 <= I <= K"), ("0/3", "expected 1 <= I <= K")):
+        with pytest.raises(ValueError, match=f"^--shard '{text}': {why}"):
+            parse_shard(p, text, [512])
+    with pytest.raises(ValueError, match=r"^--shard '1/2': \[1024\] in real_wise.layout_lengths"):
+        parse_shard(p, "1/2", [512, 1024])
 
 
 def test_bad_lengths_are_refused_in_one_line():

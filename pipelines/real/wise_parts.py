@@ -3,12 +3,15 @@ into the tables of one run.
 
 ``run_parts`` studies each length of ``lengths`` on its own (``wise_study.study_tables``) and writes its
 row tables under ``<parts>/length-<n>/`` (each file atomically; ``part.json`` last, so a folder without
-it is an unfinished part and is redone). A length whose finished part was made under the same study
-params is skipped, so a call that ran out of time is resumed by running it again. ``join_parts``
-reads the parts of every length of real_wise.lengths and layout_lengths (from one or more parts
-folders), puts their rows in one run's order (``wise_study.study_order``) and writes the study's
-files (``wise_study.write_study``). Every row depends on its own prompt only (seeded by example id,
-conditions batched by prompt length), so the joined tables are the unsplit run's.
+it is an unfinished part and is redone). A length too long for one call is studied in shards
+(``shard=(i, k)``: ``wise_study.shard_items``, whole batches of its cohort) under
+``<parts>/length-<n>-shard-<i>-of-<k>/``, whose part.json keeps the length's cohort order. A part
+finished under the same study params is skipped, so a call that ran out of time is resumed by
+running it again. ``join_parts`` reads the parts of every length of real_wise.lengths and
+layout_lengths (from one or more parts folders; a length whole or as all k of its shards), puts
+their rows in one run's order (``wise_study.study_order``) and writes the study's files
+(``wise_study.write_study``). Every row depends on its own prompt only (seeded by example id,
+conditions batched by task and prompt length), so the joined tables are the unsplit run's.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from pipelines.config.params import Params
 from pipelines.store.artifacts import read_parquet, write_json, write_parquet
-from pipelines.real.wise_study import TABLES, study_tables, write_study
+from pipelines.real.wise_study import TABLES, length_cohort, shard_items, study_tables, write_study
 
 DONE = "part.json"
 
@@ -55,8 +58,24 @@ def parse_lengths(p: Params, text: str | None) -> list[int]:
     return lengths
 
 
-def part_folder(parts: Path, length: int) -> Path:
-    return Path(parts) / f"length-{length}"
+def parse_shard(p: Params, text: str | None, lengths: list[int]) -> tuple[int, int] | None:
+    """`--shard 2/3`: the second of three shards of each length (one-line error on bad input)."""
+    if text is None:
+        return None
+    try:
+        i, k = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected I/K, e.g. 1/3 (the first of three shards)") from None
+    if not 1 <= i <= k:
+        raise ValueError(f"--shard {text!r}: expected 1 <= I <= K")
+    long = [n for n in lengths if n in p.real_wise.layout_lengths]
+    if long:
+        raise ValueError(f"--shard {text!r}: {long} in real_wise.layout_lengths (one long trace each) are not sharded")
+    return i, k
+
+
+def part_folder(parts: Path, length: int, shard: tuple[int, int] | None = None) -> Path:
+    return Path(parts) / (f"length-{length}" if shard is None else f"length-{length}-shard-{shard[0]}-of-{shard[1]}")
 
 
 def finished(folder: Path, fingerprint: str) -> bool:
@@ -64,27 +83,54 @@ def finished(folder: Path, fingerprint: str) -> bool:
     return done.is_file() and json.loads(done.read_text()).get("fingerprint") == fingerprint
 
 
-def run_parts(p: Params, lengths: list[int], parts: Path) -> list[Path]:
-    """Study each length not yet finished under `parts`; returns the part folders written."""
+def run_parts(p: Params, lengths: list[int], parts: Path, shard: tuple[int, int] | None = None) -> list[Path]:
+    """Study each length (or its shard `shard`) not yet finished under `parts`; returns the part folders written."""
     fingerprint, written = study_fingerprint(p), []
     for n in lengths:
-        folder = part_folder(parts, n)
+        folder = part_folder(parts, n, shard)
         if finished(folder, fingerprint):
             print(f"real_wise: length {n}: part {folder} already done (same params), skipped")
             continue
         (folder / DONE).unlink(missing_ok=True)  # an old part's files are replaced before it counts again
-        tables = study_tables(p, [n])
+        done = {"length": n, "fingerprint": fingerprint}
+        if shard is None:
+            tables = study_tables(p, [n])
+        else:
+            cohort = length_cohort(p, n)
+            items = shard_items(cohort, *shard)
+            tables = study_tables(p, [n], items=items)
+            done.update(shard=list(shard), cohort=[it["example_id"] for it in cohort],
+                        example_ids=[it["example_id"] for it in items])
         for name, (path, schema) in TABLES.items():
             write_parquet(tables[name], folder / path.name, schema)
-        write_json({"length": n, "fingerprint": fingerprint, "rows": {k: len(v) for k, v in tables.items()}},
-                   folder / DONE)
+        write_json({**done, "rows": {k: len(v) for k, v in tables.items()}}, folder / DONE)
         print(f"real_wise: length {n}: part written to {folder}")
         written.append(folder)
     return written
 
 
-def find_parts(p: Params, folders: list[Path]) -> dict[int, Path] | str:
-    """Each length's finished part in `folders` (the first found), or a one-line reason why not."""
+def _shards(folder_of_parts: Path, n: int, fingerprint: str) -> list[Path] | str | None:
+    """All k finished shards of length n in one parts folder (their cohorts one and covered exactly
+    once), None when it holds none, or a one-line reason why they cannot be joined."""
+    found = sorted(Path(folder_of_parts).glob(f"length-{n}-shard-*-of-*"))
+    if not found:
+        return None
+    if any((f / DONE).is_file() and not finished(f, fingerprint) for f in found):
+        return f"{folder_of_parts}: shards of length {n} were made under other study params (run them again)"
+    done = [json.loads((f / DONE).read_text()) for f in found if finished(f, fingerprint)]
+    counts = {d["shard"][1] for d in done}
+    if len(counts) != 1 or sorted(d["shard"][0] for d in done) != list(range(1, next(iter(counts)) + 1)):
+        return (f"{folder_of_parts}: length {n} has finished shards {sorted(tuple(d['shard']) for d in done)}: "
+                f"every shard I/K of one K is needed (run the others with --shard)")
+    cohort, studied = done[0]["cohort"], [e for d in done for e in d["example_ids"]]
+    if any(d["cohort"] != cohort for d in done) or sorted(studied) != sorted(cohort):
+        return f"{folder_of_parts}: the shards of length {n} do not cover its cohort exactly once"
+    return [f for f in found if finished(f, fingerprint)]
+
+
+def find_parts(p: Params, folders: list[Path]) -> dict[int, list[Path]] | str:
+    """Each length's finished part (one folder, or its shards) in `folders` (the first found), or a
+    one-line reason why not."""
     fingerprint, found = study_fingerprint(p), {}
     for n in all_lengths(p):
         for parts in folders:
@@ -92,7 +138,13 @@ def find_parts(p: Params, folders: list[Path]) -> dict[int, Path] | str:
             if (folder / DONE).is_file() and not finished(folder, fingerprint):
                 return f"{folder} was made under other study params than these (run that length again)"
             if finished(folder, fingerprint):
-                found[n] = folder
+                found[n] = [folder]
+                break
+            shards = _shards(parts, n, fingerprint)
+            if isinstance(shards, str):
+                return shards
+            if shards:
+                found[n] = shards
                 break
         else:
             return (f"no finished part of length {n} in {[str(f) for f in folders]} "
@@ -107,7 +159,12 @@ def join_parts(p: Params, folders: list[Path]) -> dict:
     if isinstance(found, str):
         raise ValueError(f"real_wise --join: {found}")
     tables = {name: [] for name in TABLES}
-    for n, folder in found.items():
-        for name, (path, _) in TABLES.items():
-            tables[name] += read_parquet(folder / path.name).to_pylist()
+    for n, part in found.items():
+        rows = {name: [r for f in part for r in read_parquet(f / path.name).to_pylist()]
+                for name, (path, _) in TABLES.items()}
+        if len(part) > 1:  # shards: the length's rows in its cohort's order, as one run makes them
+            rank = {e: i for i, e in enumerate(json.loads((part[0] / DONE).read_text())["cohort"])}
+            rows = {name: sorted(r, key=lambda row: rank[row["example_id"]]) for name, r in rows.items()}
+        for name in TABLES:
+            tables[name] += rows[name]
     return write_study(p, tables)

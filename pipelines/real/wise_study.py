@@ -120,19 +120,45 @@ def run_real_wise(p: Params) -> dict:
     return write_study(p, study_tables(p))
 
 
-def study_tables(p: Params, lengths=None) -> dict[str, list[dict]]:
+def length_cohort(p: Params, length: int) -> list[dict]:
+    """The cohort of one length of real_wise.lengths, in the order a run studies it."""
+    return real_cohort(p, load_tokenizer(base_folder(p.real_model)), load_corpus(), [length])
+
+
+def shard_items(cohort: list[dict], index: int, count: int) -> list[dict]:
+    """Shard `index` (1..count) of a cohort: whole groups of the items one batch can hold (one task,
+    one prompt length: conditions are batched by task, then by prompt length), the groups in order of
+    first appearance cut into `count` runs of about equal item counts; the items in cohort order.
+    Batches are the whole cohort's, so each row is the one a run of the whole cohort makes."""
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index}/{count}: expected 1 <= index <= count")
+    groups: dict[tuple, list[int]] = {}
+    for i, it in enumerate(cohort):
+        groups.setdefault((it["task"], len(it["token_ids"])), []).append(i)
+    picked, start = [], 0
+    for members in groups.values():
+        if start * count // len(cohort) == index - 1:
+            picked += members
+        start += len(members)
+    return [cohort[i] for i in sorted(picked)]
+
+
+def study_tables(p: Params, lengths=None, items: list[dict] | None = None) -> dict[str, list[dict]]:
     """The study's row tables (steps, mechanism, supports, results, layouts) on the prompts of
-    `lengths` (None: every length of real_wise.lengths and real_wise.layout_lengths). Every row
-    depends on its own prompt only (seeds by example id, batches of one prompt length), so the
-    tables of a few lengths at a time, put in ``study_order``, are the tables of one run."""
+    `lengths` (None: every length of real_wise.lengths and real_wise.layout_lengths), or on `items`
+    alone (a shard of ``length_cohort``; no long traces). Every row depends on its own prompt only
+    (seeds by example id, batches of one task and prompt length), so the tables of a few lengths or
+    shards at a time, put in ``study_order``, are the tables of one run."""
     r = p.real_wise
     keep = (lambda n: True) if lengths is None else (lambda n: n in set(lengths))
     tokenizer = load_tokenizer(base_folder(p.real_model))
-    corpus = load_corpus()
-    cohort = real_cohort(p, tokenizer, corpus, [n for n in r.lengths if keep(n)])
+    if items is None:
+        cohort = real_cohort(p, tokenizer, load_corpus(), [n for n in r.lengths if keep(n)])
+    else:
+        cohort = list(items)
     long_cohort = [{"example_id": f"window-test-0@{n}", "task": "long", "length": n, "answer": "",
                     "token_ids": split_windows("test", n, 1)[0], "answer_ids": []}
-                   for n in r.layout_lengths if keep(n)]
+                   for n in r.layout_lengths if keep(n) and items is None]
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     by_T: dict[int, list[tuple[int, int, int]]] = {}
     for T, t_d, w in r.settings:
