@@ -238,6 +238,12 @@ def test_depth_logits_read_each_depth_as_a_forward_of_that_many_loops(base_dir):
         assert not torch.allclose(read[0], read[1])
     with pytest.raises(ValueError, match="loop counts must be >= 1"):
         model.depth_logits(ids, (0, 2))
+    with torch.no_grad():  # the earlier depths on the first row only: that row's logits, the deepest on every row
+        early = model.depth_logits(ids, (2, 4, 3), early_rows=1)
+    assert [tuple(x.shape[:2]) for x in early] == [(1, 24), (2, 24), (1, 24)]
+    assert torch.allclose(early[0], read[0][:1], atol=1e-5) and torch.equal(early[1], read[1])
+    with pytest.raises(ValueError, match=r"early_rows must be in 1..2 \(the batch's rows\), got 3"):
+        model.depth_logits(ids, (2, 4), early_rows=3)
 
 
 def test_a_loss_at_several_depths_trains_other_weights_and_is_recorded(tmp_path, base_dir, tokenizer, tokens):
@@ -250,6 +256,12 @@ def test_a_loss_at_several_depths_trains_other_weights_and_is_recorded(tmp_path,
         weights.append(load_file(str(out / "retrofit.safetensors")))
         assert json.loads((out / "train_recipe.json").read_text())["params"]["train_readouts"] == k
     assert not all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])
+    # the earlier loops read on one row of the batch: another loss, recorded
+    out, _ = train(tmp_path / "rows", base_dir, tokenizer, tokens, "lma",
+                   dataclasses.replace(p, train_readouts=2, train_readout_rows=1))
+    assert json.loads((out / "train_recipe.json").read_text())["params"]["train_readout_rows"] == 1
+    one_row = load_file(str(out / "retrofit.safetensors"))
+    assert not all(torch.equal(one_row[n], weights[1][n]) for n in one_row)
 
 
 def test_overrides_match_a_baseline_to_a_finished_run(tmp_path, base_dir, tokenizer, tokens):
@@ -263,7 +275,9 @@ def test_overrides_match_a_baseline_to_a_finished_run(tmp_path, base_dir, tokeni
                                              ("train_window_tokens", 16, r"must be in \[32, 8192\]"),
                                              ("train_tokens", 0, "must be >= 1"),
                                              ("train_readouts", 8,
-                                              r"must be an integer in 1..loops_max - 1 \(7\): the last loop.*")])
+                                              r"must be an integer in 1..loops_max - 1 \(7\): the last loop.*"),
+                                             ("train_readout_rows", 33,
+                                              r"must be an integer in 0..train_rows \(32\): 0 reads every row.*")])
 def test_bad_training_keys_are_refused_in_one_line(key, value, why):
     import yaml
 

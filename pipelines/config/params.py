@@ -198,6 +198,7 @@ class RealModelParams:
     loops_min: int
     loops_max: int
     train_readouts: int  # loops scored per step: the last + (k - 1) earlier (1: the paper's recipe)
+    train_readout_rows: int  # rows of a batch read at the earlier loops (0: every row)
     eval_depths: tuple[int, ...]
     eval_windows: int  # test-split windows (held-out NLL)
     eval_needles: int  # test-split hop items over hop_counts (accuracy; the halting table's test rows)

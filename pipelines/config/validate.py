@@ -229,6 +229,9 @@ def validate_real_model(m) -> None:
     require(isinstance(m.train_readouts, int) and 1 <= m.train_readouts <= m.loops_max - 1, k + "train_readouts",
             m.train_readouts, f"must be an integer in 1..loops_max - 1 ({m.loops_max - 1}): the last loop and "
             "earlier ones from loop 2 on")
+    require(isinstance(m.train_readout_rows, int) and 0 <= m.train_readout_rows <= m.train_rows,
+            k + "train_readout_rows", m.train_readout_rows,
+            f"must be an integer in 0..train_rows ({m.train_rows}): 0 reads every row at the earlier loops")
     depths = list(m.eval_depths)
     require(bool(depths) and all(isinstance(t, int) and t >= 1 for t in depths) and 1 in depths
             and len(set(depths)) == len(depths), k + "eval_depths", depths,

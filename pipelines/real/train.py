@@ -16,7 +16,8 @@ GPU scale on the real corpus, and the same-budget T = 1 baseline beside them.
 - Recipe: the base's weights in ``train_dtype``, only the added modules train (fp32 master
   weights, fused AdamW on CUDA), bf16 autocast (``train_autocast``), a loop count per step from the
   clamped log-normal Poisson (t1: 1), the loss read at the last loop (``train_readouts`` > 1: the
-  mean over it and that many - 1 earlier loops drawn per step, ``wise.looped.depth.readout_depths``),
+  mean over it and that many - 1 earlier loops drawn per step, ``wise.looped.depth.readout_depths``,
+  read on the first ``train_readout_rows`` rows of the batch, 0: all),
   until ``train_tokens`` or ``train_time_limit_s``; the loss curve and ``train_summary.json`` give
   tokens/s. One loop of every variant equals the base's logits before training, or nothing trains.
 """
@@ -180,9 +181,10 @@ def train_real(p: RealModelParams, variant: str, out: str | Path, device: str, b
         n_loops = 1 if variant == "t1" else loops_for_step(p.seed, step, **loops)
         depths = readout_depths(p.seed, step, n_loops, p.train_readouts)
         with autocast:
-            read = model.depth_logits(t["ids"], depths)
+            read = model.depth_logits(t["ids"], depths, early_rows=p.train_readout_rows or None)
         # the mean over the scored depths trains; the curve logs the last depth's terms (the paper's loss)
-        losses = [batch_loss(logits, t["targets"], t["is_answer"], cfg.lm_loss_weight) for logits in read]
+        losses = [batch_loss(logits, t["targets"][:len(logits)], t["is_answer"][:len(logits)], cfg.lm_loss_weight)
+                  for logits in read]
         total, answer, lm = torch.stack([x[0] for x in losses]).mean(), losses[-1][1], losses[-1][2]
         extra = {"loops": n_loops, "alpha": model.alpha.detach()}
         if model.lma:

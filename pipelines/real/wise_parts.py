@@ -34,8 +34,9 @@ def study_fingerprint(p: Params) -> str:
     r.pop("lengths"), r.pop("layout_lengths")
     sections = {"real_wise": r, **{k: dataclasses.asdict(getattr(p, k)) for k in
                                    ("real_model", "wise", "conditions", "recurrence", "diagnostics")}}
-    # a training-only key newer than the committed parts: they stay joinable (checkpoints.txt names the weights)
-    sections["real_model"].pop("train_readouts")
+    # training-only keys newer than the committed parts: they stay joinable (checkpoints.txt names the weights)
+    for key in ("train_readouts", "train_readout_rows"):
+        sections["real_model"].pop(key)
     return hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -197,12 +197,18 @@ class LoopedModel(nn.Module):
         loops = self.config.mean_recurrence if loops is None else loops
         return self.depth_logits(ids, (loops,), policy, observer)[0]
 
-    def depth_logits(self, ids: torch.Tensor, depths, policy=None, observer=None) -> list[torch.Tensor]:
+    def depth_logits(self, ids: torch.Tensor, depths, policy=None, observer=None,
+                     early_rows: int | None = None) -> list[torch.Tensor]:
         """ids [b, n] -> the logits after each loop count in `depths`, in that order, from one run of
-        max(depths) loops (each read out where the loop passes it: a loss at several depths)."""
+        max(depths) loops (each read out where the loop passes it: a loss at several depths). With
+        `early_rows`, the depths before the deepest are read out on the first early_rows rows only
+        ([early_rows, n, vocab]): the suffix layers and LM head, not the loop, are most of what an
+        extra readout costs."""
         depths = [int(t) for t in depths]
         if not depths or min(depths) < 1:
             raise ValueError(f"loop counts must be >= 1, got {depths}")
+        if early_rows is not None and not 1 <= early_rows <= ids.shape[0]:
+            raise ValueError(f"early_rows must be in 1..{ids.shape[0]} (the batch's rows), got {early_rows}")
         rope = self.rotary(ids.shape[1], ids.device)
         e = self.embed(ids, rope)
         s = self.initial_state(e)
@@ -211,7 +217,8 @@ class LoopedModel(nn.Module):
         for t in range(1, max(depths) + 1):
             s = self.core_step(s, e, t, rope, policy, observer, features)
             if t in depths:
-                read[t] = self.readout(s, rope)
+                early = early_rows is not None and t < max(depths)
+                read[t] = self.readout(s[:early_rows] if early else s, rope)
         return [read[t] for t in depths]
 
     @property
