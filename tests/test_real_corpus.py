@@ -317,3 +317,32 @@ def test_stdlib_files_leave_out_test_suites_and_site_packages(tmp_path):
     assert not any(part in ("test", "tests", "idle_test", "site-packages") for r in real for part in r.split("/"))
     with pytest.raises(FileNotFoundError, match="no .py files"):
         stdlib_files(tmp_path / "json" / "__pycache__" / "none")
+
+
+def test_the_corpus_survey_counts_what_the_stage_writes(tmp_path, monkeypatch):
+    """scripts.corpus_survey on the stage's own pins gives each distribution's tokens and split as the
+    manifest run_real_corpus writes (same cleaning, dedup, tokenizer and split rule); no model needed."""
+    import dataclasses
+    from importlib.metadata import version
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import pipelines.real.corpus as stage
+    from params_files import default_params
+    from scripts.corpus_survey import survey
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    monkeypatch.setattr(stage, "tokenizer_file", lambda folder: tmp_path / "tokenizer.json")
+    monkeypatch.setattr(stage, "eos_id", lambda path: 1)
+    monkeypatch.setattr(stage, "pinned_distributions", lambda path: {n: version(n) for n in ("gguf", "markdown")})
+    monkeypatch.setattr(stage, "stdlib_files", _stdlib_sample)
+    p = dataclasses.replace(default_params().real_model, heldout_fraction=0.3, test_fraction=0.05)
+    monkeypatch.chdir(tmp_path)
+    manifest = stage.run_real_corpus(SimpleNamespace(real_model=p), tmp_path / "unused.toml")
+    tokens, split = survey(["gguf", "markdown"], p, tmp_path / "tokenizer.json")
+    written = {d["distribution"]: (d["tokens"], d["split"]) for d in manifest["distributions"]}
+    assert {name: (tokens[name], split[name]) for name in tokens} == written
+    assert sum(tokens.values()) > 0 and len(set(split.values())) == 3
