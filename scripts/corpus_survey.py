@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     print("distribution | version | pinned | split | tokens")
     for name in sorted(tokens, key=lambda n: -tokens[n])[:a.top]:
         version = "" if name == "python" else metadata.version(name)
-        print(f"{name} | {version} | {'stdlib' if name == 'python' else 'yes' if name in pins else 'no'} | {split[name]} | {tokens[name]:,}")
+        pinned = "stdlib" if name == "python" else "yes" if name in pins else "no"
+        print(f"{name} | {version} | {pinned} | {split[name]} | {tokens[name]:,}")
     return 0
 
 
