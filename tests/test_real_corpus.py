@@ -207,21 +207,14 @@ def test_the_stage_refuses_a_changed_pin_before_writing_anything(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pyproject.toml"]
 
 
-def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice(tmp_path, monkeypatch):
-    """run_real_corpus on two small pins and the language reference, with a word-level stand-in for the
-    SmolLM2 tokenizer (so no model is needed): one split per distribution, the manifest adds up, every
-    document ends with EOS in its split's array, and a second build writes identical files."""
-    import dataclasses
-    import json
+def _stand_in_stage(tmp_path, monkeypatch):
+    """Stage real_corpus without a model: a word-level stand-in for the SmolLM2 tokenizer (EOS id 1), the pins
+    gguf and markdown, a sample of the standard library."""
     from importlib.metadata import version
-    from types import SimpleNamespace
 
-    import numpy as np
-    import pyarrow.parquet as pq
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     import pipelines.real.corpus as stage
-    from params_files import default_params
 
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 1}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -230,6 +223,23 @@ def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice
     monkeypatch.setattr(stage, "eos_id", lambda path: 1)
     monkeypatch.setattr(stage, "pinned_distributions", lambda path: {n: version(n) for n in ("gguf", "markdown")})
     monkeypatch.setattr(stage, "stdlib_files", _stdlib_sample)
+
+
+def test_the_stage_writes_whole_distributions_per_split_and_the_same_bytes_twice(tmp_path, monkeypatch):
+    """run_real_corpus on two small pins and the language reference, with a word-level stand-in for the
+    SmolLM2 tokenizer (so no model is needed): one split per distribution, the manifest adds up, every
+    document ends with EOS in its split's array, and a second build writes identical files."""
+    import dataclasses
+    import json
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import pipelines.real.corpus as stage
+    from params_files import default_params
+
+    _stand_in_stage(tmp_path, monkeypatch)
     sizes = dict(heldout_fraction=0.3, test_fraction=0.05)  # gguf (tiny) to test, markdown to held-out
     params = SimpleNamespace(real_model=dataclasses.replace(default_params().real_model, **sizes))
     digests = []
@@ -323,22 +333,13 @@ def test_the_corpus_survey_counts_what_the_stage_writes(tmp_path, monkeypatch):
     """scripts.corpus_survey on the stage's own pins gives each distribution's tokens and split as the
     manifest run_real_corpus writes (same cleaning, dedup, tokenizer and split rule); no model needed."""
     import dataclasses
-    from importlib.metadata import version
     from types import SimpleNamespace
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     import pipelines.real.corpus as stage
     from params_files import default_params
     from scripts.corpus_survey import survey
 
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<eos>": 1}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    monkeypatch.setattr(stage, "tokenizer_file", lambda folder: tmp_path / "tokenizer.json")
-    monkeypatch.setattr(stage, "eos_id", lambda path: 1)
-    monkeypatch.setattr(stage, "pinned_distributions", lambda path: {n: version(n) for n in ("gguf", "markdown")})
-    monkeypatch.setattr(stage, "stdlib_files", _stdlib_sample)
+    _stand_in_stage(tmp_path, monkeypatch)
     p = dataclasses.replace(default_params().real_model, heldout_fraction=0.3, test_fraction=0.05)
     monkeypatch.chdir(tmp_path)
     manifest = stage.run_real_corpus(SimpleNamespace(real_model=p), tmp_path / "unused.toml")
