@@ -222,3 +222,24 @@ def test_flash_rows_give_the_numbers_of_the_fp32_score_products():
     got = sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, bias[n:])
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got, sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, 0 * bias[n:]))
+
+
+def test_recorded_steps_take_their_probabilities_from_the_fused_log_sum_exp():
+    """The static decoder's recorded early steps with fused attention: the output of FlashRows and the
+    probabilities exp(score - lse) from its log-sum-exp, both those of the fp32 scores' softmax."""
+    from wise.engine.appended_rows import Cache, weighted_sum
+    from wise.engine.graph_decode import _attend, _probs
+
+    g = torch.Generator().manual_seed(1)
+    R, H, hkv, d, n, C = 2, 6, 3, 64, 70, 4
+    q = torch.randn(R, H, 1, d, generator=g)
+    k, v = torch.randn(1, hkv, n, d, generator=g), torch.randn(1, hkv, n, d, generator=g)
+    cache = Cache([(k, v, R, True)])
+    tk, tv = torch.randn(R, hkv, C, d, generator=g), torch.randn(R, hkv, C, d, generator=g)
+    bias = torch.where(torch.arange(n + C) <= n + 1, 0.0, float("-inf"))
+    ref = _attend(q, cache, tk, bias)
+    out, lse = sparse_late_rows.FlashRows(H, hkv).attend_lse(q, cache, tk, tv, bias[n:])
+    probs = _probs(q, cache, tk, bias, lse)
+    assert torch.allclose(probs, ref, rtol=1e-5, atol=1e-7) and (probs[..., n + 2:] == 0).all()
+    assert torch.allclose(out, weighted_sum(ref, cache, tv, n, q.dtype), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(_probs(q, cache, tk, bias, lse + 0.1), ref, rtol=1e-3)

@@ -19,7 +19,10 @@ states and RoPE rows of all C positions are made once and picked by p inside the
 With the kernel backend, attention that needs no probabilities (Full rows, the prelude and coda, early
 steps no row records masses at) is fused: flash attention per cache part joined with the tail by
 log-sum-exps (``wise.engine.sparse_late_rows.FlashRows``; ``dense="kernel"``: the decode kernel with
-every block kept), split across the cache for occupancy, no fp32 scores in memory.
+every block kept), split across the cache for occupancy, no fp32 scores in memory. With flash, the early
+steps whose masses a row records take their output from it too and their probabilities as exp(score - lse)
+from its log-sum-exp: one score product and no probability-weighted sums over the cache, whose long
+reduction over few rows keeps a matrix product on a handful of SMs.
 
 Graphs are captured once per row group after one eager pass (which is also a real pass); where
 capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
@@ -45,6 +48,13 @@ def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     own row already written): probs [R, H, 1, n0 + C] fp32."""
     scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
     return torch.softmax(scores + bias, dim=-1)
+
+
+def _probs(q, cache, tk, bias: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``_attend``'s probabilities from the rows' log-sum-exp lse [R, H, 1] (``FlashRows.attend_lse``): the
+    scores' exponentials, with no softmax pass and no probability-weighted sums over the cache."""
+    scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
+    return torch.exp(scores + bias - lse[..., None])
 
 
 class _Tail:
@@ -172,14 +182,20 @@ class StaticDecoder:
         def seam(q, k, v, *, step, layer):
             tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
             cache = g.early(step, layer)
-            if self.dense is not None and not (self.supported and step in self.record):
+            recorded = self.supported and step in self.record
+            if self.dense is not None and not recorded:
                 return self.dense.attend_all(q, cache, tk, tv, bias[self.n0:])
-            probs = _attend(q, cache, tk, bias)
-            if self.supported and step in self.record:
+            if isinstance(self.dense, FlashRows):  # the output fused, the probabilities from its log-sum-exp
+                y, lse = self.dense.attend_lse(q, cache, tk, tv, bias[self.n0:])
+                probs = _probs(q, cache, tk, bias, lse)
+            else:
+                probs = _attend(q, cache, tk, bias)
+                y = None
+            if recorded:
                 out["masses"].setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
                 if step == s_.discovery_step and len(self.freeze):
                     out["td"][layer] = probs[self.freeze]
-            return weighted_sum(probs, cache, tv, cache.n, q.dtype)
+            return y if y is not None else weighted_sum(probs, cache, tv, cache.n, q.dtype)
 
         x = self.x0.index_select(1, self.pos)
         for t in range(1, s_.discovery_step + 1):

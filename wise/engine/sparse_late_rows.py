@@ -6,9 +6,10 @@ per-step cache and adds a 0 / -inf bias, so a WISE row reads what a Full row rea
 (row, head, new row)'s late support over the prompt's blocks becomes a list of key blocks (kept
 in static buffers, so a captured CUDA graph replays it while the lists change from token to
 token); the kernel returns split partial softmax states over those blocks, the new rows' own
-tail (a few positions, dense, with the tail's columns of the same bias) adds one more partial,
-and one combine gives the softmax over the union. Full rows of a mixed group keep every block;
-Freeze-A rows read their frozen weights on the same blocks with fresh V.
+tail (a few positions, dense, with the tail's columns of the same bias) adds one more partial
+(``kernels.decode_tail``, one launch), and one combine gives the softmax over the union. Full rows
+of a mixed group keep every block; Freeze-A rows read their frozen weights on the same blocks with
+fresh V.
 
 Used by the cached decoding's both paths: ``wise.engine.extension.CoreRows`` (pass by pass) and
 ``wise.engine.graph_decode.StaticDecoder`` (static buffers, CUDA graphs).
@@ -19,9 +20,9 @@ import math
 
 import torch
 
+from kernels.decode_tail import tail_partials
 from kernels.schedule import use_triton
-from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, default_splits,
-                                   dense_partials, partial_buffers)
+from kernels.sparse_decode import combine_partials, decode_block_lists, decode_partials, default_splits, partial_buffers
 from wise.engine.appended_rows import bmm_f32
 
 
@@ -45,7 +46,9 @@ class SparseLateRows:
                           torch.zeros(R, kv_heads, r, dtype=torch.int32, device=device)) for l in range(n_layers)}
         self.splits = default_splits(R * kv_heads * r, self.Mp, device)
         self.freeze, self.device = sorted(freeze), device
-        self.freeze_idx = torch.tensor(self.freeze, dtype=torch.long, device=device)
+        # the tail's launches: the scored rows, then the Freeze-A rows (their weights in freeze order)
+        self.tail_rows = torch.tensor([x for x in range(R) if x not in self.freeze], dtype=torch.int32, device=device)
+        self.freeze_rows = torch.tensor(self.freeze, dtype=torch.int32, device=device)
         # made here, not while a CUDA graph is captured (a host-to-device copy cannot be captured)
         self.launches: dict[tuple[int, int], tuple] = {}
         for i, j in group.runs():
@@ -87,14 +90,9 @@ class SparseLateRows:
             if nf:
                 decode_partials(*args, rows=fz, frozen=frozen[first:first + nf], out=out)
             a += rows
-        tail = dense_partials(q, tk, tv, tail_bias)
+        tail_partials(q, tk, tv, tail_bias, (m, l_, acc), S, rows=self.tail_rows)
         if self.freeze:
-            idx = self.freeze_idx
-            own = dense_partials(q[idx], tk[idx], tv[idx], None, frozen=frozen[..., self.n0:])
-            tail = tuple(x.index_copy(0, idx, y) for x, y in zip(tail, own))
-        m[..., S:].copy_(tail[0])
-        l_[..., S:].copy_(tail[1])
-        acc[..., S:, :].copy_(tail[2])
+            tail_partials(q, tk, tv, None, (m, l_, acc), S, rows=self.freeze_rows, frozen=frozen, w_off=self.n0)
         return combine_partials(m, l_, acc, q.dtype)
 
 
@@ -135,6 +133,11 @@ class FlashRows:
     def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
         """Attention of new rows q [R, H, r, d] over the whole `cache` and their tail tk, tv [R, Hkv, t, d]
         under tail_bias [t] (0 / -inf) -> [R, H, r, d] in q's dtype."""
+        return self.attend_lse(q, cache, tk, tv, tail_bias)[0]
+
+    def attend_lse(self, q, cache, tk, tv, tail_bias) -> tuple[torch.Tensor, torch.Tensor]:
+        """``attend_all`` and the log-sum-exp of the scaled scores over cache and tail, fp32 [R, H, r]: with it
+        a row's probabilities are exp(score - lse), no second softmax (``probs_from_lse``)."""
         R, H, r, d = q.shape
         hkv, scale = self.kv_heads, d ** -0.5
         g = H // hkv
@@ -155,6 +158,8 @@ class FlashRows:
         C = tk.shape[2]
         qk = bmm_f32(q.reshape(R * hkv, g * r, d), tk.reshape(R * hkv, C, d).transpose(1, 2))
         scores = torch.add(tail_bias, qk.view(R, H, r, C), alpha=scale)
-        w = torch.softmax(torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1), dim=-1)
+        joined = torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1)
+        total = torch.logsumexp(joined, dim=-1)
+        w = torch.exp(joined - total[..., None])
         tail = bmm_f32(w[..., :C].to(tv.dtype).reshape(R * hkv, g * r, C), tv.reshape(R * hkv, C, d))
-        return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype)
+        return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype), total

@@ -1,0 +1,136 @@
+"""The decode rows' own tail as one more partial softmax state, in one launch.
+
+    m, l, acc = decode_partials(..., out=partial_buffers(R, Hq, r, splits + 1, d, dev))   # the cache's splits
+    tail_partials(q, k_tail, v_tail, bias, out=(m, l, acc), slot=splits)                 # the tail's slot
+    out = combine_partials(m, l, acc, q.dtype)
+
+The tail is the few keys decoding appended after the cached prompt (at most the decoder's capacity), each
+row's own, under an additive bias [R, Hq, r, t] (0 / -inf: positions not written yet, blocks outside a
+support). ``kernels.sparse_decode.dense_partials`` computes the same state in PyTorch in about fifteen
+launches (casts, GQA repeats, two products, max, exp2, sums) and three more to copy it into the slot; in a
+decoding pass that runs per core layer and late step, so on a small model the launches outweigh the
+arithmetic. Here one program per (row, kv head, new row) scores the kv head's query heads against the
+tail in chunks of TB keys with an online softmax (any t), and writes (max in base 2, sum of exp2,
+unnormalised accumulator) into the slot. Freeze-A rows (``frozen``) read their weights at the tail's
+columns (w_off + c) instead: (0, Σ w, Σ w v), as ``decode_partials`` gives them for the cache.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.sparse_decode import HEAD_DIMS, LOG2E
+
+TB = 16  # tail keys per iteration
+
+
+@triton.jit
+def _tail_partials(
+    Q, TK, TV, Bias, W, Rows, M_out, L_out, Acc_out,
+    stride_qr, stride_qh, stride_qj,
+    stride_kr, stride_kh, stride_kn,
+    stride_vr, stride_vh, stride_vn,
+    stride_br, stride_bh, stride_bj,
+    stride_wi, stride_wh, stride_wj,
+    t_len, heads, kv_heads, q_rows, group, qk_scale, slots, slot, w_off,
+    KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, FROZEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    j = pid % q_rows
+    kvh = (pid // q_rows) % kv_heads
+    i = pid // (q_rows * kv_heads)  # index into Rows (and into W's rows when FROZEN)
+    row = tl.load(Rows + i).to(tl.int64)
+    offs_g = tl.arange(0, G_PAD)
+    g_ok = offs_g < group
+    hs = kvh * group + offs_g
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_D
+    offs_t = tl.arange(0, KB)
+    k_base = TK + row * stride_kr + kvh.to(tl.int64) * stride_kh
+    v_base = TV + row * stride_vr + kvh.to(tl.int64) * stride_vh
+    b_base = Bias + row * stride_br + hs * stride_bh + j * stride_bj  # [G_PAD]
+    if FROZEN:
+        w_base = W + i.to(tl.int64) * stride_wi + hs * stride_wh + j * stride_wj + w_off
+    else:
+        q = tl.load(Q + row * stride_qr + hs[:, None] * stride_qh + j * stride_qj + offs_d[None, :],
+                    mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # NO_MAX
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for c0 in range(0, t_len, KB):
+        c = c0 + offs_t
+        c_ok = c < t_len
+        vals = tl.load(v_base + c[:, None] * stride_vn + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
+                       other=0.0).to(tl.float32)
+        if FROZEN:
+            p = tl.load(w_base[:, None] + c[None, :], mask=g_ok[:, None] & c_ok[None, :], other=0.0)
+            l_i += tl.sum(p, 1)
+            acc += tl.sum(p[:, :, None] * vals[None, :, :], 1)
+        else:
+            keys = tl.load(k_base + c[:, None] * stride_kn + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
+                           other=0.0).to(tl.float32)
+            bias = tl.load(b_base[:, None] + c[None, :], mask=g_ok[:, None] & c_ok[None, :],
+                           other=float("-inf")).to(tl.float32)
+            s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale + bias  # [G_PAD, KB]
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vals[None, :, :], 1)
+            m_i = m_new
+    if FROZEN:
+        m_i = m_i * 0.0
+    at = ((row * heads + hs) * q_rows + j) * slots + slot  # [G_PAD]
+    tl.store(M_out + at, m_i, mask=g_ok)
+    tl.store(L_out + at, l_i, mask=g_ok)
+    tl.store(Acc_out + at[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+
+
+def tail_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, out: tuple,
+                  slot: int, *, scale: float | None = None, rows: torch.Tensor | None = None,
+                  frozen: torch.Tensor | None = None, w_off: int = 0) -> tuple:
+    """The partial state of rows q [R, Hq, r, d] over their tail k, v [R, Hkv, t, d] under bias (0 / -inf,
+    broadcastable to [R, Hq, r, t], last dim contiguous; None: every key) written into slot `slot` of
+    out = (m, l [R, Hq, r, slots], acc [..., slots, d]) fp32; rows: int32 [R'] the rows to compute (default
+    all); frozen: fp32 [R', Hq, r, >= w_off + t] Freeze-A weights of those rows, read at w_off + c."""
+    R, hq, r, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    m, l_, acc = out
+    if k.shape != v.shape or k.shape[0] != R or k.shape[3] != d or hkv == 0 or hq % hkv:
+        raise ValueError(f"tail k, v must be [{R}, Hkv, t, {d}] with Hkv dividing {hq}; got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if m.shape[:3] != (R, hq, r) or not 0 <= slot < m.shape[3] or acc.shape != (*m.shape, d) \
+            or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
+        raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, > {slot}] (x2) and [..., {d}]")
+    if rows is None:
+        rows = torch.arange(R, dtype=torch.int32, device=q.device)
+    if frozen is not None and (frozen.dtype != torch.float32 or frozen.shape[:3] != (rows.shape[0], hq, r)
+                               or frozen.shape[3] < w_off + t or frozen.stride(-1) != 1):
+        raise ValueError(f"frozen weights must be fp32 [len(rows), {hq}, {r}, >= {w_off + t}] with a contiguous "
+                         f"last dim; got {tuple(frozen.shape)}")
+    if rows.numel() == 0:
+        return out
+    if bias is None:
+        bias = torch.zeros(1, 1, 1, t, device=q.device)
+    bias = bias.expand(R, hq, r, t)
+    if t and bias.stride(-1) != 1:
+        raise ValueError("the tail bias needs a contiguous last dimension")
+    if any(x.stride(-1) != 1 for x in (q, k, v)):
+        raise ValueError("q and the tail's k, v need a contiguous last dimension")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    w = frozen if frozen is not None else q
+    ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
+    g_pad = triton.next_power_of_2(hq // hkv)
+    _tail_partials[(rows.shape[0] * hkv * r,)](
+        q, k, v, bias, w, rows, m, l_, acc,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), bias.stride(0), bias.stride(1), bias.stride(2), *ws,
+        t, hq, hkv, r, hq // hkv, scale * LOG2E, m.shape[3], slot, w_off,
+        KB=TB, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=g_pad, FROZEN=frozen is not None,
+        num_warps=4 if q.is_cuda else 1)
+    return out
