@@ -148,7 +148,7 @@ def measured_bandwidth(device) -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def _prefill(model, prompts, condition: str, settings: WiseSettings):
+def cached_prefill(model, prompts, condition: str, settings: WiseSettings):
     """The engine's cached prefill of every prompt: (RowGroup, first tokens)."""
     prefixes = [run_prefix(model, ids, settings, seed, record=condition != "full", keep_qk=False, cache=True)
                 for ids, seed in prompts]
@@ -202,7 +202,7 @@ def time_condition(model, prompts, condition: str, settings: WiseSettings, token
     for _ in range(repeats):
         group = None  # the previous prefill's caches go before the next one's are made
         release(dev)
-        ms, (group, first) = _timed_ms(lambda: _prefill(model, prompts, condition, settings), dev)
+        ms, (group, first) = _timed_ms(lambda: cached_prefill(model, prompts, condition, settings), dev)
         ttfts.append(ms)
     tpot, decoder = _tpot(group, first, tokens, dev)
     out = dict(ttft_ms=statistics.median(ttfts), tpot_ms=tpot, graphed=decoder.graphs,

@@ -27,7 +27,7 @@ from wise.looped.token_windows import spaced_windows, split_tokens
 from wise.models.checkpoint import load_checkpoint
 from wise.models.config import RecurrentConfig
 
-from .decode_latency import _prefill, planted_supports, random_layout_for, release
+from .decode_latency import cached_prefill, planted_supports, random_layout_for, release
 from .inputs import DTYPES
 from .whole_model import build_model
 
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         release(dev)
         with supports():
             with torch.no_grad():
-                group, first = _prefill(model, prompts, cond, settings)
+                group, first = cached_prefill(model, prompts, cond, settings)
                 decoder = StaticDecoder(group, a.passes + 2)
                 decoder.step(first)
                 if decoder._graphs is None:

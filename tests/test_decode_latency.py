@@ -105,7 +105,7 @@ def test_planted_support_reaches_the_late_steps():
     layout_for = dl.random_layout_for(c, 16, 0.3, seed=1)
     prompts = [(torch.randint(c.vocab_size, (64,), generator=torch.Generator().manual_seed(0)), 7)]
     with dl.planted_supports(layout_for):
-        group, _ = dl._prefill(model, prompts, "wise", s)
+        group, _ = dl.cached_prefill(model, prompts, "wise", s)
     assert torch.equal(group.lates[0].layouts.cpu(), layout_for(4, "cpu"))
 
 
@@ -213,3 +213,28 @@ def test_retrofit_inputs_are_checked_before_any_work(tmp_path, capsys):
     assert "no such token-id export" in capsys.readouterr().err
     assert dl.main(["--presets", "--device", "cpu"]) == 2
     assert "nothing to time" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU case: a one-line refusal")
+def test_profile_decode_refuses_without_cuda(capsys):
+    import benchmarks.profile_decode as pd
+
+    assert pd.main(["--n", "256", "--batch", "1"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_profile_decode_splits_a_pass_into_its_parts(tmp_path):
+    import json
+
+    import benchmarks.profile_decode as pd
+
+    out = tmp_path / "parts.json"
+    assert pd.main(["--n", "512", "--batch", "2", "--steps", "8", "--dense-steps", "3", "--window", "2",
+                    "--passes", "3", "--out", str(out)]) == 0
+    parts = json.loads(out.read_text())["parts"]
+    assert set(parts) == {"full", "wise"}
+    for cond, got in parts.items():
+        assert got["a_ms"] > 0 and got["b_ms"] > 0, cond
+        assert got["pass_ms"] >= got["a_ms"] + got["b_ms"] - 1e-3, cond
+    assert parts["wise"]["s_host_ms"] > parts["full"]["s_host_ms"]  # Full rows have no supports to set
