@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sparse_decode import HEAD_DIMS, LOG2E
+from kernels.sparse_decode import HEAD_DIMS, LOG2E, online_softmax
 
 TB = 16  # tail keys per iteration
 
@@ -75,12 +75,7 @@ def _tail_partials(
             bias = tl.load(b_base[:, None] + c[None, :], mask=g_ok[:, None] & c_ok[None, :],
                            other=float("-inf")).to(tl.float32)
             s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale + bias  # [G_PAD, KB]
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vals[None, :, :], 1)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
     if FROZEN:
         m_i = m_i * 0.0
     at = ((row * heads + hs) * q_rows + j) * slots + slot  # [G_PAD]

@@ -38,6 +38,16 @@ NO_MAX = -1.0e30  # the max of a split with no keys: finite, so exp2(NO_MAX - m)
 
 
 @triton.jit
+def online_softmax(m_i, l_i, acc, s, vals):
+    """Scores s [G, N] (base 2) of N keys with values vals [N, D] into the running max m_i [G], sum of exp2 l_i
+    [G] and unnormalised accumulator acc [G, D]: the flash-decoding update, shared by the decode kernels."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.sum(p[:, :, None] * vals[None, :, :], 1)
+
+
+@triton.jit
 def _decode_partials(
     Q, K, V, W, Keep, Ids, Counts, Rows, M_out, L_out, Acc_out,
     stride_qr, stride_qh, stride_qj,
@@ -102,12 +112,7 @@ def _decode_partials(
                            mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
             s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale  # [G_PAD, N]
             s = tl.where(kept, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vals[None, :, :], 1)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
     if FROZEN:
         m_i = m_i * 0.0  # frozen weights are probabilities already: no max to carry
     slot = ((row * heads + hs) * q_rows + j) * slots + split  # [G_PAD]; slots >= splits (room for a tail's)
