@@ -133,11 +133,14 @@ class FlashRows:
     def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
         """Attention of new rows q [R, H, r, d] over the whole `cache` and their tail tk, tv [R, Hkv, t, d]
         under tail_bias [t] (0 / -inf) -> [R, H, r, d] in q's dtype."""
-        return self.attend_lse(q, cache, tk, tv, tail_bias)[0]
+        return self._attend(q, cache, tk, tv, tail_bias, False)[0]
 
     def attend_lse(self, q, cache, tk, tv, tail_bias) -> tuple[torch.Tensor, torch.Tensor]:
         """``attend_all`` and the log-sum-exp of the scaled scores over cache and tail, fp32 [R, H, r]: with it
-        a row's probabilities are exp(score - lse), no second softmax (``probs_from_lse``)."""
+        a row's probabilities are exp(score - lse), no second softmax (``graph_decode._probs``)."""
+        return self._attend(q, cache, tk, tv, tail_bias, True)
+
+    def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
         R, H, r, d = q.shape
         hkv, scale = self.kv_heads, d ** -0.5
         g = H // hkv
@@ -159,7 +162,7 @@ class FlashRows:
         qk = bmm_f32(q.reshape(R * hkv, g * r, d), tk.reshape(R * hkv, C, d).transpose(1, 2))
         scores = torch.add(tail_bias, qk.view(R, H, r, C), alpha=scale)
         joined = torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1)
-        total = torch.logsumexp(joined, dim=-1)
-        w = torch.exp(joined - total[..., None])
+        total = torch.logsumexp(joined, dim=-1) if lse_too else None
+        w = torch.exp(joined - total[..., None]) if lse_too else torch.softmax(joined, dim=-1)
         tail = bmm_f32(w[..., :C].to(tv.dtype).reshape(R * hkv, g * r, C), tv.reshape(R * hkv, C, d))
         return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype), total
