@@ -300,8 +300,9 @@ def combine_reference(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
 def dense_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                    scale: float | None = None, frozen: torch.Tensor | None = None):
     """The partial state of rows q [R, Hq, r, d] over a few dense keys k, v [R, Hkv, t, d] with an
-    additive bias [R, Hq, r, t] (0 / -inf), in fp32 and base 2, for ``combine_partials`` (the new
-    rows' own tail). frozen [R, Hq, r, t]: weights used instead of the softmax (max 0)."""
+    additive bias [R, Hq, r, t] (0 / -inf), in fp32 and base 2, for ``combine_partials``: the PyTorch
+    definition of ``kernels.decode_tail.tail_partials`` (the new rows' own tail, one launch there).
+    frozen [R, Hq, r, t]: weights used instead of the softmax (max 0)."""
     R, hq, r, d = q.shape
     g = hq // k.shape[1]
     vv = v.float().repeat_interleave(g, dim=1)

@@ -43,18 +43,21 @@ from wise.engine.runner import initial_state
 from wise.engine.sparse_late_rows import AllBlocksRows, FlashRows, SparseLateRows, sparse_decode_enabled
 
 
+def _scores(q, cache, tk: torch.Tensor) -> torch.Tensor:
+    """Scaled fp32 scores [R, H, 1, n0 + C] of new rows over the prompt's cache and a whole tail buffer."""
+    return torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
+
+
 def _attend(q, cache, tk: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``wise.engine.appended_rows.attend_rows`` over the prompt's cache and a whole tail buffer (its
     own row already written): probs [R, H, 1, n0 + C] fp32."""
-    scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
-    return torch.softmax(scores + bias, dim=-1)
+    return torch.softmax(_scores(q, cache, tk) + bias, dim=-1)
 
 
 def _probs(q, cache, tk, bias: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """``_attend``'s probabilities from the rows' log-sum-exp lse [R, H, 1] (``FlashRows.attend_lse``): the
     scores' exponentials, with no softmax pass and no probability-weighted sums over the cache."""
-    scores = torch.cat([cache.scores(q), rows_x_own(q, tk, transpose=True)], -1) * q.shape[-1] ** -0.5
-    return torch.exp(scores + bias - lse[..., None])
+    return torch.exp(_scores(q, cache, tk) + bias - lse[..., None])
 
 
 class _Tail:
@@ -190,12 +193,12 @@ class StaticDecoder:
                 probs = _probs(q, cache, tk, bias, lse)
             else:
                 probs = _attend(q, cache, tk, bias)
-                y = None
+                y = weighted_sum(probs, cache, tv, cache.n, q.dtype)
             if recorded:
                 out["masses"].setdefault(step, {})[layer] = row_masses(probs, s_.block_size)
                 if step == s_.discovery_step and len(self.freeze):
                     out["td"][layer] = probs[self.freeze]
-            return y if y is not None else weighted_sum(probs, cache, tv, cache.n, q.dtype)
+            return y
 
         x = self.x0.index_select(1, self.pos)
         for t in range(1, s_.discovery_step + 1):
