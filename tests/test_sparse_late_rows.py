@@ -191,6 +191,58 @@ def test_full_rows_alone_capture_before_their_first_pass_on_a_warm_device(monkey
     assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-2 if dense == "flash" else 1e-4)
 
 
+@pytest.mark.gpu
+def test_wise_and_freeze_a_rows_capture_before_their_first_pass_on_a_warm_device(monkeypatch):
+    """Once warm, a group with WISE and Freeze-A rows (the sparse decode kernel warmed on a late step's cache
+    first) captures before its first pass: every pass is a replay, with the numbers of the dense path."""
+    import wise.engine.graph_decode as graph_decode
+
+    model = gqa_model("cuda").half()
+    settings = WiseSettings(**SETTINGS, backend="kernel")
+    evaluate_examples(model, EXAMPLE, CONDITIONS, settings, 3, set(), "cached", graphs=True)  # warms the device
+    capturing = []
+    orig = graph_decode.StaticDecoder._early
+
+    def early(self):
+        capturing.append(torch.cuda.is_current_stream_capturing())
+        return orig(self)
+
+    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", early)
+    calls = Calls(monkeypatch)
+    out = evaluate_examples(model, EXAMPLE, CONDITIONS, settings, 3, set(), "cached", graphs=True)[0]
+    assert capturing and all(capturing), graph_decode.StaticDecoder.capture_errors
+    assert calls.n > 0
+    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", orig)
+    ref = evaluate_examples(model, EXAMPLE, CONDITIONS, WiseSettings(**SETTINGS, backend="reference"), 3, set(),
+                            "cached", graphs=True)[0]
+    assert_same(out, ref, 1e-2)
+
+
+def test_sparse_kernel_warms_on_a_late_step_and_changes_no_buffer(monkeypatch):
+    """StaticDecoder._warm_sparse (run before a capture on a warm GPU) launches the decode kernel once per part of
+    a late step's cache and once more for its Freeze-A rows, and leaves tails, biases and block lists as they were."""
+    made = with_dense(monkeypatch, None)
+    evaluate_examples(gqa_model(), EXAMPLE, CONDITIONS, WiseSettings(**SETTINGS, backend="kernel"), 3, set(),
+                      "cached", graphs=True)
+    dec = next(d for d in made if d.sparse is not None)
+    assert len(dec.freeze), "the group must hold Freeze-A rows"
+    kept = [t.k.clone() for t in dec.tails.values()] + [b.clone() for b in dec.bias.values()]
+    kept += [f.clone() for f in dec.frozen.values()] + [x.clone() for x in dec.sparse.lists[0]]
+    calls = Calls(monkeypatch)
+    dec._warm_sparse()
+    launches = [dec.sparse.launch_rows(a, a + rows) for a, rows in
+                zip(*_starts(dec.g.late(dec.last, 0).parts))]
+    assert calls.n == sum(1 + (nf > 0) for _, _, _, nf in launches)
+    now = [t.k for t in dec.tails.values()] + list(dec.bias.values()) + list(dec.frozen.values())
+    assert all(torch.equal(a, b) for a, b in zip(now + list(dec.sparse.lists[0]), kept, strict=True))
+
+
+def _starts(parts) -> tuple[list[int], list[int]]:
+    """(first row, rows) of each cache part."""
+    rows = [p[2] for p in parts]
+    return [sum(rows[:i]) for i in range(len(rows))], rows
+
+
 def test_dense_kernel_warms_on_every_kind_of_cache_part(monkeypatch):
     """StaticDecoder._warm_dense (run before a capture on a warm GPU) launches the kernel once per cache part
     of the prelude, the early and late steps and the coda, and leaves the decoder's tails as they were."""

@@ -24,7 +24,8 @@ steps whose masses a row records take their output from it too and their probabi
 from its log-sum-exp: one score product and no probability-weighted sums over the cache, whose long
 reduction over few rows keeps a matrix product on a handful of SMs.
 
-Graphs are captured once per row group after one eager pass (which is also a real pass); where
+Graphs are captured once per row group: after one eager pass (which is also a real pass) by the process's
+first decoder on a device, before the first pass by later ones (their Triton kernels launched once first); where
 capture is impossible (no CUDA, or an operation that cannot be captured) every pass runs the same
 functions eagerly (``StaticDecoder(..., graphs=False)``; the CPU tests compare that with
 ``extend``). Models whose prelude and coda run row by row against cached keys take this path: the
@@ -269,15 +270,16 @@ class StaticDecoder:
             raise ValueError(f"static decoder holds {self.C} passes")
         if self.passes == 0:
             self.ids.copy_(torch.tensor(tokens, device=self.device).view(-1, 1))
-        # the decode kernel compiles per variant on its first launch, which must not fall inside a
-        # capture: a decoder with the sparse late steps always runs its first pass eagerly
-        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM \
-                and self.sparse is None:
+        if self._graphs is None and self.graphs and self.passes == 0 and self.C > 1 and self.device in _WARM:
             # once a decoder has run eagerly on this device (library handles, allocator pools,
             # compiled kernels), capturing needs no warm-up pass: the first pass is a replay too,
-            # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group
+            # which saves one host-bound eager pass (~0.3 s at Huginn's shape) per row group. A Triton
+            # kernel compiles per variant on its first launch, which must not fall inside a capture:
+            # the decoder's own variants launch once eagerly first
             if self.dense is not None:
                 self._warm_dense()
+            if self.sparse is not None:
+                self._warm_sparse()
             self._graphs = self._capture(torch.cuda.Stream(self.device))
         if self._graphs is None:
             # the first pass warms up on the stream the graphs are captured on
@@ -315,6 +317,18 @@ class StaticDecoder:
         bias = self._tail_bias()[self.n0:]
         for cache, key in caches:
             self.dense.attend_all(q, cache, self.tails[key].k, self.tails[key].v, bias)
+
+    def _warm_sparse(self) -> None:
+        """One eager call of the sparse late attention on a late step's cache (every part, Freeze-A rows
+        included) with this decoder's own buffers, so that no kernel variant compiles inside a capture. The
+        output is dropped; the tails, biases and block lists are only read."""
+        g, c = self.g, self.g.model.config
+        if self.last <= g.s.discovery_step:
+            return
+        q = torch.zeros(self.R, c.heads, 1, c.head_dim, dtype=self.x0.dtype, device=self.device)
+        tail = self.tails[(self.last, 0)]
+        frozen = self.frozen[0] if self.frozen else None
+        self.sparse.attend(q, g.late(self.last, 0), tail.k, tail.v, self.bias[0][..., self.n0:], 0, frozen)
 
     def _capture(self, side):
         """(graph A, graph B, A's outputs, B's outputs), or None where capture fails (the eager
