@@ -137,6 +137,20 @@ def with_dense(monkeypatch, dense):
     return made
 
 
+def capture_flags(monkeypatch) -> list[bool]:
+    """Whether each decoding half A (``StaticDecoder._early``) ran inside a CUDA graph capture, in call order."""
+    import wise.engine.graph_decode as graph_decode
+
+    flags, orig = [], graph_decode.StaticDecoder._early
+
+    def early(self):
+        flags.append(torch.cuda.is_current_stream_capturing())
+        return orig(self)
+
+    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", early)
+    return flags
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter case")
 @pytest.mark.parametrize("dense", ["flash", "kernel"])
 def test_full_rows_alone_run_every_layer_fused(monkeypatch, dense):
@@ -173,14 +187,7 @@ def test_full_rows_alone_capture_before_their_first_pass_on_a_warm_device(monkey
     settings = WiseSettings(**SETTINGS, backend="kernel")
     with_dense(monkeypatch, dense)
     evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)  # warms the device
-    capturing = []
-    orig = graph_decode.StaticDecoder._early
-
-    def early(self):
-        capturing.append(torch.cuda.is_current_stream_capturing())
-        return orig(self)
-
-    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", early)
+    capturing = capture_flags(monkeypatch)
     calls, flash = Calls(monkeypatch), FlashCalls(monkeypatch)
     out = evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)[0]["full"]
     assert capturing and all(capturing), graph_decode.StaticDecoder.capture_errors
@@ -200,19 +207,11 @@ def test_wise_and_freeze_a_rows_capture_before_their_first_pass_on_a_warm_device
     model = gqa_model("cuda").half()
     settings = WiseSettings(**SETTINGS, backend="kernel")
     evaluate_examples(model, EXAMPLE, CONDITIONS, settings, 3, set(), "cached", graphs=True)  # warms the device
-    capturing = []
-    orig = graph_decode.StaticDecoder._early
-
-    def early(self):
-        capturing.append(torch.cuda.is_current_stream_capturing())
-        return orig(self)
-
-    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", early)
+    capturing = capture_flags(monkeypatch)
     calls = Calls(monkeypatch)
     out = evaluate_examples(model, EXAMPLE, CONDITIONS, settings, 3, set(), "cached", graphs=True)[0]
     assert capturing and all(capturing), graph_decode.StaticDecoder.capture_errors
     assert calls.n > 0
-    monkeypatch.setattr(graph_decode.StaticDecoder, "_early", orig)
     ref = evaluate_examples(model, EXAMPLE, CONDITIONS, WiseSettings(**SETTINGS, backend="reference"), 3, set(),
                             "cached", graphs=True)[0]
     assert_same(out, ref, 1e-2)
