@@ -22,7 +22,9 @@ warm-up run), for a quick look at where one condition's time goes; its agreement
 recurrence is chaotic, a trained model's converges: ``agreement``); ``--sensitivity`` prints how a
 1e-6 relative change of the initial state grows over the T steps of a Full forward;
 ``--plant-density ρ`` replaces the WISE support by a WISE-like random one (``benchmarks.inputs``)
-to time what WISE saves per phase.
+to time what WISE saves per phase. Full and WISE also run alone, each with its own prefix (``--alone-repeats k``:
+k runs each in turns, the median reported), split into steps 1..t_d, late steps, gold rows, the decoder's
+setup and the decoding passes (``evaluate_example``'s profile).
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ from wise.data.tokenizer import load_tokenizer
 from wise.engine.decoding import evaluate_example, evaluate_examples
 from wise.engine.runner import state_seed
 from wise.engine.support import density
+
+ALONE_PARTS = ("total", "prefix", "late", "gold", "setup", "passes")  # a lone condition's seconds, then its parts
 
 
 def examples(p, model, n: int, context: int | None) -> list[dict]:
@@ -109,11 +113,15 @@ def main(argv=None) -> int:
     ap.add_argument("--sensitivity", action="store_true", help="print the growth of a perturbed initial state")
     ap.add_argument("--profile", default=None,
                     help="write torch.profiler tables of the one-condition-alone runs into this folder")
+    ap.add_argument("--alone-repeats", type=int, default=1,
+                    help="runs of Full and of WISE alone per example, in turns (the median run is reported)")
     ap.add_argument("--plant-density", type=float, default=None,
                     help="WISE support := random WISE-like layout kept with this probability (0 < ρ <= 1)")
     args = ap.parse_args(argv)
     if args.state_gain is not None and not args.state_gain > 0:
         raise SystemExit(f"error: --state-gain must be > 0, got {args.state_gain}")
+    if args.alone_repeats < 1:
+        raise SystemExit(f"error: --alone-repeats must be >= 1, got {args.alone_repeats}")
     if args.plant_density is not None and not 0 < args.plant_density <= 1:
         raise SystemExit(f"error: --plant-density must be in (0, 1], got {args.plant_density}")
     p = load_params(args.params)
@@ -156,7 +164,7 @@ def _bench(args, p, model, device) -> int:
         torch.cuda.reset_peak_memory_stats()
     old = {c: 0.0 for c in names}
     new = {c: 0.0 for c in ("prefix", *names)}
-    alone = {c: {"total": 0.0, "prefix": 0.0, "late": 0.0} for c in ("full", "wise")}
+    alone = {c: dict.fromkeys(ALONE_PARTS, 0.0) for c in ("full", "wise")}
     if args.skip_today:  # what today's path would have compiled and cached (kernels, schedules)
         r = rows[0]
         evaluate_example(model, r["token_ids"], r["answer_ids"], names, settings,
@@ -177,16 +185,20 @@ def _bench(args, p, model, device) -> int:
     for key in new:
         new[key] += profile[key]
     agree_by = agreement(befores, afters)
-    for r, seed in zip(rows, seeds):
-        for c in ("full", "wise"):  # each alone on the new path: what one condition costs by itself
-            if c in names:
+    for r, seed in zip(rows, seeds):  # each alone on the new path: what one condition costs by itself
+        runs: dict[str, list[dict]] = {c: [] for c in ("full", "wise") if c in names}
+        for i in range(args.alone_repeats):  # in turns, the first condition alternating, so order effects cancel
+            for c in list(runs)[::1 if i % 2 == 0 else -1]:
                 own = {}
                 start = clock(device)
                 evaluate_example(model, r["token_ids"], r["answer_ids"], [c], settings, seed, max_new, stop,
                                  "cached", profile=own, graphs=graphs)
-                alone[c]["total"] += clock(device) - start
-                alone[c]["prefix"] += own["prefix"]
-                alone[c]["late"] += own[f"{c}:late"]
+                own = {"total": clock(device) - start, **{k.split(":")[-1]: v for k, v in own.items()}}
+                runs[c].append(own)
+        for c, timed in runs.items():  # the median run (by total) of each condition, with its parts
+            mid = sorted(timed, key=lambda t: t["total"])[(len(timed) - 1) // 2]
+            for k in ALONE_PARTS:
+                alone[c][k] += mid[k]
     if args.profile:  # after the timed runs, so the profiler's overhead stays out of them
         for c in ("full", "wise"):
             if c in names:
@@ -214,10 +226,12 @@ def _bench(args, p, model, device) -> int:
     speedup = math.nan if args.skip_today else old_total / new_total
     total = agree_by["all"]
     if "full" in names and "wise" in names:
-        print("new path, one condition alone (its own prefix), s per example: " + "; ".join(
-            f"{c} {a['total'] / n:.3f} (steps 1..t_d {a['prefix'] / n:.3f}"
-            f"{' with discovery' if c == 'wise' else ''}, late steps {a['late'] / n:.3f}, "
-            f"gold rows + decoding {(a['total'] - a['prefix'] - a['late']) / n:.3f})" for c, a in alone.items()))
+        print(f"new path, one condition alone (its own prefix; median of {args.alone_repeats} in turns), "
+              "s per example: " + "; ".join(
+                  f"{c} {a['total'] / n:.3f} (steps 1..t_d {a['prefix'] / n:.3f}"
+                  f"{' with discovery' if c == 'wise' else ''}, late steps {a['late'] / n:.3f}, gold rows "
+                  f"{a['gold'] / n:.3f}, decoder setup {a['setup'] / n:.3f}, decoding {a['passes'] / n:.3f}, other "
+                  f"{(a['total'] - sum(a[k] for k in ALONE_PARTS[1:])) / n:.3f})" for c, a in alone.items()))
     if "wise" in names:  # what the kernel's late steps can save depends on it
         dens = [density(a["wise"].layouts) for a in afters]
         print(f"WISE late support density (kept causal blocks / causal blocks): {sum(dens) / len(dens):.3f}")

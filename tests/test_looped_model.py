@@ -325,11 +325,11 @@ def test_the_prompt_keeps_prelude_and_coda_keys_with_the_same_numbers(family):
 def test_decoding_sizes_its_gpu_batches_from_the_looped_config():
     """The GPU path's cache estimate (examples and conditions decoded together) reads the config's
     core-layer count, heads and widths; the looped config answers it."""
-    from wise.engine.decoding import _cache_bytes
+    from wise.engine.decode_memory import cache_bytes
 
     model = build_looped(tiny_base("llama"), **LMA)
     settings = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16)
-    prefix, row, frozen = _cache_bytes(model, settings, 40, CONDITIONS)
+    prefix, row, frozen = cache_bytes(model, settings, 40, CONDITIONS)
     per_step = LMA["block_layers"] * 2 * 40 * TINY["num_key_value_heads"] * 16 * 4
     assert prefix == 3 * per_step and frozen == LMA["block_layers"] * TINY["num_attention_heads"] * 40 * 40 * 4
     assert row > 3 * per_step

@@ -43,6 +43,7 @@ import torch
 from wise.engine.adaptive_decoding import adaptive_settings, run_adaptive_prefix
 from wise.engine.appended_rows import SUPPORT_FREE, RowGroup, Tails, last_row
 from wise.engine.conditions import ADAPTIVE
+from wise.engine.decode_memory import condition_groups, example_chunks
 from wise.engine.extension import extend, extend_exiting
 from wise.engine.graph_decode import StaticDecoder
 from wise.engine.runner import Prefix, WiseSettings, run_late, run_late_rows, run_prefix
@@ -104,8 +105,10 @@ def evaluate_example(model, prompt_ids, answer_ids: list[int], conditions, setti
     (rerun only) runs each condition's passes on their own, as separate runs would: the same
     numbers, more work (the benchmark's "today" path). `profile` (cached only) receives the seconds
     of the shared prefix ("prefix"), of each condition's fork (its share of its group's) and, as
-    "<condition>:late", the part of the fork spent in the late steps over the prompt (the rest is
-    the gold answer's rows and decoding). `graphs` as for ``evaluate_examples``."""
+    "<condition>:late", the part of the fork spent in the late steps over the prompt; the rest of the fork
+    splits into "<condition>:gold" (the gold answer's rows), "<condition>:setup" (the row group and its
+    static decoder) and "<condition>:passes" (decoding, graph captures included); whatever remains is the
+    results' bookkeeping. `graphs` as for ``evaluate_examples``."""
     if generation not in GENERATION_MODES:
         raise ValueError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
     if generation == "cached" and not share_prefix:
@@ -154,7 +157,7 @@ def evaluate_examples(model, examples, conditions, settings: WiseSettings, max_n
     for idx in by_length.values():
         # equal answer lengths next to each other: the gold rows of a run of them are one batch
         idx = sorted(idx, key=lambda i: len(exs[i].answer))
-        for chunk in _example_chunks(model, [exs[i] for i in idx], conds, settings):
+        for chunk in example_chunks(model, [len(exs[i].prompt) for i in idx], conds, settings):
             runs = _cached(model, [exs[idx[j]] for j in chunk], conds, settings, max_new_tokens, stop, profile,
                            graphs)
             for j, r in zip(chunk, runs):
@@ -231,7 +234,7 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
     if profile is not None:
         profile["prefix"] = profile.get("prefix", 0.0) + _clock(model.device) - start
     out: list[dict] = [{} for _ in exs]
-    for group in _condition_groups(model, prefixes, conds, settings):
+    for group in condition_groups(model, prefixes[0].ids.shape[1], len(prefixes), conds, settings):
         start = _clock(model.device) if profile is not None else 0.0
         rows = [(j, c) for j in range(len(exs)) for c in group]
         if group == ["truncate"]:
@@ -242,8 +245,9 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
             lates = [late for j in range(len(exs))
                      for late in run_late_rows(model, [(prefixes[j], c) for c in group], settings, cache=True)]
         late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
+        parts = {"setup": _clock(model.device)} if profile is not None else None
         rg = RowGroup(model, settings, prefixes, lates, [j for j, _ in rows])
-        tokens, stats, gold, steps = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs)
+        tokens, stats, gold, steps = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs, parts)
         for i, ((j, c), late) in enumerate(zip(rows, lates)):
             out[j][c] = ConditionRun(c, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[j].state_hash,
                                      late.layouts, [lp for lp, _ in stats[i]], [m for _, m in stats[i]],
@@ -253,6 +257,8 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
             for c in group:
                 profile[c] = profile.get(c, 0.0) + secs
                 profile[f"{c}:late"] = profile.get(f"{c}:late", 0.0) + late_secs  # the late steps over the prompts
+                for key in ("gold", "setup", "passes"):
+                    profile[f"{c}:{key}"] = profile.get(f"{c}:{key}", 0.0) + parts[key] / len(group)
     return [{c: o[c] for c in conds} for o in out]
 
 
@@ -289,11 +295,15 @@ def _adaptive_runs(model, exs, settings: WiseSettings, max_new: int, stop, profi
 
 
 def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
-            graphs: bool | None = None) -> tuple[list, list, list, list]:
+            graphs: bool | None = None, parts: dict | None = None) -> tuple[list, list, list, list]:
     """Greedy tokens, their (log-probability, margin), gold-answer logits and (with an exit
     criterion, else empty) the steps of the pass behind each token, of every row of a group. The
     gold answer's rows run every step; an exit criterion cuts only generated tokens' passes, which
-    then run eagerly (``extend_exiting``, not the static graphs)."""
+    then run eagerly (``extend_exiting``, not the static graphs). parts {"setup": clock when the row
+    group's making began}: seconds of "setup" (with the static decoder's making), "gold" and "passes" set."""
+    device = group.lates[0].state.device
+    lap = _laps(device, parts)
+    lap("setup")
     R = len(answers)
     criterion = group.s.exit_criterion
     last = group.last_logits()
@@ -310,6 +320,7 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
             for k in range(i, j):
                 gold[k].append(rows[k - i])
         i = j
+    lap("gold")
     tokens: list[list[int]] = [[] for _ in range(R)]
     stats: list[list[tuple]] = [[] for _ in range(R)]
     steps: list[list[int]] = [[] for _ in range(R)]
@@ -319,6 +330,7 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
     if graphs is None:
         graphs = group.lates[0].state.device.type == "cuda"
     static = StaticDecoder(group, max_new - 1) if graphs and group.fast and max_new > 1 and criterion is None else None
+    lap("setup")
     tails = Tails(R)
     while True:
         for k, (token, lp, margin) in enumerate(chosen):
@@ -340,56 +352,20 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
             chosen = _choose(logits[:, -1])
         else:
             chosen = _choose(extend(group, tails, [[t] for t, _, _ in chosen])[:, -1])
+    lap("passes")
     return tokens, stats, [torch.cat(g) for g in gold], steps
 
 
-def _cache_bytes(model, settings: WiseSettings, n: int, conds) -> tuple[int, int, int]:
-    """(prompt caches of steps 1..t_d and the prelude per example, late caches and states per
-    row, Freeze-A's n x n weights per row) in bytes."""
-    cfg = model.config
-    item = next(model.parameters()).element_size()
-    per_step = cfg.n_core * 2 * n * cfg.kv_heads * cfg.head_dim * item
-    prefix = settings.discovery_step * per_step
-    width = cfg.hidden * (1 + getattr(cfg, "memory_slots", 0))  # wise.looped states carry loop memory
-    row = (settings.steps - settings.discovery_step) * per_step + 2 * n * width * item
-    frozen = cfg.n_core * cfg.heads * n * n * 4
-    return prefix, row, frozen
+def _laps(device, parts: dict | None):
+    """lap(name): the seconds since the last lap (or since parts["setup"], a start clock) added to parts[name];
+    nothing without parts."""
+    if parts is None:
+        return lambda name: None
+    last = [parts.pop("setup")]
+    parts.update(setup=0.0, gold=0.0, passes=0.0)
 
-
-def _free_bytes(device) -> int:
-    # memory the caching allocator holds but no tensor uses is free for these caches too
-    return (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
-            - torch.cuda.memory_allocated(device))
-
-
-CPU_BATCH_BYTES = 2 * 2**30  # the caches of one batch on the CPU
-
-
-def _example_chunks(model, exs: list[Example], conds, settings: WiseSettings) -> list[list[int]]:
-    """Examples (of one prompt length) decoded together: as many as fit, with all their rows, in
-    half the free GPU memory (CPU_BATCH_BYTES on the CPU); at least one."""
-    if len(exs) == 1:
-        return [[0]]
-    prefix, row, frozen = _cache_bytes(model, settings, len(exs[0].prompt), conds)
-    rows = sum(c != "truncate" for c in conds)
-    per_example = 2 * prefix + rows * row + (frozen if "freeze_a" in conds else 0)
-    budget = 0.5 * _free_bytes(model.device) if model.device.type == "cuda" else CPU_BATCH_BYTES
-    size = max(1, int(budget) // max(1, per_example))
-    return [list(range(i, min(i + size, len(exs)))) for i in range(0, len(exs), size)]
-
-
-def _condition_groups(model, prefixes: list[Prefix], conds, settings: WiseSettings) -> list[list[str]]:
-    """Conditions decoded together: truncate alone (it has no late steps); the others in groups
-    whose late caches (keys and values of T - t_d steps, Freeze-A's n x n weights) for every
-    example fit in half the free GPU memory (all at once on the CPU)."""
-    rest = [c for c in conds if c != "truncate"]
-    groups = [["truncate"]] if "truncate" in conds else []
-    if not rest:
-        return groups
-    size = len(rest)
-    if model.device.type == "cuda":
-        _, row, frozen = _cache_bytes(model, settings, prefixes[0].ids.shape[1], conds)
-        E = len(prefixes)
-        budget = int(0.5 * _free_bytes(model.device) - (E * frozen if "freeze_a" in rest else 0))
-        size = max(1, min(len(rest), budget // max(1, E * row)))
-    return groups + [rest[i:i + size] for i in range(0, len(rest), size)]
+    def lap(name: str) -> None:
+        now = _clock(device)
+        parts[name] += now - last[0]
+        last[0] = now
+    return lap
