@@ -245,8 +245,9 @@ def _cached(model, exs: list[Example], conds, settings, max_new, stop, profile=N
             lates = [late for j in range(len(exs))
                      for late in run_late_rows(model, [(prefixes[j], c) for c in group], settings, cache=True)]
         late_secs = (_clock(model.device) - start) / len(group) if profile is not None else 0.0
-        parts = {"setup": _clock(model.device)} if profile is not None else None
+        made = _clock(model.device) if profile is not None else 0.0
         rg = RowGroup(model, settings, prefixes, lates, [j for j, _ in rows])
+        parts = dict(setup=_clock(model.device) - made, gold=0.0, passes=0.0) if profile is not None else None
         tokens, stats, gold, steps = _decode(rg, [exs[j].answer for j, _ in rows], max_new, stop, graphs, parts)
         for i, ((j, c), late) in enumerate(zip(rows, lates)):
             out[j][c] = ConditionRun(c, tokens[i], _mean_logprob(gold[i], exs[j].answer), prefixes[j].state_hash,
@@ -299,11 +300,9 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
     """Greedy tokens, their (log-probability, margin), gold-answer logits and (with an exit
     criterion, else empty) the steps of the pass behind each token, of every row of a group. The
     gold answer's rows run every step; an exit criterion cuts only generated tokens' passes, which
-    then run eagerly (``extend_exiting``, not the static graphs). parts {"setup": clock when the row
-    group's making began}: seconds of "setup" (with the static decoder's making), "gold" and "passes" set."""
-    device = group.lates[0].state.device
-    lap = _laps(device, parts)
-    lap("setup")
+    then run eagerly (``extend_exiting``, not the static graphs). parts {"setup", "gold", "passes": seconds}:
+    the static decoder's making, the gold rows and the decoding passes are added to them."""
+    lap = _laps(group.lates[0].state.device, parts)
     R = len(answers)
     criterion = group.s.exit_criterion
     last = group.last_logits()
@@ -357,12 +356,11 @@ def _decode(group: RowGroup, answers: list[list[int]], max_new: int, stop,
 
 
 def _laps(device, parts: dict | None):
-    """lap(name): the seconds since the last lap (or since parts["setup"], a start clock) added to parts[name];
-    nothing without parts."""
+    """lap(name): the seconds since the last lap (the first: since this call) added to parts[name]; nothing
+    without parts."""
     if parts is None:
         return lambda name: None
-    last = [parts.pop("setup")]
-    parts.update(setup=0.0, gold=0.0, passes=0.0)
+    last = [_clock(device)]
 
     def lap(name: str) -> None:
         now = _clock(device)
