@@ -20,7 +20,10 @@
 #   device:  scripts/real_wise_gpu.sh study --lengths 4096            # (the machine still warm)
 #   device:  scripts/real_wise_gpu.sh study --lengths 8160 --shard 1/3   # then 2/3, 3/3: joins, benchmarks
 #   here:    tar -xzf $OUT/real_wise.tar.gz -C benchmarks/results/real-wise-gpu-h200/<date>/
-# (`study` without --lengths runs every length in one call.) If the machine went cold between the two calls:
+# (`study` without --lengths runs every length in one call.) `FROM=<a committed study's folder> ... pack` also
+# writes that study's lengths as finished parts into .real-wise-parts/ (stages.real_wise --split: its rows
+# checked against PARAMS), so that the calls study only the lengths it lacks and the last one joins them all.
+# If the machine went cold between the two calls:
 # copy the first call's parts-length-*.tar.gz into .real-wise-parts/ and carry it with the second call (after
 # the receives again), or join here: `scripts/real_wise_gpu.sh summary <folders holding the parts' tars>`
 # (CPU, seconds; no duckdb needed) and run `bench` on a warm machine carrying data/real/wise/layouts.parquet.
@@ -50,6 +53,16 @@ pack() {  # here: the test split's documents and token ids, in chunks that fit o
   rm -rf "$carry" && mkdir -p "$carry/files"
   $py -m scripts.real_wise_pack --out "$carry/files"
   carry_pack "$carry" 2 "carry each folder (the last with \`study\`):"
+  [ -z "${FROM:-}" ] || from_study "$FROM"
+}
+
+from_study() {  # here: a committed joined study's lengths as finished parts in $parts (carried with `study`)
+  local split; split=$(mktemp -d)
+  $py -m stages.real_wise --params "$params" --split "$1" --parts "$split"
+  rm -rf "$parts" && mkdir -p "$parts"
+  for d in "$split"/length-*; do tar -czf "$parts/parts-$(basename "$d").tar.gz" -C "$split" "$(basename "$d")"; done
+  rm -rf "$split"
+  echo "pack: $(ls "$parts" | wc -l) finished lengths of $1 in $parts/ (carry it with each \`study\` call)"
 }
 
 receive() {  # device: take in the carried chunks; the test split under data/real/ once every part is here

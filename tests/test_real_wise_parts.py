@@ -190,3 +190,65 @@ def test_bad_lengths_are_refused_in_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="comma-separated integers"):
         parse_lengths(p, "512;1K")
+
+
+def _joined(p, tmp_path, wise_parts, lengths) -> Path:
+    """A joined study's folder as write_study leaves it (the fake's row tables) for `lengths`."""
+    from pipelines.store.artifacts import write_parquet
+
+    folder, rows = tmp_path / "joined", _filled(_one_run_rows(p, lengths))
+    for name, (path, schema) in wise_parts.TABLES.items():
+        write_parquet(rows[name], folder / path.name, schema)
+    return folder
+
+
+def _study_params(**real_wise):
+    """_params with the fake's conditions and cohort sizes (two QA prompts, two text windows a length)."""
+    p = _params(**{"needles": 2, "windows": 2, **real_wise})
+    return dataclasses.replace(p, conditions=dataclasses.replace(p.conditions, names=("full", "wise")))
+
+
+def test_a_joined_study_split_into_parts_takes_a_new_length_alone(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    from pipelines.real import wise_parts
+    from pipelines.real.wise_study import study_order
+
+    p, calls, written = _study_params(), [], {}
+    _table_schemas(monkeypatch, wise_parts, tmp_path)
+    monkeypatch.setattr(wise_parts, "study_tables", _fake_study(calls))
+    monkeypatch.setattr(wise_parts, "write_study", lambda p, tables: written.update(tables) or {"ok": 1})
+    joined, parts = _joined(p, tmp_path, wise_parts, [256, 512]), tmp_path / "parts"
+    assert [f.name for f in wise_parts.split_study(p, joined, parts)] == ["length-256", "length-512"]
+    wise_parts.run_parts(p, [256, 512, 1024], parts)
+    assert calls == [[1024]]  # the split lengths count as finished: only the new one is studied
+    assert wise_parts.join_parts(p, [parts]) == {"ok": 1}
+    assert study_order(p, written) == _filled(_one_run_rows(p, [256, 512, 1024]))
+    assert wise_parts.split_study(p, joined, parts, [512]) == []  # a finished part is kept
+    longer = dataclasses.replace(p.real_wise, continuation=p.real_wise.continuation + 1)
+    other = dataclasses.replace(p, real_wise=longer)
+    wise_parts.split_study(other, joined, tmp_path / "other")  # split under other params: not joinable with these
+    with pytest.raises(ValueError, match="made under other study params"):
+        wise_parts.join_parts(p, [tmp_path / "other"])
+
+
+def test_a_joined_study_that_does_not_match_the_params_is_refused_in_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    from pipelines.real import wise_parts
+
+    p = _study_params()
+    _table_schemas(monkeypatch, wise_parts, tmp_path)
+    joined, parts = _joined(p, tmp_path, wise_parts, [256, 512]), tmp_path / "parts"
+    cases = [(_study_params(settings=((8, 3, 1),)), None, r"its settings \[\(8, 3, 1\), \(8, 4, 2\), \(16, 6, 2\)\] "
+              r"are not real_wise.settings \[\(8, 3, 1\)\]"),
+             (_study_params(needles=3), None, r"length 256 holds 2 qa items, not the 3 of real_wise"),
+             (_study_params(lengths=(512,)), None, r"its lengths \[256\] are not in real_wise.lengths"),
+             (dataclasses.replace(p, conditions=dataclasses.replace(p.conditions, names=("full",))), None,
+              r"its conditions \['full', 'wise'\] are not conditions.names \['full'\]"),
+             (p, [1024], r"lengths \[1024\] are not in it \(it holds \[256, 512\]\)")]
+    for params, lengths, why in cases:
+        with pytest.raises(ValueError, match=f"^real_wise --split {joined}: {why}") as e:
+            wise_parts.split_study(params, joined, parts, lengths)
+        assert "\n" not in str(e.value) and not parts.exists()  # nothing written
+    (joined / "results.parquet").unlink()
+    with pytest.raises(ValueError, match=r"\['results.parquet'\] missing"):
+        wise_parts.split_study(p, joined, parts)

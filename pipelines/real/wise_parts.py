@@ -12,6 +12,8 @@ layout_lengths (from one or more parts folders; a length whole or as all k of it
 their rows in one run's order (``wise_study.study_order``) and writes the study's files
 (``wise_study.write_study``). Every row depends on its own prompt only (seeded by example id,
 conditions batched by task and prompt length), so the joined tables are the unsplit run's.
+``split_study`` turns a joined study back into finished parts, one per length, so that a later call
+studies only a new length.
 """
 from __future__ import annotations
 
@@ -169,3 +171,61 @@ def join_parts(p: Params, folders: list[Path]) -> dict:
         for name in TABLES:
             tables[name] += rows[name]
     return write_study(p, tables)
+
+
+def _study_mismatch(p: Params, tables: dict[str, list[dict]]) -> str | None:
+    """What in a joined study's rows differs from p's study sections, where rows show them (one
+    line), or None: its settings (T, t_d, w), its conditions, its lengths and its cohort sizes."""
+    r, results = p.real_wise, tables["results"]
+    settings = sorted({(x["T"], x["t_d"], x["w"]) for x in results})
+    if settings != sorted(tuple(s) for s in r.settings):
+        return f"its settings {settings} are not real_wise.settings {[tuple(s) for s in r.settings]}"
+    conditions = sorted({x["condition"] for x in results})
+    if conditions != sorted(p.conditions.names):
+        return f"its conditions {conditions} are not conditions.names {sorted(p.conditions.names)}"
+    lengths = sorted({x["length"] for rows in tables.values() for x in rows})
+    unknown = [n for n in lengths if n not in all_lengths(p)]
+    if unknown:
+        return f"its lengths {unknown} are not in real_wise.lengths / layout_lengths {all_lengths(p)}"
+    for n in (n for n in lengths if n in r.lengths):
+        for task, want in (("qa", r.needles), ("text", r.windows)):
+            got = len({x["example_id"] for x in tables["mechanism"] if x["length"] == n and x["task"] == task})
+            if got != want:
+                return f"length {n} holds {got} {task} items, not the {want} of real_wise (needles / windows)"
+    return None
+
+
+def split_study(p: Params, folder: Path, parts: Path, lengths: list[int] | None = None) -> list[Path]:
+    """A joined study's tables (data/real/wise, or a committed copy of it) as finished parts under
+    `parts`, one per length (default: every length it holds), so that a later call adds a length
+    without studying the others again; a part already finished there is kept. The folder keeps no
+    params, so its rows are checked against p's study sections wherever they show them
+    (``_study_mismatch``); a one-line error before anything is written."""
+    folder = Path(folder)
+    missing = [path.name for path, _ in TABLES.values() if not (folder / path.name).is_file()]
+    if missing:
+        raise ValueError(f"real_wise --split {folder}: {missing} missing (a joined study's folder holds "
+                         f"{[path.name for path, _ in TABLES.values()]})")
+    tables = {name: read_parquet(folder / path.name).to_pylist() for name, (path, _) in TABLES.items()}
+    why = _study_mismatch(p, tables)
+    if why:
+        raise ValueError(f"real_wise --split {folder}: {why}: split it under the params it was made with")
+    held = sorted({x["length"] for rows in tables.values() for x in rows})
+    absent = [n for n in lengths or [] if n not in held]
+    if absent:
+        raise ValueError(f"real_wise --split {folder}: lengths {absent} are not in it (it holds {held})")
+    fingerprint, written = study_fingerprint(p), []
+    for n in lengths or held:
+        target = part_folder(parts, n)
+        if finished(target, fingerprint):
+            print(f"real_wise: length {n}: part {target} already done (same params), kept")
+            continue
+        (target / DONE).unlink(missing_ok=True)
+        rows = {name: [x for x in t if x["length"] == n] for name, t in tables.items()}
+        for name, (path, schema) in TABLES.items():
+            write_parquet(rows[name], target / path.name, schema)
+        write_json({"length": n, "fingerprint": fingerprint, "split_from": str(folder),
+                    "rows": {k: len(v) for k, v in rows.items()}}, target / DONE)
+        print(f"real_wise: length {n}: part {target} split from {folder}")
+        written.append(target)
+    return written
