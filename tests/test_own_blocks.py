@@ -89,3 +89,52 @@ def test_own_blocks_on_cuda_equal_the_square_construction_on_the_cpu():
         got = own_blocks(condition, on_gpu, PAPER_SETTINGS, start)
         assert got.is_cuda
         assert torch.equal(got.cpu(), square_rows(condition, masses, PAPER_SETTINGS, start)), condition
+
+
+def test_rows_record_the_steps_their_conditions_read():
+    from wise.engine.conditions import recorded_steps
+
+    assert recorded_steps(["full", "wise"], 12, 3) == {10, 11, 12}  # WISE alone: the window, not step 1
+    assert recorded_steps(["full", "freeze_a"], 4, 2) == {3, 4}
+    for control in ("static95", "mass_matched", "size_matched"):
+        assert recorded_steps(["wise", control], 4, 2) == {1, 3, 4}
+    assert recorded_steps(["full", "truncate"], 4, 2) == set()
+    assert recorded_steps(["wise"], 2, 2) == {1, 2}  # a window that starts at step 1
+    g = torch.Generator().manual_seed(8)
+    start, r = 9, 3
+    shape = (2, 3, 5, r, -(-(start + r) // SETTINGS.block_size))
+    window = discovery_steps(SETTINGS.discovery_step, SETTINGS.window)
+    masses = {t: random_masses(shape, start, SETTINGS.block_size, g, False) for t in {1, *window}}
+    for condition in ("wise", "freeze_a"):  # the window's masses alone give the same support
+        alone = own_blocks(condition, {t: masses[t] for t in window}, SETTINGS, start)
+        assert torch.equal(alone, own_blocks(condition, masses, SETTINGS, start)), condition
+
+
+def test_decoding_that_skips_step_1_gives_the_numbers_of_recording_it(monkeypatch):
+    """Full and WISE rows record only WISE's window now; their tokens and log-probabilities equal a
+    decode that records step 1 as well (extend and the static buffers alike)."""
+    import wise.engine.extension as extension
+    from test_graph_decode import EXAMPLES, tiny
+    from wise.engine.decoding import evaluate_examples
+
+    settings = SETTINGS.replace(block_size=16, eta=0.6)
+    model, seen, original = tiny(), [], extension.recorded_steps
+
+    def record(conditions, t_d, w, extra=()):
+        seen.append(original(conditions, t_d, w) | set(extra))
+        return seen[-1]
+
+    runs = []
+    for extra in ((), (1,)):
+        monkeypatch.setattr(extension, "recorded_steps", lambda c, t_d, w, extra=extra: record(c, t_d, w, extra))
+        for graphs in (False, True):
+            runs.append(evaluate_examples(model, EXAMPLES, ["full", "wise"], settings, 6, set(), "cached",
+                                          graphs=graphs))
+    window = set(discovery_steps(settings.discovery_step, settings.window))
+    assert window and 1 not in window and seen and {frozenset(s) for s in seen} == {frozenset(window),
+                                                                                      frozenset(window | {1})}
+    for a, b in ((runs[0], runs[2]), (runs[1], runs[3])):
+        for ra, rb in zip(a, b):
+            for c in ("full", "wise"):
+                assert ra[c].tokens == rb[c].tokens and ra[c].token_logprobs == rb[c].token_logprobs, c
+                assert ra[c].gold_logprob == rb[c].gold_logprob, c

@@ -159,16 +159,15 @@ def own_blocks(condition: str, masses: dict, settings: WiseSettings, start: int)
     of a prompt's square, computed on that row alone: its causal key blocks are b <= q_i
     (``wise.engine.support``: the rules are row-wise), so the cost is O(M) per row, not O(M^2)."""
     s_ = settings
-    M = masses[1].shape[-1]
-    r = masses[1].shape[3]
-    device = masses[1].device
+    first = masses[min(masses)]  # step 1 only where the condition reads it (wise.engine.conditions.recorded_steps)
+    M, r, device = first.shape[-1], first.shape[3], first.device
     q = torch.div(torch.arange(start, start + r, device=device), s_.block_size, rounding_mode="floor")
     causal = torch.arange(M, device=device)[None, :] <= q[:, None]  # [r, M]
 
     def rows(m):  # [L, R, H, r, M] -> [L, H, R, r, M]: layer and head first, as in a prompt's masses
         return m.float().transpose(1, 2)
 
-    d = DiscoveryMasses(step1=rows(masses[1]), causal=causal,
+    d = DiscoveryMasses(step1=rows(masses[1]) if 1 in masses else None, causal=causal,
                         window=[rows(masses[t]) for t in discovery_steps(s_.discovery_step, s_.window)])
     return condition_support(condition, d, s_.eta).transpose(1, 2)
 

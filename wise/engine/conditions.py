@@ -40,13 +40,13 @@ class DiscoveryMasses:
     prompt's query blocks ([..., M, M], causal None: the block-causal square) or new tokens' own rows
     ([..., r, M] with causal bool [r, M], True for the key blocks up to each row's own block)."""
 
-    step1: torch.Tensor  # [L, H, M, M] or [L, H, ..., r, M]
+    step1: torch.Tensor | None  # [L, H, M, M] or [L, H, ..., r, M]; None where no rule reads it (recorded_steps)
     window: Sequence[torch.Tensor]  # w tensors shaped as step1, steps t_d-w+1..t_d in order
     causal: torch.Tensor | None = None
 
     def causal_blocks(self) -> torch.Tensor:
         """bool, broadcastable to the masses: the key blocks each row may hold."""
-        return causal_or_square(self.step1, self.causal)
+        return causal_or_square(self.window[0] if self.step1 is None else self.step1, self.causal)
 
 
 def _wise(d: DiscoveryMasses, eta: float) -> torch.Tensor:
@@ -91,6 +91,18 @@ def condition_support(name: str, masses: DiscoveryMasses, eta: float) -> torch.T
 def discovery_steps(discovery_step: int, window: int) -> list[int]:
     """Steps whose masses the working set uses: t_d-w+1..t_d."""
     return list(range(discovery_step - window + 1, discovery_step + 1))
+
+
+STEP1_RULES = ("static95", "mass_matched", "size_matched")  # the controls that rank blocks by step 1's masses
+
+
+def recorded_steps(conditions: Sequence[str], discovery_step: int, window: int) -> set[int]:
+    """The early steps whose block masses the support rules of `conditions` read: the discovery
+    window for any support condition, step 1 as well for the step-1 controls (so rows of Full and
+    WISE alone record w steps, not w + 1)."""
+    rules = [c for c in conditions if c in SUPPORT_RULES]
+    steps = set(discovery_steps(discovery_step, window)) if rules else set()
+    return steps | {1} if any(c in STEP1_RULES for c in rules) else steps
 
 
 @dataclass(frozen=True)

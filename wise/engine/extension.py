@@ -5,7 +5,8 @@ tail, and returns their logits.
     logits = extend(group, tails, [[token] for each row])   # [R, r, vocab]
 
 Steps 1..t_d attend over the prompt's cache with full (causal) attention and record the new rows'
-own block masses at step 1 and over the discovery window; late steps attend inside each row's late
+own block masses at the steps their conditions' rules read (the discovery window; step 1 for the step-1
+controls: ``wise.engine.conditions.recorded_steps``); late steps attend inside each row's late
 support (``wise.engine.appended_rows``), Freeze-A rows with their own step-t_d weights inside it
 (with the routing backend `kernel`: on the support's blocks only, ``wise.engine.sparse_late_rows``).
 """
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from wise.engine.appended_rows import (SUPPORT_FREE, Cache, RowGroup, Tails, attend_rows, own_architecture, own_blocks,
                                        row_masses, weighted_sum)
-from wise.engine.conditions import discovery_steps
+from wise.engine.conditions import recorded_steps
 from wise.engine.exit_criteria import ExitCriterion, ExitTest
 from wise.engine.runner import initial_state
 from wise.engine.sparse_late_rows import SparseLateRows, sparse_decode_enabled
@@ -37,14 +38,18 @@ class _Plain:
 class CoreRows:
     """The attention seam of the core steps of one extension."""
 
-    def __init__(self, group: RowGroup, tails: Tails, start: int, r: int):
+    def __init__(self, group: RowGroup, tails: Tails, start: int, r: int, exiting: bool = False):
         self.g, self.tails, self.start, self.r = group, tails, start, r
         self.new_kv: dict = {}
         conds = group.conditions
         self.supported = [i for i, c in enumerate(conds) if c not in SUPPORT_FREE]
         self.freeze = group.rows_of.get("freeze_a", torch.empty(0, dtype=torch.long))
         s_ = group.s
-        self.record = {1, *discovery_steps(s_.discovery_step, s_.window)} if self.supported else set()
+        # the steps the rows' support rules read; under an exit criterion step 1 too, whose masses a row
+        # that exits before the discovery window holds (_hold_rows)
+        self.record = recorded_steps([conds[i] for i in self.supported], s_.discovery_step, s_.window)
+        if exiting and self.supported:
+            self.record.add(1)
         self.masses: dict[int, dict[int, torch.Tensor]] = {}  # step -> layer -> [R, H, r, M] fp16
         self.td_probs: dict[int, torch.Tensor] = {}  # layer -> Freeze-A rows' step-t_d probs
         self.allowed: torch.Tensor | None = None  # bool [R, L, H, r, N]
@@ -92,10 +97,11 @@ class CoreRows:
         if self.allowed is not None:
             return self.allowed
         g, s_, B, r = self.g, self.g.s, self.g.s.block_size, self.r
-        L = len(self.masses[1])
+        first = self.masses[min(self.masses)]  # the first recorded step's, layer by layer
+        L = len(first)
         N = self.start + r
         M = -(-N // B)
-        m1 = self.masses[1][0]
+        m1 = first[0]
         R, H = m1.shape[0], m1.shape[1]
         own = torch.zeros(R, L, H, r, M, dtype=torch.bool, device=m1.device)
         for cond in dict.fromkeys(g.conditions[i] for i in self.supported):
@@ -184,7 +190,7 @@ def _extend(group: RowGroup, tails: Tails, new_ids: list[list[int]],
         e = model.embed(ids, rope)[:, start:]
     x = torch.cat([initial_state(model, e[a:a + 1], seed, start=start).expand(b - a, -1, -1)
                    for (a, b), seed in zip(group.segments(), group.seeds())])
-    seam = CoreRows(group, tails, start, r)
+    seam = CoreRows(group, tails, start, r, exiting=criterion is not None)
     last = s_.discovery_step if group.truncate else s_.steps
     if criterion is None:
         for t in range(1, last + 1):
