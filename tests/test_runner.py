@@ -123,6 +123,10 @@ def test_trajectory_observer_series():
     series = obs.step_series(2)
     # H at step 1 compares with the random initial state and is left undefined
     assert series["H"][0] != series["H"][0] and series["H"][1] == pytest.approx(0.1, rel=1e-6)
+    masses_only = TrajectoryObserver(16, diagnostics=False, steps={1})  # the runs' prefixes: no H, no syncs
+    for t, x in enumerate((1.0, 1.1, 1.21)):
+        masses_only.on_state(t, torch.tensor([3.0, 4.0]) * x)
+    assert masses_only.state_change == {}
 
 
 def test_settings_validate_relations():

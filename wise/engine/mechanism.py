@@ -102,6 +102,8 @@ class TrajectoryObserver:
         del probs
 
     def on_state(self, step, state) -> None:
+        if not self.diagnostics:  # H is a diagnostic: a masses-only recorder (the runs' prefixes) skips its
+            return                # fp64 norms over the whole state and their host syncs, step by step
         cur = state.detach()
         if self._prev_state is not None:
             self.state_change[step] = relative_change(self._prev_state, cur)
