@@ -252,3 +252,17 @@ def test_a_joined_study_that_does_not_match_the_params_is_refused_in_one_line(tm
     (joined / "results.parquet").unlink()
     with pytest.raises(ValueError, match=r"\['results.parquet'\] missing"):
         wise_parts.split_study(p, joined, parts)
+
+
+def test_the_stage_refuses_split_without_parts_or_with_a_shard_in_one_line(tmp_path):
+    from argparse import Namespace
+
+    from stages.real_wise import run
+
+    p = _study_params()
+    base = dict(parts=None, lengths=None, shard=None, join=None, split=tmp_path)
+    with pytest.raises(ValueError, match=r"^--split needs --parts DIR \(where the parts are written\)$"):
+        run(p, Namespace(**base))
+    with pytest.raises(ValueError, match=r"^--split takes no --shard: it writes whole lengths$"):
+        run(p, Namespace(**{**base, "parts": tmp_path / "parts", "shard": "1/2"}))
+    assert not (tmp_path / "parts").exists()
