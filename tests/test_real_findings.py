@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.reports.real_findings import (accuracy_sentence, conditions_sentence, converged_cell, mechanism_sentence,
-                                             nll_sentence)
+                                             nll_sentence, working_set_sentence)
 from pipelines.reports.real_model_report import curve_lines, halting_lines, small_sample_label
 from pipelines.reports.real_wise_report import condition_lines, mechanism_lines
 
@@ -85,6 +85,14 @@ def test_a_convergence_loop_of_t_plus_one_reads_did_not_converge():
     assert "T = 16" not in said.split("Where it fails:")[1]  # every T = 16 median converged
     text = "\n".join(mechanism_lines(mech))
     assert "| 9 (did not converge) | 9 (did not converge) |" in text and "**⚠ n = 3 prompts" in text
+    assert "routing settled before the representation in 50% of prompts per row" in said  # one value, no 50%–50%
+    assert "in 25%–50% of prompts" in mechanism_sentence([mech_row(8, 3), {**mech_row(16, 3), "routing_first": 0.25}])
+
+
+def test_a_working_set_range_reads_as_one_value_where_its_ends_agree():
+    row = {"T": 8, "length": 512, "density": 0.442, "retained_min": 0.977}
+    assert "It keeps 0.442 of the blocks on average" in working_set_sentence([row, {**row, "density": 0.4421}])
+    assert "It keeps 0.424–0.442 of the blocks" in working_set_sentence([row, {**row, "density": 0.424}])
 
 
 def condition(cond, T, acc, nll, d, lo, n=12):

@@ -106,6 +106,12 @@ def halting_sentence(halting: list[dict]) -> str:
                else "no difference has p < 0.05."))
 
 
+def _span(values, fmt: str) -> str:
+    """'lo–hi' of values as `fmt` formats them, one value where both ends read the same."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
 def mechanism_sentence(mech: list[dict]) -> str:
     """The convergence table: which quantities did not converge within T loops, and how often routing led."""
     censored: dict[int, set[str]] = {}
@@ -117,8 +123,7 @@ def mechanism_sentence(mech: list[dict]) -> str:
     fails = "; ".join(f"at T = {T} the median {', '.join(q for q in order if q in qs)} did not converge within "
                       f"{T} loops (median T + 1 = {T + 1})" for T, qs in sorted(censored.items()))
     first = [m["routing_first"] for m in mech if m["routing_first"] is not None]
-    lead = (f"; routing settled before the representation in {min(first):.0%}–{max(first):.0%} of prompts per row"
-            if first else "")
+    lead = f"; routing settled before the representation in {_span(first, '.0%')} of prompts per row" if first else ""
     return ("Median loop at which each quantity converges per (T, task, length); T + 1 means it did not converge "
             f"within T loops. Where it fails: {fails or 'every median converged within T loops'}{lead}.")
 
@@ -128,8 +133,8 @@ def working_set_sentence(working: list[dict]) -> str:
         return "No working-set rows."
     low = min(working, key=lambda s: s["retained_min"])
     return (f"Fraction of causal key blocks the deployed working set keeps and the share of the late loops' Full "
-            f"attention mass inside it. It keeps {min(s['density'] for s in working):.3f}–"
-            f"{max(s['density'] for s in working):.3f} of the blocks on average; where it loses most: "
+            f"attention mass inside it. It keeps {_span([s['density'] for s in working], '.3f')} of the blocks on "
+            f"average; where it loses most: "
             f"{low['retained_min']:.3f} of the mass kept for one prompt at T = {low['T']}, length {low['length']}.")
 
 
