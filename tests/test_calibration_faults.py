@@ -109,7 +109,8 @@ def _last_step_only(mp):  # the working set from step t_d alone
 def _window_shifted(mp):  # steps t_d-w..t_d-1 instead of t_d-w+1..t_d
     def steps(t_d, w):
         return list(range(t_d - w, t_d))
-    for module in (wise.engine.conditions, wise.engine.runner, wise.engine.extension, wise.engine.appended_rows):
+    # wise.engine.extension records conditions.recorded_steps, which reads conditions.discovery_steps
+    for module in (wise.engine.conditions, wise.engine.runner, wise.engine.appended_rows):
         mp.setattr(module, "discovery_steps", steps)
 
 
