@@ -104,12 +104,17 @@ def run_parts(p: Params, lengths: list[int], parts: Path, shard: tuple[int, int]
             tables = study_tables(p, [n], items=items)
             done.update(shard=list(shard), cohort=[it["example_id"] for it in cohort],
                         example_ids=[it["example_id"] for it in items])
-        for name, (path, schema) in TABLES.items():
-            write_parquet(tables[name], folder / path.name, schema)
-        write_json({**done, "rows": {k: len(v) for k, v in tables.items()}}, folder / DONE)
+        _write_part(folder, tables, done)
         print(f"real_wise: length {n}: part written to {folder}")
         written.append(folder)
     return written
+
+
+def _write_part(folder: Path, tables: dict[str, list[dict]], done: dict) -> None:
+    """A part's row tables, then part.json (`done` and the row counts) last: only then does it count as finished."""
+    for name, (path, schema) in TABLES.items():
+        write_parquet(tables[name], folder / path.name, schema)
+    write_json({**done, "rows": {k: len(v) for k, v in tables.items()}}, folder / DONE)
 
 
 def _shards(folder_of_parts: Path, n: int, fingerprint: str) -> list[Path] | str | None:
@@ -222,10 +227,7 @@ def split_study(p: Params, folder: Path, parts: Path, lengths: list[int] | None 
             continue
         (target / DONE).unlink(missing_ok=True)
         rows = {name: [x for x in t if x["length"] == n] for name, t in tables.items()}
-        for name, (path, schema) in TABLES.items():
-            write_parquet(rows[name], target / path.name, schema)
-        write_json({"length": n, "fingerprint": fingerprint, "split_from": str(folder),
-                    "rows": {k: len(v) for k, v in rows.items()}}, target / DONE)
+        _write_part(target, rows, {"length": n, "fingerprint": fingerprint, "split_from": str(folder)})
         print(f"real_wise: length {n}: part {target} split from {folder}")
         written.append(target)
     return written
