@@ -22,7 +22,8 @@
 #   here:    tar -xzf $OUT/real_wise.tar.gz -C benchmarks/results/real-wise-gpu-h200/<date>/
 # (`study` without --lengths runs every length in one call.) `FROM=<a committed study's folder> ... pack` also
 # writes that study's lengths as finished parts into .real-wise-parts/ (stages.real_wise --split: its rows
-# checked against PARAMS), so that the calls study only the lengths it lacks and the last one joins them all.
+# checked against PARAMS), so that the calls study only the lengths it lacks and the last one joins them all;
+# `KEEP="<folders>"` adds the parts-*.tar.gz an earlier session's calls sent back (shards of a length included).
 # If the machine went cold between the two calls:
 # copy the first call's parts-length-*.tar.gz into .real-wise-parts/ and carry it with the second call (after
 # the receives again), or join here: `scripts/real_wise_gpu.sh summary <folders holding the parts' tars>`
@@ -54,6 +55,18 @@ pack() {  # here: the test split's documents and token ids, in chunks that fit o
   $py -m scripts.real_wise_pack --out "$carry/files"
   carry_pack "$carry" 2 "carry each folder (the last with \`study\`):"
   [ -z "${FROM:-}" ] || from_study "$FROM"
+  [ -z "${KEEP:-}" ] || keep_parts $KEEP
+}
+
+keep_parts() {  # here: finished parts (parts-length-N[-shard-I-of-K].tar.gz) that an earlier call sent back and
+  # a results folder keeps, into $parts beside FROM's: the calls then study only what is still missing
+  local d f n=0
+  mkdir -p "$parts"
+  for d in "$@"; do
+    for f in "$d"/parts-*.tar.gz; do [ -f "$f" ] && cp "$f" "$parts/" && n=$((n + 1)); done
+  done
+  [ "$n" -gt 0 ] || { echo "pack: KEEP=$* holds no parts-*.tar.gz"; exit 1; }
+  echo "pack: $n finished parts from $* in $parts/"
 }
 
 from_study() {  # here: a committed joined study's lengths as finished parts in $parts (carried with `study`)
