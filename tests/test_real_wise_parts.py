@@ -138,11 +138,24 @@ def test_shards_are_whole_batches_that_cover_the_cohort_once_in_its_order():
     from pipelines.real.wise_study import shard_items
 
     cohort = _cohort(512)
-    shards = [[it["example_id"] for it in shard_items(cohort, i, 3)] for i in (1, 2, 3)]
+    shards = [[it["example_id"] for it in shard_items(cohort, i, 3, 8)] for i in (1, 2, 3)]
     assert shards == [["qa-0@512", "qa-2@512"], ["qa-1@512", "text-0@512", "text-1@512", "text-2@512"], []]
-    assert [it["example_id"] for it in shard_items(cohort, 1, 1)] == [it["example_id"] for it in cohort]
+    # work items of two prompts (conditions.batch_examples 2, as pipelines.conditions.work_items cuts them):
+    # the text windows' one length spreads over two shards, each work item whole
+    shards = [[it["example_id"] for it in shard_items(cohort, i, 3, 2)] for i in (1, 2, 3)]
+    assert shards == [["qa-0@512", "qa-2@512"], ["qa-1@512", "text-0@512", "text-1@512"], ["text-2@512"]]
+    assert [it["example_id"] for it in shard_items(cohort, 1, 1, 8)] == [it["example_id"] for it in cohort]
+    from pipelines.conditions import work_items
+
+    for batch in (1, 2, 3, 8):  # every shard is a union of the whole cohort's work items, per task
+        for i in (1, 2, 3):
+            ids = {it["example_id"] for it in shard_items(cohort, i, 3, batch)}
+            for task in ("qa", "text"):
+                for item in work_items([{**it, "answer_ids": []} for it in cohort if it["task"] == task], batch):
+                    got = {e["example_id"] for e in item["examples"]} & ids
+                    assert got in (set(), {e["example_id"] for e in item["examples"]}), (batch, i, item)
     with pytest.raises(ValueError, match=r"^shard 4/3: expected 1 <= index <= count$"):
-        shard_items(cohort, 4, 3)
+        shard_items(cohort, 4, 3, 8)
 
 
 def test_a_length_in_shards_joins_into_the_one_run_tables(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from pipelines.config.params import Params
+from pipelines.conditions import batch_examples
 from pipelines.store.artifacts import read_parquet, write_json, write_parquet
 from pipelines.real.wise_study import TABLES, length_cohort, shard_items, study_tables, write_study
 
@@ -100,7 +101,7 @@ def run_parts(p: Params, lengths: list[int], parts: Path, shard: tuple[int, int]
             tables = study_tables(p, [n])
         else:
             cohort = length_cohort(p, n)
-            items = shard_items(cohort, *shard)
+            items = shard_items(cohort, *shard, batch_examples(p))
             tables = study_tables(p, [n], items=items)
             done.update(shard=list(shard), cohort=[it["example_id"] for it in cohort],
                         example_ids=[it["example_id"] for it in items])

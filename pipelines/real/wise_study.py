@@ -125,11 +125,12 @@ def length_cohort(p: Params, length: int) -> list[dict]:
     return real_cohort(p, load_tokenizer(base_folder(p.real_model)), load_corpus(), [length])
 
 
-def shard_items(cohort: list[dict], index: int, count: int) -> list[dict]:
-    """Shard `index` (1..count) of a cohort: whole groups of the items one batch can hold (one task,
-    one prompt length: conditions are batched by task, then by prompt length), the groups in order of
-    first appearance cut into `count` runs of about equal item counts; the items in cohort order.
-    Batches are the whole cohort's, so each row is the one a run of the whole cohort makes."""
+def shard_items(cohort: list[dict], index: int, count: int, batch: int) -> list[dict]:
+    """Shard `index` (1..count) of a cohort: whole work items (one task, one prompt length, up to
+    `batch` prompts: conditions.batch_examples, as ``pipelines.conditions.work_items`` cuts a task's
+    prompts), the items in order of first appearance cut into `count` runs of about equal prompt
+    counts; the prompts in cohort order. Work items are the whole cohort's, so each row is the one a
+    run of the whole cohort makes, and a length's 32 text windows of one length spread over shards."""
     if not 1 <= index <= count:
         raise ValueError(f"shard {index}/{count}: expected 1 <= index <= count")
     groups: dict[tuple, list[int]] = {}
@@ -137,9 +138,10 @@ def shard_items(cohort: list[dict], index: int, count: int) -> list[dict]:
         groups.setdefault((it["task"], len(it["token_ids"])), []).append(i)
     picked, start = [], 0
     for members in groups.values():
-        if start * count // len(cohort) == index - 1:
-            picked += members
-        start += len(members)
+        for chunk in (members[i:i + batch] for i in range(0, len(members), batch)):
+            if start * count // len(cohort) == index - 1:
+                picked += chunk
+            start += len(chunk)
     return [cohort[i] for i in sorted(picked)]
 
 
