@@ -131,7 +131,8 @@ def _cohort(n: int) -> list[dict]:
     length (one batch, so one shard, though not adjacent), and three text windows of one length."""
     lengths = {"qa-0": n - 9, "qa-1": n - 7, "qa-2": n - 9}
     return [{"example_id": f"{task}-{i}@{n}", "task": task, "length": n,
-             "token_ids": [0] * lengths.get(f"{task}-{i}", n - 4)} for task in ("qa", "text") for i in range(3)]
+             "token_ids": [0] * lengths.get(f"{task}-{i}", n - 4), "answer_ids": []}
+            for task in ("qa", "text") for i in range(3)]
 
 
 def test_shards_are_whole_batches_that_cover_the_cohort_once_in_its_order():
@@ -151,7 +152,7 @@ def test_shards_are_whole_batches_that_cover_the_cohort_once_in_its_order():
         for i in (1, 2, 3):
             ids = {it["example_id"] for it in shard_items(cohort, i, 3, batch)}
             for task in ("qa", "text"):
-                for item in work_items([{**it, "answer_ids": []} for it in cohort if it["task"] == task], batch):
+                for item in work_items([it for it in cohort if it["task"] == task], batch):
                     got = {e["example_id"] for e in item["examples"]} & ids
                     assert got in (set(), {e["example_id"] for e in item["examples"]}), (batch, i, item)
     with pytest.raises(ValueError, match=r"^shard 4/3: expected 1 <= index <= count$"):

@@ -29,7 +29,7 @@ import dataclasses
 
 import torch
 
-from pipelines.conditions import check_pairing, conditions_context, run_cohort_conditions
+from pipelines.conditions import check_pairing, conditions_context, run_cohort_conditions, work_items
 from pipelines.config import paths, schemas
 from pipelines.config.params import ModelParams, Params
 from pipelines.config.run_spec import wise_settings
@@ -126,22 +126,20 @@ def length_cohort(p: Params, length: int) -> list[dict]:
 
 
 def shard_items(cohort: list[dict], index: int, count: int, batch: int) -> list[dict]:
-    """Shard `index` (1..count) of a cohort: whole work items (one task, one prompt length, up to
-    `batch` prompts: conditions.batch_examples, as ``pipelines.conditions.work_items`` cuts a task's
-    prompts), the items in order of first appearance cut into `count` runs of about equal prompt
-    counts; the prompts in cohort order. Work items are the whole cohort's, so each row is the one a
-    run of the whole cohort makes, and a length's 32 text windows of one length spread over shards."""
+    """Shard `index` (1..count) of a cohort: whole work items of its conditions (``pipelines.conditions.
+    work_items`` per task: one prompt length, up to `batch` = conditions.batch_examples prompts), the
+    tasks in order of first appearance, the items cut into `count` runs of about equal prompt counts;
+    the prompts in cohort order. Work items are the whole cohort's, so each row is the one a run of
+    the whole cohort makes, and many prompts of one length (a length's text windows) spread over shards."""
     if not 1 <= index <= count:
         raise ValueError(f"shard {index}/{count}: expected 1 <= index <= count")
-    groups: dict[tuple, list[int]] = {}
-    for i, it in enumerate(cohort):
-        groups.setdefault((it["task"], len(it["token_ids"])), []).append(i)
+    position = {it["example_id"]: i for i, it in enumerate(cohort)}
     picked, start = [], 0
-    for members in groups.values():
-        for chunk in (members[i:i + batch] for i in range(0, len(members), batch)):
+    for task in dict.fromkeys(it["task"] for it in cohort):
+        for item in work_items([it for it in cohort if it["task"] == task], batch):
             if start * count // len(cohort) == index - 1:
-                picked += chunk
-            start += len(chunk)
+                picked += [position[e["example_id"]] for e in item["examples"]]
+            start += len(item["examples"])
     return [cohort[i] for i in sorted(picked)]
 
 
