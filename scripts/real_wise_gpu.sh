@@ -34,7 +34,7 @@
 # (`--parts`, pipelines/real/wise_parts.py) under $WORK/wise-parts, skipping lengths already done with the
 # same params: a call cut short is resumed by calling it again. The stage is stopped after STUDY_LIMIT_S
 # (default 450) so that what is finished comes back: $OUT (else ./real-wise-gpu-logs; 8 files at most) gets
-# run.log (walls), study.log, parts-length-N.tar.gz per finished length and, once every length is done,
+# run.log (walls), study.log, parts-length-N.tar.gz per length this call finished and, once all are done,
 # real_wise.tar.gz: the joined tables (as one run writes them: real_wise.md, summary / mechanism / supports /
 # layouts parquet, ...), gpu.txt, checkpoints.txt (the retrofits' sha256sum), and the three benchmark tables with bench.log (BENCH=0 leaves them to
 # `bench`). Without CUDA the benchmark steps are skipped with a message (the study runs on CPU with
@@ -108,6 +108,8 @@ study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study'
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no GPU"; } \
     | tee "$work/gpu.txt" > "$logs/run.log"
   for f in "$parts"/parts-*.tar.gz; do [ -f "$f" ] && tar -xzf "$f" -C "$done_parts"; done  # a cold machine's
+  local had=" "  # parts finished before this call (carried or an earlier call's): not sent back again
+  for f in "$done_parts"/length-*; do [ -f "$f/part.json" ] && had+="$(basename "$f") "; done
   start=$(date +%s)
   # Stopped after STUDY_LIMIT_S (default 450 s, inside a 480-600 s call) so the finished parts are packed below;
   # a length's part counts once its part.json is written (pipelines.real.wise_parts), so a cut leaves whole parts.
@@ -117,8 +119,10 @@ study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study'
   grep -v "it/s]" "$logs/study.log" | tr '\r' '\n' | grep -v "it/s]" | tail -40
   echo "wall: study parts ${lengths:-(every length)}${shard:+ shard $shard} $((studied - start)) s, exit $rc ($params)" \
     | tee -a "$logs/run.log"
-  # $OUT takes 8 files at most (16 MiB each): one gzipped tar per finished part, the logs, one tar of the tables
+  # $OUT takes 8 files at most (16 MiB each): one gzipped tar per part this call finished, the logs, one tar of
+  # the tables
   for f in "$done_parts"/length-*; do
+    [[ "$had" == *" $(basename "$f") "* ]] && continue
     [ -f "$f/part.json" ] && tar -czf "$logs/.tmp.tar.gz" -C "$done_parts" "$(basename "$f")" \
       && mv "$logs/.tmp.tar.gz" "$logs/parts-$(basename "$f").tar.gz"
   done
