@@ -99,7 +99,7 @@ def planted_supports(layout_for):
     def prompt(condition, masses, eta):
         if condition != "wise":
             return real(condition, masses, eta)
-        return layout_for(masses.step1.shape[-1], masses.step1.device)
+        return layout_for(masses.window[-1].shape[-1], masses.window[-1].device)
 
     def own_rows(condition, masses, eta):
         if condition != "wise":

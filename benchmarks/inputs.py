@@ -46,7 +46,7 @@ def sink_and_own_block(masses) -> torch.Tensor:
     causal = masses.causal_blocks()
     last = causal & ~F.pad(causal[..., 1:], (0, 1))  # the last causal block of each row
     last[..., 0] = True
-    return last.expand(masses.step1.shape).clone()
+    return last.expand(masses.window[-1].shape).clone()  # step 1 is recorded only for the step-1 controls
 
 
 def full_layout(heads: int, n: int, block_size: int, device=None) -> torch.Tensor:

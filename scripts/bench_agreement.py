@@ -125,13 +125,13 @@ def _planted_prompt_support(rho: float, seed: int, real):
     def support(condition, masses, eta):
         if condition != "wise":
             return real(condition, masses, eta)
-        L, H, M, _ = masses.step1.shape
-        key = (L, H, M, masses.step1.device)
+        L, H, M, _ = masses.window[-1].shape
+        key = (L, H, M, masses.window[-1].device)
         if key not in made:
             g = torch.Generator().manual_seed(seed + M)
             n = M * 32  # any n with M blocks of the layout's size: only M matters here
             made[key] = torch.stack([random_wise_layout(H, n, 32, rho, generator=g) for _ in range(L)]).to(
-                masses.step1.device)
+                masses.window[-1].device)
         return made[key]
     return support
 

@@ -63,6 +63,17 @@ def test_alone_repeats_run_each_lone_condition_that_many_times(tmp_path, capsys,
         main(["--source", str(folder), "--alone-repeats", "0"])
 
 
+def test_a_planted_support_runs_wise_without_the_step1_controls(tmp_path, capsys):
+    """The bench's planted supports read the discovery window's shape: Full and WISE alone record no step 1
+    (wise.engine.conditions.recorded_steps), which once crashed the bench's own command on an H100."""
+    folder = write_chain_checkpoint(tmp_path / "wise-chain")
+    assert main(["--source", str(folder), "--n", "1", "--context", "256", "--skip-today", "--plant-density", "0.13",
+                 "--conditions", "full,wise,truncate"]) == 0
+    out = capsys.readouterr().out
+    density = float(re.search(r"WISE late support density \(kept causal blocks / causal blocks\): (\d\.\d+)", out)[1])
+    assert 0 < density < 1 and "planted WISE support rho=0.13" in out
+
+
 def run(tokens, logprobs, margins=None):
     from wise.engine.decoding import ConditionRun
 
