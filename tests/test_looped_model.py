@@ -350,3 +350,27 @@ def test_a_cached_prefix_is_the_uncached_one_bit_for_bit(family):
     plain = run_prefix(model, ids, settings, state_seed("ex", 0), cache=False)
     assert torch.equal(cached.state, plain.state) and cached.state_hash == plain.state_hash
     assert all(torch.equal(a, b) for a, b in zip(cached.masses.window, plain.masses.window))
+
+
+def test_the_coda_reads_out_long_prompts_a_few_rows_at_a_time(monkeypatch):
+    """A row group's coda runs in row chunks whose attention scores fit (18 rows of 8K tokens once asked an
+    80 GB GPU for 40 GiB): one row per call gives the numbers of all rows at once, and the chunk size follows
+    the heads and the prompt length."""
+    import wise.engine.appended_rows as appended_rows
+    from wise.engine.decode_memory import CPU_BATCH_BYTES, readout_rows
+    from wise.engine.decoding import evaluate_example
+
+    model = build_looped(tiny_base("llama"), **LMA)
+    per_row = 2 * TINY["num_attention_heads"] * 8192 * 8192 * 4
+    assert readout_rows(model, 8192, 64) == min(64, CPU_BATCH_BYTES // per_row) and readout_rows(model, 10**6, 3) == 1
+    assert readout_rows(model, 40, 5) == 5
+    settings = PAPER_SETTINGS.replace(steps=6, discovery_step=3, window=2, block_size=16)
+    runs = {}
+    for step in (None, 1):
+        if step:
+            monkeypatch.setattr(appended_rows, "readout_rows", lambda model, n, rows: step)
+        runs[step] = evaluate_example(model, ids_of(40)[0].tolist(), [5, 6, 7], CONDITIONS, settings,
+                                      state_seed("ex", 0), max_new_tokens=3, stop_ids={1}, generation="cached")
+    for c in CONDITIONS:
+        assert runs[1][c].tokens == runs[None][c].tokens and runs[1][c].token_logprobs == runs[None][c].token_logprobs
+        assert runs[1][c].gold_logprob == runs[None][c].gold_logprob

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from wise.engine.conditions import DiscoveryMasses, condition_support, discovery_steps
+from wise.engine.decode_memory import readout_rows
 from wise.engine.runner import Late, Prefix, WiseSettings, caches_layers, readout_recording
 
 SUPPORT_FREE = ("full", "truncate")
@@ -278,18 +279,27 @@ class RowGroup:
 
     def last_logits(self) -> torch.Tensor:
         """Logits [R, vocab] of each row's prompt's last row (keeping the coda's keys), run by run
-        (one run's prompts at a time stay within the CPU's caches)."""
+        (one run's prompts at a time stay within the CPU's caches), a long run's rows in chunks whose
+        attention fits (``wise.engine.decode_memory.readout_rows``; the coda's keys joined per run)."""
         rope = self.prefixes[0].rope
         logits, coda = [], []
         for i, j in self.runs():
-            states = torch.cat([late.state for late in self.lates[i:j]])
-            at = (torch.arange(j - i, device=states.device), torch.full((j - i,), self.n - 1, device=states.device))
-            if self.fast:
-                out, kvs = readout_recording(self.model, states, rope, at)
-                coda.append(kvs)
-            else:
-                out = self.model.readout(states, rope, at=at)
-            logits.append(out)
+            step = readout_rows(self.model, self.n, j - i)
+            kept = []
+            for a in range(i, j, step):
+                b = min(a + step, j)
+                states = torch.cat([late.state for late in self.lates[a:b]])
+                dev = states.device
+                at = (torch.arange(b - a, device=dev), torch.full((b - a,), self.n - 1, device=dev))
+                if self.fast:
+                    out, kvs = readout_recording(self.model, states, rope, at)
+                    kept.append(kvs)
+                else:
+                    out = self.model.readout(states, rope, at=at)
+                logits.append(out)
+            if kept:
+                coda.append(kept[0] if len(kept) == 1 else
+                            [tuple(torch.cat(parts) for parts in zip(*layer)) for layer in zip(*kept)])
         if self.fast:
             self.coda = [Cache([(kvs[layer][0], kvs[layer][1], kvs[layer][0].shape[0], False) for kvs in coda])
                          for layer in range(len(coda[0]))]

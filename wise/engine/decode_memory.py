@@ -1,5 +1,6 @@
 """How much of a cached evaluation decodes at once: examples of one prompt length and conditions grouped so
-that their caches fit in half the free GPU memory (``CPU_BATCH_BYTES`` on the CPU), at least one of each."""
+that their caches fit in half the free GPU memory (``CPU_BATCH_BYTES`` on the CPU), at least one of each; and how
+many rows' prompts the coda reads out per call."""
 from __future__ import annotations
 
 import torch
@@ -53,3 +54,13 @@ def condition_groups(model, n: int, examples: int, conds, settings) -> list[list
         budget = int(0.5 * free_bytes(model.device) - (examples * frozen if "freeze_a" in rest else 0))
         size = max(1, min(len(rest), budget // max(1, examples * row)))
     return groups + [rest[i:i + size] for i in range(0, len(rest), size)]
+
+
+def readout_rows(model, n: int, rows: int) -> int:
+    """Rows of n-token prompts whose coda runs in one call (at least one): a base layer's own attention may take
+    SDPA's math path (fp32 with grouped K/V heads), whose scores and probabilities [rows, H, n, n] fp32 must fit
+    in a quarter of the free GPU memory (CPU_BATCH_BYTES on the CPU). At 8K tokens on SmolLM2 that is 2.4 GiB a
+    row; 18 rows at once did not fit beside an 80 GB GPU's caches."""
+    per_row = 2 * model.config.heads * n * n * 4
+    budget = 0.25 * free_bytes(model.device) if model.device.type == "cuda" else CPU_BATCH_BYTES
+    return max(1, min(rows, int(budget) // per_row))
