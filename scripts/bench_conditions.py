@@ -24,7 +24,8 @@ recurrence is chaotic, a trained model's converges: ``agreement``); ``--sensitiv
 ``--plant-density ρ`` replaces the WISE support by a WISE-like random one (``benchmarks.inputs``)
 to time what WISE saves per phase. Full and WISE also run alone, each with its own prefix (``--alone-repeats k``:
 k runs each in turns, the median reported), split into steps 1..t_d, late steps, gold rows, the decoder's
-setup and the decoding passes (``evaluate_example``'s profile).
+setup and the decoding passes (``evaluate_example``'s profile); WISE alone over Full alone is printed beside the
+least its support's density allows (``lone_bound``).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.decode_costs import decode_step_bytes, model_facts, tpot_bound, ttft_bound
 from scripts.bench_agreement import (agreement, agreement_table, perturbation_growth, plant_wise_support,
                                        scale_state_gain)
 from pipelines.cohorts import build_cohort
@@ -94,6 +96,18 @@ def profile_run(path: Path, device: str, run) -> None:
     path.write_text(f"wall {wall:.3f} s (profiled)\n\n" + table.table(sort_by=key, row_limit=40) + "\n\n"
                     + table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
     print(f"profile: {path}")
+
+
+def lone_bound(model, settings, full: dict, dens: float, tokens: int) -> tuple[float, float, float]:
+    """(prefill bound, decode bound, the least WISE alone / Full alone time) for one example alone: Full's prompt
+    steps (1..T) at most ``ttft_bound`` faster (FLOPs), its gold rows and decoding passes (one row each pass) at
+    most ``tpot_bound`` (bytes), the rest (decoder setup, host) untouched (``benchmarks.decode_costs``)."""
+    c = model_facts(model)
+    T, td = settings.steps, settings.discovery_step
+    pre = ttft_bound(c, c.core_params, c.layer_params + c.vocab_size * c.hidden, tokens, dens, td, T)
+    dec = tpot_bound(decode_step_bytes(model, tokens, 1, T), dens, td, T)
+    prompt, rows = full["prefix"] + full["late"], full["gold"] + full["passes"]
+    return pre, dec, (prompt / pre + rows / dec + full["total"] - prompt - rows) / full["total"]
 
 
 def main(argv=None) -> int:
@@ -232,9 +246,15 @@ def _bench(args, p, model, device) -> int:
                   f"{' with discovery' if c == 'wise' else ''}, late steps {a['late'] / n:.3f}, gold rows "
                   f"{a['gold'] / n:.3f}, decoder setup {a['setup'] / n:.3f}, decoding {a['passes'] / n:.3f}, other "
                   f"{(a['total'] - sum(a[k] for k in ALONE_PARTS[1:])) / n:.3f})" for c, a in alone.items()))
+    bound = None
     if "wise" in names:  # what the kernel's late steps can save depends on it
-        dens = [density(a["wise"].layouts) for a in afters]
-        print(f"WISE late support density (kept causal blocks / causal blocks): {sum(dens) / len(dens):.3f}")
+        dens = sum(density(a["wise"].layouts) for a in afters) / len(afters)
+        print(f"WISE late support density (kept causal blocks / causal blocks): {dens:.3f}")
+        if "full" in names:
+            pre, dec, least = lone_bound(model, settings, alone["full"], dens, len(rows[0]["token_ids"]))
+            bound = dict(ratio=alone["wise"]["total"] / alone["full"]["total"], least=least, prefill=pre, decode=dec)
+            print(f"WISE alone / Full alone: {bound['ratio']:.3f} (the least its density allows: {least:.3f}; "
+                  f"prompt steps at most {pre:.3f}x faster by FLOPs, gold rows and decoding {dec:.3f}x by bytes)")
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     print(f"K/V cache per example (steps 1..t_d shared + one condition's late steps at a time): "
           f"{kv_bytes / 2**30:.2f} GiB; peak GPU memory: {'n/a' if peak is None else f'{peak:.1f} GiB'}")
@@ -243,7 +263,7 @@ def _bench(args, p, model, device) -> int:
             "source": p.model.source, "device": device, "backend": settings.backend, "n": n,
             "tokens": len(rows[0]["token_ids"]), "today": old, "new": new, "speedup": speedup,
             "agree": total["agree"], "agreement": agree_by, "kv_cache_gib": kv_bytes / 2**30, "peak_gib": peak,
-            "alone": alone}, indent=2) + "\n")
+            "alone": alone, "alone_bound": bound}, indent=2) + "\n")
     if not args.skip_today:
         print(agreement_table(agree_by))
     print(f"speedup={speedup:.2f} agree={total['agree']:.3f} token_agree={total['token_agree']:.3f} "

@@ -58,7 +58,12 @@ def test_alone_repeats_run_each_lone_condition_that_many_times(tmp_path, capsys,
     assert main(["--source", str(folder), "--n", "1", "--context", "256", "--skip-today", "--conditions",
                  "full,wise", "--alone-repeats", "3", "--json", str(out_json)]) == 0
     assert lone[1:] == [("full",), ("wise",), ("wise",), ("full",), ("full",), ("wise",)]  # after the warm-up
-    assert "median of 3 in turns" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "median of 3 in turns" in out
+    bound = json.loads(out_json.read_text())["alone_bound"]
+    alone = json.loads(out_json.read_text())["alone"]
+    assert bound["ratio"] == pytest.approx(alone["wise"]["total"] / alone["full"]["total"])
+    assert 0 < bound["least"] <= 1 and f"WISE alone / Full alone: {bound['ratio']:.3f}" in out
     with pytest.raises(SystemExit, match="--alone-repeats must be >= 1, got 0"):
         main(["--source", str(folder), "--alone-repeats", "0"])
 
@@ -72,6 +77,24 @@ def test_a_planted_support_runs_wise_without_the_step1_controls(tmp_path, capsys
     out = capsys.readouterr().out
     density = float(re.search(r"WISE late support density \(kept causal blocks / causal blocks\): (\d\.\d+)", out)[1])
     assert 0 < density < 1 and "planted WISE support rho=0.13" in out
+
+
+def test_the_lone_bound_is_one_at_full_density_and_follows_the_phases():
+    """WISE alone can beat Full alone only where its support drops blocks, and only in the phases attention is
+    part of: at density 1 the least ratio is 1; sparser, the prompt steps and the decoding each gain at most
+    their own bound while the rest (setup, host) stays."""
+    from benchmarks.whole_model import build_model
+    from scripts.bench_conditions import lone_bound
+    from wise.engine.runner import PAPER_SETTINGS
+    from wise.models.config import RecurrentConfig
+
+    model = build_model(RecurrentConfig.from_name("tiny-random"), 0, torch.float32, torch.device("cpu"))
+    s = PAPER_SETTINGS.replace(steps=8, discovery_step=2, window=2, block_size=16)
+    full = dict(total=10.0, prefix=1.0, late=3.0, gold=1.0, passes=4.0)
+    assert lone_bound(model, s, full, 1.0, 512) == pytest.approx((1.0, 1.0, 1.0))
+    pre, dec, least = lone_bound(model, s, full, 0.1, 512)
+    assert pre > 1 and dec > 1 and least == pytest.approx((4.0 / pre + 5.0 / dec + 1.0) / 10.0)
+    assert lone_bound(model, s, full, 0.1, 4096)[2] < least  # attention's share grows with the context
 
 
 def run(tokens, logprobs, margins=None):
