@@ -8,6 +8,7 @@
 # accuracy vs loops, the halting table) on the committed checkpoints. Every command prints what it did.
 #
 #   here:       scripts/real_model_gpu.sh pack            # -> .real-gpu/call-NN/ + .real-gpu/plan.txt
+#               (BASE_ONLY=1: the GGUF and the wheel alone, all that real_wise_gpu.sh's study needs of them)
 #   device:     scripts/real_model_gpu.sh receive         # carry .real-gpu/call-NN, one call each
 #   device:     scripts/real_model_gpu.sh train lma       # then plain, then t1 (they match lma)
 #   here:       python -m scripts.real_train_gpu table <files>/nll_*.parquet
@@ -53,6 +54,10 @@ pack() {  # here: the files the device needs, in chunks that fit one call each b
   gguf=$($py -c "from wise.model_files.packaged_gguf import PACKAGED, locate; print(locate(PACKAGED['smollm2-135m-instruct']))")
   cp "$gguf" "$out/files/model.gguf"
   cp "${WHEEL:-.whl/gguf-0.19.0-py3-none-any.whl}" "$out/files/"
+  if [ "${BASE_ONLY:-0}" = 1 ]; then  # what real_wise_gpu.sh needs of these: the base (it packs its own text)
+    carry_pack "$out" 4 "carry one folder per device call (receive); BASE_ONLY=1: the base alone:"
+    return
+  fi
   $py -m scripts.real_train_gpu export --split train --params "$params" --out "$out/files/tokens_train.npy"
   $py -m scripts.real_train_gpu windows --split test --n "${EVAL_WINDOWS:-64}" --params "$params" \
     --out "$out/files/eval_windows.npy"

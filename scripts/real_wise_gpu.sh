@@ -12,7 +12,7 @@
 # The study reads the test split's documents and token ids (data/real/corpus.parquet, tokens_test.npy, built
 # here by `dvc repro real_corpus`); `pack` writes them (test split only) in chunks that fit a device call.
 #
-#   here:    scripts/real_model_gpu.sh pack     # the GGUF and the gguf wheel (.real-gpu/call-NN)
+#   here:    BASE_ONLY=1 scripts/real_model_gpu.sh pack     # the GGUF and the gguf wheel (.real-gpu/call-NN)
 #   here:    scripts/real_wise_gpu.sh pack      # -> .real-wise-gpu/call-NN/ + .real-wise-gpu/plan.txt
 #   device:  scripts/real_model_gpu.sh receive  # carry .real-gpu/call-NN, one call each: the base in
 #                                                           # /tmp/wise-real/smollm2-135m-instruct
