@@ -4,8 +4,9 @@
 #   carry_pack DIR MIN_MIB TITLE   here: DIR/files/* -> DIR/call-NN/ (parts of <= chunk MiB, first fit, largest
 #                                  first: few calls) + DIR/MANIFEST (name, sha256, part count) + DIR/plan.txt
 #   carry_receive DIR INCOMING DEST  device: copy DIR/call-*/* into INCOMING; put each file whose parts are all
-#                                  there together into DEST (sha256 checked, written aside and renamed); returns
-#                                  1 while a file misses parts, 2 when nothing was ever carried
+#                                  there together into DEST (sha256 checked, written aside and renamed; a file
+#                                  already in DEST that differs stops it, unreplaced); returns 1 while a file
+#                                  misses parts, 2 when nothing was ever carried
 # CHUNK_MIB=N overrides the part size (default: 63 MiB less the working tree).
 
 carry_tree_mib() {  # what a device call sends besides its carried paths (a tracked file moved away travels not)
@@ -55,7 +56,11 @@ carry_receive() {
   for dir in "$out"/call-*; do [ -d "$dir" ] && cp "$dir"/* "$incoming/"; done
   [ -f "$incoming/MANIFEST" ] || return 2
   while read -r n sha parts; do
-    [ -f "$dest/$n" ] && [ "$(sha256sum "$dest/$n" | cut -d' ' -f1)" = "$sha" ] && continue
+    if [ -f "$dest/$n" ]; then  # here it may be a file the project built (data/real/corpus.parquet): never replaced
+      [ "$(sha256sum "$dest/$n" | cut -d' ' -f1)" = "$sha" ] && continue
+      echo "receive: $dest/$n exists and differs from the carried $n: not replaced (move it aside to use the" \
+        "carried one; on this machine's own checkout run the stage, not the device script)"; exit 1
+    fi
     have=$(ls "$incoming/$n".part-* 2>/dev/null | wc -l)
     if [ "$have" -lt "$parts" ]; then echo "receive: $n has $have of $parts parts"; missing=1; continue; fi
     cat "$incoming/$n".part-* > "$dest/.$n.tmp-$$"
