@@ -19,6 +19,7 @@
 #   device:  scripts/real_wise_gpu.sh study --lengths 512,1024,2048   # carry .real-wise-gpu/call-NN
 #   device:  scripts/real_wise_gpu.sh study --lengths 4096            # (the machine still warm)
 #   device:  scripts/real_wise_gpu.sh study --lengths 8160 --shard 1/3   # then 2/3, 3/3: joins, benchmarks
+#            (two shards in one call: OUT=$OUT/a ... --shard 2/3; ... --shard 3/3: each sends back its own part)
 #   here:    tar -xzf $OUT/real_wise.tar.gz -C benchmarks/results/real-wise-gpu-h200/<date>/
 # (`study` without --lengths runs every length in one call.) `FROM=<a committed study's folder> ... pack` also
 # writes that study's lengths as finished parts into .real-wise-parts/ (stages.real_wise --split: its rows
