@@ -59,8 +59,8 @@ def condition_groups(model, n: int, examples: int, conds, settings) -> list[list
 def readout_rows(model, n: int, rows: int) -> int:
     """Rows of n-token prompts whose coda runs in one call (at least one): a base layer's own attention may take
     SDPA's math path (fp32 with grouped K/V heads), whose scores and probabilities [rows, H, n, n] fp32 must fit
-    in a quarter of the free GPU memory (CPU_BATCH_BYTES on the CPU). At 8K tokens on SmolLM2 that is 2.4 GiB a
-    row; 18 rows at once did not fit beside an 80 GB GPU's caches."""
+    in a quarter of the free GPU memory (CPU_BATCH_BYTES on the CPU). At 8128 tokens on SmolLM2 each is 2.2 GiB a
+    row; 18 rows at once (one 39.9 GiB tensor) did not fit beside an 80 GB GPU's caches."""
     per_row = 2 * model.config.heads * n * n * 4
     budget = 0.25 * free_bytes(model.device) if model.device.type == "cuda" else CPU_BATCH_BYTES
     return max(1, min(rows, int(budget) // per_row))
