@@ -3,7 +3,7 @@
 
     facts = model_facts(model)                      # layer counts, geometry, core / other parameters
     step = decode_step_bytes(model, n, batch, T)    # bytes of one decode pass (weights and K/V)
-    tpot_bound(step, density, t_d, T); ttft_bound(facts, core, other, n, density, t_d, T)
+    tpot_bound(step, density, t_d, T); ttft_bound(facts, n, density, t_d, T)
     cell_bytes(model, n, batch, settings)           # weights + caches + workspace of one cell
 
 A model is the project's architecture (a preset shape) or a ``wise.looped`` retrofit: its core is the
@@ -73,14 +73,14 @@ def tpot_bound(step_bytes: dict, density: float, dense_steps: int, steps: int) -
     return speedup_bound(step_bytes["core_kv"] / core, density, dense_steps, steps, other / (core + other))
 
 
-def ttft_bound(config, core_params: int, other_params: int, n: int, density: float,
-               dense_steps: int, steps: int) -> float:
-    """WISE's most over Full for the prefill, by FLOPs: causal attention 2 * n^2 * H * d per core layer
-    (QK^T and PV, half the square) against 2 * n per weight; prelude/coda/head untouched."""
-    attn = 2.0 * n * n * config.heads * config.head_dim
-    core = steps * (2.0 * n * core_params + config.n_core * attn)
-    other = 2.0 * n * other_params + (config.n_prelude + config.n_coda) * attn
-    share = config.n_core * attn / (2.0 * n * core_params + config.n_core * attn)
+def ttft_bound(facts, n: int, density: float, dense_steps: int, steps: int) -> float:
+    """WISE's most over Full for the prefill, by FLOPs (``model_facts``): causal attention 2 * n^2 * H * d per
+    core layer (QK^T and PV, half the square) against 2 * n per weight; prelude/coda/head untouched."""
+    core_params, other_params = facts.core_params, facts.layer_params + facts.vocab_size * facts.hidden
+    attn = 2.0 * n * n * facts.heads * facts.head_dim
+    core = steps * (2.0 * n * core_params + facts.n_core * attn)
+    other = 2.0 * n * other_params + (facts.n_prelude + facts.n_coda) * attn
+    share = facts.n_core * attn / (2.0 * n * core_params + facts.n_core * attn)
     return speedup_bound(share, density, dense_steps, steps, other / (core + other))
 
 

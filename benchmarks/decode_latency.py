@@ -275,11 +275,10 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
     finally:
         release(dev)
     step = decode_step_bytes(model, n, batch, settings.steps)
-    core_p, other_p = c.core_params, c.layer_params + c.vocab_size * c.hidden
     T, td = settings.steps, settings.discovery_step
     row.update(step_bytes=step["total"], bw_gbs=bw / 1e9, floor_ms=step["total"] / bw * 1e3,
                tpot_bound=tpot_bound(step, row["density"], td, T),
-               ttft_bound=ttft_bound(c, core_p, other_p, n, row["density"], td, T),
+               ttft_bound=ttft_bound(c, n, row["density"], td, T),
                peak_gib=torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan"))
     row["floor_ratio"] = row["full_tpot_ms"] / row["floor_ms"]
     for kind in ("ttft", "tpot"):

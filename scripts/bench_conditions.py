@@ -102,9 +102,8 @@ def lone_bound(model, settings, full: dict, dens: float, tokens: int) -> tuple[f
     """(prefill bound, decode bound, the least WISE alone / Full alone time) for one example alone: Full's prompt
     steps (1..T) at most ``ttft_bound`` faster (FLOPs), its gold rows and decoding passes (one row each pass) at
     most ``tpot_bound`` (bytes), the rest (decoder setup, host) untouched (``benchmarks.decode_costs``)."""
-    c = model_facts(model)
     T, td = settings.steps, settings.discovery_step
-    pre = ttft_bound(c, c.core_params, c.layer_params + c.vocab_size * c.hidden, tokens, dens, td, T)
+    pre = ttft_bound(model_facts(model), tokens, dens, td, T)
     dec = tpot_bound(decode_step_bytes(model, tokens, 1, T), dens, td, T)
     prompt, rows = full["prefix"] + full["late"], full["gold"] + full["passes"]
     return pre, dec, (prompt / pre + rows / dec + full["total"] - prompt - rows) / full["total"]
