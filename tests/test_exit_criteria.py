@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from pipelines.exit_criteria import ExitRow, exit_table, format_table
-from pipelines.lm_eval.model import WiseLM
 from wise.analysis.calibration import parse_layout
 from wise.analysis.calibration_exits import expected_exits
 from wise.data import format_prompt, load_examples
@@ -223,6 +222,9 @@ def test_the_report_table_puts_criteria_beside_fixed_depths(model, cases):
 
 
 def test_the_lm_eval_model_takes_an_exit_criterion_and_reports_its_mean_steps(tmp_path, cases):
+    pytest.importorskip("lm_eval")  # the GPU image has no lm_eval
+    from pipelines.lm_eval.model import WiseLM
+
     chain = write_chain_checkpoint(tmp_path / "wise-chain")
     with pytest.raises(ValueError, match="--model_args: exit criterion name 'klx'"):
         WiseLM(pretrained=str(chain), device="cpu", exit="klx")
@@ -230,7 +232,7 @@ def test_the_lm_eval_model_takes_an_exit_criterion_and_reports_its_mean_steps(tm
                 exit="kl", exit_threshold="5e-4", exit_min_step="3")
     examples = load_examples("synthchain", "test", 20, 11, max_hops=5, follow_hops=5, max_refine=4)
     docs = [examples[i] for i in PICK[:2]]  # L2 = 2, 5: kl stops at steps 3 and 6
-    Instance = pytest.importorskip("lm_eval.api.instance").Instance  # the GPU image has no lm_eval
+    from lm_eval.api.instance import Instance
     reqs = [Instance("generate_until", {}, (format_prompt(ex), {"until": ["\n"], "max_gen_toks": 3}), i)
             for i, ex in enumerate(docs)]
     assert [t.strip() for t in lm.generate_until(reqs, disable_tqdm=True)] == [ex.answers[0] for ex in docs]
