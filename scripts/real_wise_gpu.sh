@@ -39,7 +39,8 @@
 # real_wise.tar.gz: the joined tables (as one run writes them: real_wise.md, summary / mechanism / supports /
 # layouts parquet, ...), gpu.txt, checkpoints.txt (the retrofits' sha256sum), and the three benchmark tables with bench.log (BENCH=0 leaves them to
 # `bench`). Without CUDA the benchmark steps are skipped with a message (the study runs on CPU with
-# PARAMS=<a tiny params file>). PARAMS (default params/real-wise-gpu.yaml), WORK (default /tmp/wise-real).
+# PARAMS=<a tiny params file>). PARAMS (default params/real-wise-gpu.yaml), WORK (default /tmp/wise-real),
+# LAYOUTS (what `bench` times: default the study joined under WORK/wise-results, else data/real/wise's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -142,23 +143,29 @@ study() {  # device (or CPU with a tiny PARAMS): [--lengths 512,1024] the study'
 }
 
 bench() {  # device: the kernel and whole-model benchmarks on the study's layouts (data/real/wise/layouts.parquet)
-  local logs=${OUT:-real-wise-gpu-logs} layouts=data/real/wise/layouts.parquet start
+  local logs=${OUT:-real-wise-gpu-logs} layouts=${LAYOUTS:-$work/wise-results/layouts.parquet} start
+  # the study this machine joined; else the tree's (a join here: data/real/wise is tracked, so a call's fresh
+  # copy of the tree puts the default run's 512-token sample back there unless the joined one was committed)
+  [ -n "${LAYOUTS:-}" ] || [ -f "$layouts" ] || layouts=data/real/wise/layouts.parquet
   mkdir -p "$logs"
   [ -f "$layouts" ] || { echo "bench: $layouts is missing (study or summary writes it)"; exit 1; }
+  echo "bench: layouts $layouts, lengths $($py -c "import pyarrow.parquet as pq, sys
+print(sorted(set(pq.read_table(sys.argv[1], columns=['length']).column('length').to_pylist())))" "$layouts")" \
+    | tee "$logs/bench.log"
   start=$(date +%s)
   if $py -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     $py -m benchmarks.bench --layouts "$layouts" --gqa 3 --head-dim 64 --packs 1 2 \
-      --out "$logs/kernel_real_smollm2.parquet" 2>&1 | tee "$logs/bench.log"
+      --out "$logs/kernel_real_smollm2.parquet" 2>&1 | tee -a "$logs/bench.log"
     $py -m benchmarks.bench --layouts "$layouts" --resample-heads 55 --head-dim 96 \
       --out "$logs/kernel_real_huginn.parquet" 2>&1 | tee -a "$logs/bench.log"
     $py -m benchmarks.whole_model --layouts "$layouts" --preset huginn-0125 \
       --out "$logs/whole_real_huginn.parquet" 2>&1 | tee -a "$logs/bench.log"
     timeout "${DECODE_LIMIT_S:-150}" $py -m benchmarks.decode_latency --presets \
       --retrofit data/models/smollm2-135m-lma --text data/real/tokens_test.npy --n 8160 4096 2048 --batch 1 4 \
-      --steps 8 --dense-steps 3 --window 2 --max-prefill-tokens 32768 \
+      --steps 8 --dense-steps 3 --window 2 --max-prefill-tokens 32768 --ttft-repeats 3 \
       --out "$logs/decode_latency_smollm2.parquet" 2>&1 | tee -a "$logs/bench.log" || true
   else
-    echo "bench: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" | tee "$logs/bench.log"
+    echo "bench: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" | tee -a "$logs/bench.log"
   fi
   echo "wall: kernel benchmarks $(($(date +%s) - start)) s" | tee -a "$logs/run.log"
 }

@@ -1,9 +1,14 @@
 """The real-WISE GPU run of issue 51 (params/real-wise-gpu.yaml, scripts/real_wise_gpu.sh): its
 params, the test-split pack it carries, and the report's WISE-vs-Truncate sentence (pipelines.real.gpu_study)."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 
 from scripts.real_wise_pack import split_rows
 from pipelines.config.params import load_params
@@ -49,3 +54,23 @@ def test_wise_vs_truncate_sentence_follows_the_table():
     assert "text 512" in beats and "qa 512" in beats and "accuracy 0.90 vs 0.80" in beats
     assert "text 1024" in not_beats and "qa 1024" in not_beats and "2048" not in sentence
     assert wise_vs_truncate_sentence(summary[-1:]).startswith("WISE vs Truncate: the table has no pair")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU `bench` runs the benchmarks themselves")
+def test_bench_times_the_study_this_machine_joined_not_the_trees_sample(tmp_path):
+    """A call's fresh copy of the tree puts the tracked 512-token sample back at data/real/wise, so `bench`
+    in a later call must take the layouts the study's join left under WORK (2026-12-06: it timed the sample)."""
+    def bench(work):
+        env = {**os.environ, "PYTHON": sys.executable, "WORK": str(work), "OUT": str(tmp_path / "out")}
+        done = subprocess.run(["bash", "scripts/real_wise_gpu.sh", "bench"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return (tmp_path / "out" / "bench.log").read_text().splitlines()[0]
+
+    joined = tmp_path / "work" / "wise-results" / "layouts.parquet"
+    joined.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"length": [8160, 512, 8160]}), joined)
+    assert bench(tmp_path / "work") == f"bench: layouts {joined}, lengths [512, 8160]"
+    tree = pq.read_table(ROOT / "data" / "real" / "wise" / "layouts.parquet", columns=["length"])
+    lengths = sorted(set(tree.column("length").to_pylist()))
+    assert bench(tmp_path / "cold") == f"bench: layouts data/real/wise/layouts.parquet, lengths {lengths}"
