@@ -17,7 +17,8 @@ random prompts; bf16), per (shape, context n, batch b, condition full / wise):
 - full_kernel_tpot_ms, full_bmm_tpot_ms: Full's passes with dense attention through the decode kernel
   with every block kept, and as fp32-score matrix products (``StaticDecoder(dense="kernel" / "bmm")``,
   same row group), where flash attention ran.
-Times: CUDA events (perf_counter on the CPU); ttft_ms is the median of --ttft-repeats prefills.
+Times: CUDA events (perf_counter on the CPU); ttft_ms is the median of --ttft-repeats prefills (on CUDA after
+an untimed one, which compiles and autotunes the kernels for the shape).
 Conditions run one after the other: a condition's caches, decoder and graphs are freed (and the
 allocator's cache emptied) before the next one's prefill.
 
@@ -194,11 +195,13 @@ def support_density(group: RowGroup) -> float:
 
 
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
-    """ttft_ms (median of `repeats` prefills), tpot_ms (median of `tokens` graphed decode passes), the density
+    """ttft_ms (median of `repeats` prefills after an untimed one on CUDA), tpot_ms (median of `tokens` graphed decode passes), the density
     of the supports it ran on and, for Full where the decoder's dense attention was fused, kernel_tpot_ms and
     bmm_tpot_ms (the other dense paths)."""
     dev = model.device
     ttfts, group = [], None
+    if dev.type == "cuda":  # untimed: the first prefill of a shape compiles and autotunes the kernels
+        cached_prefill(model, prompts, condition, settings)
     for _ in range(repeats):
         group = None  # the previous prefill's caches go before the next one's are made
         release(dev)
