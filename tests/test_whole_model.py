@@ -77,6 +77,21 @@ def test_timed_forward_is_the_models_forward_with_wise_late_steps(tiny):
     assert not torch.allclose(full, got, atol=1e-3)  # the support changes the result: the late steps used it
 
 
+def test_the_timed_forward_scores_every_position_in_chunks_as_the_logits_would(tiny):
+    """logits=False (what the timed forwards run): each position's log-normaliser of the same logits, the head
+    run over chunks of positions (the last one short), so no [n, vocab] fp32 tensor is held at once."""
+    n = 70
+    ids = torch.randint(TINY.vocab_size, (1, n), generator=torch.Generator().manual_seed(2))
+    s0 = tiny.initial_state(torch.empty(1, n, TINY.hidden), torch.Generator().manual_seed(6))
+    logits = wm.forward(tiny, ids, s0, 4, 2, lambda: None)
+    scored = wm.forward(tiny, ids, s0, 4, 2, lambda: None, logits=False)
+    assert scored.shape == (1, n) and torch.allclose(scored, torch.logsumexp(logits, dim=-1), atol=1e-5)
+    rope = tiny.rotary(n)
+    s = torch.randn(1, n, TINY.hidden, generator=torch.Generator().manual_seed(7))
+    assert torch.allclose(wm.scored_readout(tiny, s, rope, chunk=16), torch.logsumexp(tiny.readout(s, rope), -1),
+                          atol=1e-5)
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter serves CPU tensors only without CUDA; the gpu test checks the kernel")
 def test_kernel_path_matches_the_reference_on_the_interpreter(tiny):
     chk = wm.check_against_reference(tiny, 64, _layouts(64), seed=0, **SHAPE)

@@ -252,11 +252,18 @@ class RecurrentDepthModel(nn.Module):
                 at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Final state [b, n, h] -> logits [b, n, vocab] (fp32). With at=(rows, positions), only
         the logits of those positions, [k, vocab] (the coda still attends over whole rows)."""
+        x = self.coda_states(s, rope)
+        return self.head(x[at] if at is not None else x)
+
+    def coda_states(self, s: torch.Tensor, rope: Rotary) -> torch.Tensor:
+        """Final state [b, n, h] -> the coda's output [b, n, h], what `head` reads."""
         x = self.transformer.ln_f(s) if self.config.ln_f_after_recurrence else s
         for block in self.transformer.coda:
             x = block(x, rope, causal_attention)
-        if at is not None:
-            x = x[at]
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The coda's output [..., h] -> logits [..., vocab] (fp32)."""
         return self.lm_head(self.transformer.ln_f(x)).float()
 
     # -- the plain forward pass -------------------------------------------------------------------
