@@ -25,13 +25,15 @@ from pipelines.store.artifacts import read_parquet
 REAL_TRAIN = (Path("benchmarks/results/real-train-h200"),
               ("nll_lma.parquet", "nll_plain.parquet", "nll_t1.parquet", "checkpoints.txt"))
 REAL_MODEL = (Path("benchmarks/results/real-h200"), ("curves.parquet", "halting.parquet"))
-REAL_WISE = (Path("benchmarks/results/real-wise-gpu-h200"),
+REAL_WISE = (Path("benchmarks/results/real-wise-gpu-*"),  # one folder per GPU kind (-h200, -h100)
              ("summary.parquet", "mechanism_summary.parquet", "supports.parquet"))
 
 
 def latest_run(folder: Path, files: tuple[str, ...]) -> Path | None:
-    """The newest dated run folder (by name) that holds every one of `files`; None when there is none."""
-    runs = sorted((d for d in folder.glob("*") if d.is_dir() and all((d / f).is_file() for f in files)),
+    """The newest dated run folder (by name) that holds every one of `files`; None when there is none.
+    A `folder` whose name is a glob pattern takes the runs of every folder it matches."""
+    folders = sorted(folder.parent.glob(folder.name)) if "*" in folder.name else [folder]
+    runs = sorted((d for f in folders for d in f.glob("*") if d.is_dir() and all((d / x).is_file() for x in files)),
                   key=lambda d: d.name)
     return runs[-1] if runs else None
 

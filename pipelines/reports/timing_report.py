@@ -35,12 +35,12 @@ def whole_model_markdown(rows: list[dict], f, table) -> list[str]:
     return L
 
 
-DECODE_LATENCY = (Path("benchmarks/results/decode-latency-h200"), ("decode_latency.parquet",))
+DECODE_LATENCY = (Path("benchmarks/results/decode-latency-*"), ("decode_latency.parquet",))  # -h200, -h100
 
 
 def decode_latency_markdown(run: Path | None, f, table, root: Path = Path(".")) -> list[str]:
     """Markdown lines for a committed run folder of ``benchmarks.decode_latency`` (the statistics stage
-    passes the newest under DECODE_LATENCY's folder: time to first token and per output token, Full vs
+    passes the newest under DECODE_LATENCY's folders: time to first token and per output token, Full vs
     WISE, beside their bounds and Full's decode floor), or one line saying there is none."""
     from pipelines.store.artifacts import read_parquet
 
