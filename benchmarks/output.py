@@ -47,6 +47,7 @@ WHOLE_COLS = [("model", "model", "{}"), ("support", "label", "{}"), ("n", "n", "
               ("x whole", "ratio", "{:.3f}"), ("layer ms", "layer_ms", "{:.3f}"), ("attn ms", "attn_ms", "{:.3f}"),
               ("attn share", "attn_share", "{:.3f}"), ("kern attn ms", "kernel_attn_ms", "{:.3f}"),
               ("x attn", "attn_speedup", "{:.2f}"), ("x layer", "layer_speedup", "{:.3f}"),
+              ("bound", "bound", "{:.3f}"), ("reached", "bound_reached", "{:.2f}"),
               ("spread", "timing_spread", "{:.2f}"), ("GiB", "peak_gib", "{:.1f}"), ("err", "rel_err_kernel", "{:.1e}")]
 
 
@@ -58,7 +59,15 @@ def whole_model_sentence(r: dict) -> str:
             f"speedup (support density {r['density']:.2f}) is {r['layer_speedup']:.3f}× for the layer and "
             f"{r['ratio']:.3f}× for the whole T={r['steps']} forward ({r['dense_steps']} dense + {late} WISE steps; "
             f"every layer, MLPs, norms, prelude and coda included: {r['full_ms']:.1f} ms Full, "
-            f"{r['wise_ms']:.1f} ms WISE).")
+            f"{r['wise_ms']:.1f} ms WISE)" + _bound_clause(r) + ".")
+
+
+def _bound_clause(r: dict) -> str:
+    """'; the most ... allow ... is B× (P of it reached)' where the row has a bound (rows before it had none)."""
+    if not math.isfinite(r.get("bound", float("nan"))):
+        return ""
+    return (f"; the most its attention share, density and t_d / T allow, with {r['other_share']:.1%} of Full's "
+            f"time outside the core layers, is {r['bound']:.3f}× ({r['bound_reached']:.0%} of it reached)")
 
 
 def write_rows(rows: list[dict], path: str) -> str:

@@ -25,7 +25,9 @@ ratio = full_ms / wise_ms. For core layer 0 at the same n (``timers.interleaved_
 (the layer with dense attention), attn_ms (its dense attention call), attn_share = attn_ms /
 layer_ms, kernel_attn_ms (the same call on the layer's support through the backend, schedule
 built), attn_speedup = attn_ms / kernel_attn_ms, wise_layer_ms, layer_speedup = layer_ms /
-wise_layer_ms. rel_err_kernel: every core layer's late attention at the first late step against
+wise_layer_ms. other_share = 1 - T * n_core * layer_ms / full_ms (prelude, coda, head and adapters: what
+WISE leaves alone), bound = speedup_bound(attn_share, density, t_d, T, other_share) and bound_reached =
+ratio / bound. rel_err_kernel: every core layer's late attention at the first late step against
 the fp32 masked reference, checked before timing (above ``REL_ERR_BOUND`` the status says so).
 peak_gib: the row's peak allocated GPU memory (weights included). A length that runs out of GPU memory keeps its row,
 with status ``failed: CUDA out of memory (...)``; the next length still runs. A model shape is
@@ -52,7 +54,8 @@ from .output import WHOLE_COLS, format_table, whole_model_sentence, write_rows
 HEAD_CHUNK = 4096  # positions per head call in a timed forward (scored_readout)
 
 MEASURED = ["density", "full_ms", "wise_ms", "ratio", "layer_ms", "attn_ms", "attn_share", "kernel_attn_ms",
-            "attn_speedup", "wise_layer_ms", "layer_speedup", "rel_err_kernel", "timing_spread", "peak_gib"]
+            "attn_speedup", "wise_layer_ms", "layer_speedup", "rel_err_kernel", "timing_spread", "peak_gib",
+            "other_share", "bound", "bound_reached"]
 KERNEL_BLOCK_SIZES = (16, 32, 64, 128)
 
 
@@ -211,6 +214,11 @@ def _measure(row: dict, model, n: int, layouts: torch.Tensor, block_size: int, s
     row.update(medians)
     row["ratio"] = row["full_ms"] / row["wise_ms"]
     _time_layer(row, model, ids, s0, layouts, block_size, backend, dense_steps + 1)
+    # what the core layers (layer_ms each, every step) leave of Full's forward: prelude, coda, head, adapters
+    core_ms = steps * model.config.n_core * row["layer_ms"]
+    row["other_share"] = min(1.0, max(0.0, 1.0 - core_ms / row["full_ms"]))
+    row["bound"] = speedup_bound(row["attn_share"], row["density"], dense_steps, steps, row["other_share"])
+    row["bound_reached"] = row["ratio"] / row["bound"]
     if dev.type == "cuda":
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
 

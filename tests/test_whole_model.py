@@ -126,6 +126,11 @@ def test_whole_model_rows_end_to_end_on_cpu(tiny, monkeypatch):
     assert (r["attn_share"], r["attn_speedup"], r["layer_speedup"]) == (0.25, 2.0, 4.0 / 3.5)
     assert r["rel_err_kernel"] <= 1e-5 and r["steps"] == 4 and r["dense_steps"] == 2 and r["layers"] == 2
     assert math.isnan(r["peak_gib"]) and 0 < r["density"] < 1
+    other = min(1.0, max(0.0, 1 - 4 * TINY.n_core * 4.0 / r["full_ms"]))  # T * n_core layers of layer_ms
+    assert r["other_share"] == other and r["bound_reached"] == r["ratio"] / r["bound"]
+    assert r["bound"] == wm.speedup_bound(0.25, r["density"], 2, 4, other)
+    assert wm.speedup_bound(0.25, 0.2, 2, 4, 0.0) == 1 / ((2 + 2 * (1 - 0.25 * 0.8)) / 4)
+    assert wm.speedup_bound(0.25, 0.2, 2, 4, 1.0) == 1.0  # nothing in the core layers: nothing to gain
     assert layer_calls == ["layer_ms", "attn_ms", "kernel_attn_ms", "wise_layer_ms"] * 2
     late = [(t, layer) for t in (3, 4) for layer in (0, 1)]
     # per row: the check pass, the warm-up and the timed forward (one policy each), then the layer's

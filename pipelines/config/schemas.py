@@ -92,7 +92,8 @@ TIMING = _schema([("label", STR), ("status", STR), ("gpu", STR)],
                  [("model", STR), ("backend", STR)],
                  _ints("hidden", "intermediate", "prelude", "coda", "steps", "dense_steps"),
                  _floats("full_ms", "wise_ms", "ratio", "layer_ms", "attn_ms", "attn_share", "kernel_attn_ms",
-                         "attn_speedup", "wise_layer_ms", "layer_speedup", "peak_gib"))
+                         "attn_speedup", "wise_layer_ms", "layer_speedup", "peak_gib", "other_share", "bound",
+                         "bound_reached"))
 
 # -- statistics stage --------------------------------------------------------------------------
 CONDITION_SUMMARY = _schema(

@@ -22,10 +22,11 @@ def whole_model_markdown(rows: list[dict], f, table) -> list[str]:
         return L + [f"Not measured on this machine ({', '.join(statuses)}); {len(rows)} planned rows are in the "
                     "`timing` view (`source = 'whole_model'`). Run `dvc repro timing` on a CUDA machine.", ""]
     L += table(["model", "support", "n", "B", "density", "Full ms", "WISE ms", "whole ×", "layer ms",
-                "attention ms", "attention share", "kernel attention ×", "layer ×"],
+                "attention ms", "attention share", "kernel attention ×", "layer ×", "bound ×", "of bound"],
                [[r["model"], r["label"], str(r["n"]), str(r["block_size"]), f(r["density"]), f(r["full_ms"], 1),
                  f(r["wise_ms"], 1), f(r["ratio"]), f(r["layer_ms"]), f(r["attn_ms"]), f(r["attn_share"]),
-                 f(r["attn_speedup"], 2), f(r["layer_speedup"])] for r in ok])
+                 f(r["attn_speedup"], 2), f(r["layer_speedup"]), f(r.get("bound", float("nan"))),
+                 f(r.get("bound_reached", float("nan")), 2)] for r in ok])
     random = [r for r in ok if r["label"].startswith("random_")]
     lead = max(random or ok, key=lambda r: (r["n"], r["label"]))
     L += [whole_model_sentence(lead), ""]
