@@ -195,9 +195,9 @@ def support_density(group: RowGroup) -> float:
 
 
 def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
-    """ttft_ms (median of `repeats` prefills after an untimed one on CUDA), tpot_ms (median of `tokens` graphed decode passes), the density
-    of the supports it ran on and, for Full where the decoder's dense attention was fused, kernel_tpot_ms and
-    bmm_tpot_ms (the other dense paths)."""
+    """ttft_ms (median of `repeats` prefills after an untimed one on CUDA), tpot_ms (median of `tokens` graphed
+    decode passes), the density of the supports it ran on and, for Full where the decoder's dense attention was
+    fused, kernel_tpot_ms and bmm_tpot_ms (the other dense paths)."""
     dev = model.device
     ttfts, group = [], None
     if dev.type == "cuda":  # untimed: the first prefill of a shape compiles and autotunes the kernels

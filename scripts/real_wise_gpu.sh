@@ -165,7 +165,8 @@ print(sorted(set(pq.read_table(sys.argv[1], columns=['length']).column('length')
       --steps 8 --dense-steps 3 --window 2 --max-prefill-tokens 32768 --ttft-repeats 3 \
       --out "$logs/decode_latency_smollm2.parquet" 2>&1 | tee -a "$logs/bench.log" || true
   else
-    echo "bench: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" | tee -a "$logs/bench.log"
+    echo "bench: no CUDA device: the kernel and whole-model benchmarks on $layouts are skipped" \
+      | tee -a "$logs/bench.log"
   fi
   echo "wall: kernel benchmarks $(($(date +%s) - start)) s" | tee -a "$logs/run.log"
 }
