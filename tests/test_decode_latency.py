@@ -131,13 +131,20 @@ def test_report_table_from_the_newest_run(tmp_path):
                 wise_tpot_ms=40.0, tpot_speedup=1.5, tpot_bound=1.8, tpot_reached=1.5 / 1.8, floor_ms=30.0,
                 floor_ratio=2.0, status="ok")
     skipped = {**cell, "batch": 8, "status": "skipped: b*n 65536 > --max-prefill-tokens 32768"}
-    for day, ms in (("2026-12-04", 99.0), ("2026-12-05", 60.0)):
-        folder = tmp_path / DECODE_LATENCY[0] / day
+    results = tmp_path / "benchmarks" / "results"
+    for kind, day, ms in (("h200", "2026-12-04", 99.0), ("h100", "2026-12-05", 60.0), ("h200", "2026-12-03", 98.0)):
+        folder = results / f"decode-latency-{kind}" / day  # the newest run across GPU kinds is shown
         folder.mkdir(parents=True)
         write_rows([{**cell, "full_tpot_ms": ms}, skipped], str(folder / DECODE_LATENCY[1][0]))
     text = "\n".join(decode_latency_markdown(newest(), f, table, tmp_path))
-    assert "2026-12-05" in text and "60.00" in text and "99.00" not in text
-    assert "0.83" in text and "n=8192 b=8: skipped" in text
+    assert "decode-latency-h100/2026-12-05" in text and "60.00" in text and "99.00" not in text
+    assert "0.83" in text and "n=8192 b=8: skipped" in text and "Above its bound" not in text
+    # a ratio over its bound is a timing fault (the bound is a ceiling): the report names the cell
+    folder = results / "decode-latency-h100" / "2026-12-06"
+    folder.mkdir()
+    write_rows([{**cell, "ttft_speedup": 1.3}], str(folder / DECODE_LATENCY[1][0]))
+    text = "\n".join(decode_latency_markdown(newest(), f, table, tmp_path))
+    assert "Above its bound" in text and "huginn-0125 n=8192 b=4 TTFT 1.300× > 1.200×" in text
 
 
 def _looped_folder(root):
