@@ -74,3 +74,32 @@ def test_bench_times_the_study_this_machine_joined_not_the_trees_sample(tmp_path
     tree = pq.read_table(ROOT / "data" / "real" / "wise" / "layouts.parquet", columns=["length"])
     lengths = sorted(set(tree.column("length").to_pylist()))
     assert bench(tmp_path / "cold") == f"bench: layouts data/real/wise/layouts.parquet, lengths {lengths}"
+
+
+def _kernel_row(length, label, pack, x_cudnn, density=0.2):
+    return dict(label=label, status="ok", gpu="GPU-X", n=length - 32, nominal_length=length, pack=pack,
+                density=density, neighbour_overlap=0.5, call_vs_cudnn=x_cudnn)
+
+
+def test_benchmark_table_takes_each_lengths_faster_pack_and_pairs_the_random_forward():
+    from pipelines.real.gpu_study import benchmark_lines
+    smollm2 = [_kernel_row(512, "real", 1, 0.9), _kernel_row(512, "real", 2, 1.4),
+               _kernel_row(512, "random-matched", 1, 1.1), _kernel_row(8160, "real", 2, 3.5)]
+    huginn = [_kernel_row(512, "real", 0, 1.2), _kernel_row(512, "random-matched", 0, 1.3)]
+    whole = [dict(label="real:needle-test-0@512", gpu="GPU-X", n=480, ratio=0.98, bound=1.01, bound_reached=0.97),
+             dict(label="random-matched", gpu="GPU-X", n=480, ratio=0.99, bound=1.01, bound_reached=0.98),
+             dict(label="real:needle-test-0@8160", gpu="GPU-X", n=8096, ratio=1.04, bound=1.06, bound_reached=0.99)]
+    rows = [line for line in benchmark_lines(smollm2, huginn, whole) if line.startswith("| ")][2:]
+    assert rows[0] == ("| 512 | 480 | 0.200 | 0.50 | 1.40 (pack 2) [1.10] | 1.20 [1.30] | 0.980 [0.990] | 1.010 "
+                       "| 97% |")
+    assert rows[1] == "| 8160 | 8128 | 0.200 | 0.50 | 3.50 (pack 2) [–] | – [–] | 1.040 [–] | 1.060 | 99% |"
+    assert benchmark_lines([], [], []) == []
+
+
+def test_the_report_shows_the_benchmarks_of_the_committed_study():
+    from pipelines.real.gpu_study import REAL_WISE, REAL_WISE_BENCH, gpu_study_markdown, latest_run
+    run = latest_run(ROOT / REAL_WISE[0], REAL_WISE[1])
+    if run is None or not all((run / f).is_file() for f in REAL_WISE_BENCH):
+        pytest.skip("no committed real-WISE study with its benchmarks")
+    text = gpu_study_markdown(load_params(ROOT / "params.yaml"), ROOT)
+    assert "**Kernel and whole forward on these supports**" in text

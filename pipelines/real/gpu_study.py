@@ -27,6 +27,8 @@ REAL_TRAIN = (Path("benchmarks/results/real-train-h200"),
 REAL_MODEL = (Path("benchmarks/results/real-h200"), ("curves.parquet", "halting.parquet"))
 REAL_WISE = (Path("benchmarks/results/real-wise-gpu-*"),  # one folder per GPU kind (-h200, -h100)
              ("summary.parquet", "mechanism_summary.parquet", "supports.parquet"))
+# what `scripts/real_wise_gpu.sh bench` adds to a real-WISE run folder (a table each, when present)
+REAL_WISE_BENCH = ("kernel_real_smollm2.parquet", "kernel_real_huginn.parquet", "whole_real_huginn.parquet")
 
 
 def latest_run(folder: Path, files: tuple[str, ...]) -> Path | None:
@@ -137,8 +139,8 @@ def wise_vs_truncate_sentence(summary: list[dict]) -> str:
 
 
 def gpu_study_markdown(p: Params, root: Path = Path(".")) -> str | None:
-    """The GPU study's tables (NLL, needle accuracy, halting; WISE mechanism, working set, conditions),
-    or None when benchmarks/results holds neither study."""
+    """The GPU study's tables (NLL, needle accuracy, halting; WISE mechanism, working set, conditions, and the
+    timings on its supports), or None when benchmarks/results holds neither study."""
     trained = (p.real_model.loops_min, p.real_model.loops_max)
     train_run = latest_run(root / REAL_TRAIN[0], REAL_TRAIN[1])
     model_run = latest_run(root / REAL_MODEL[0], REAL_MODEL[1])
@@ -162,4 +164,65 @@ def gpu_study_markdown(p: Params, root: Path = Path(".")) -> str | None:
         settings = sorted({(s["T"], s["t_d"], s["w"]) for s in summary})  # the run's own, not params.yaml's
         L += [wise_vs_truncate_sentence(summary), ""]
         L += condition_lines(summary, trained, settings, list(p.conditions.names))
+        L += benchmark_lines(*(read_parquet(wise_run / f).to_pylist() if (wise_run / f).is_file() else []
+                               for f in REAL_WISE_BENCH))
     return "\n".join(L)
+
+
+def _kind(r: dict) -> str:
+    return "real" if r["label"].startswith("real") else "random"
+
+
+def _fastest_per_length(rows: list[dict]) -> dict[tuple[int, str], dict]:
+    """benchmarks.bench rows by (nominal length, real / random), the fastest pack of each."""
+    out: dict[tuple[int, str], dict] = {}
+    for r in rows:
+        key = (r["nominal_length"], _kind(r))
+        if r["status"] == "ok" and (key not in out or r["call_vs_cudnn"] > out[key]["call_vs_cudnn"]):
+            out[key] = r
+    return out
+
+
+def _forward_per_length(rows: list[dict]) -> dict[tuple[int, str], dict]:
+    """benchmarks.whole_model --layouts rows by (nominal length, real / random): the real row's label names its
+    prompt and length ("real:<id>@<length>"); its same-density random row comes right after it."""
+    out, length = {}, None
+    for r in rows:
+        if r["label"].startswith("real:"):
+            length = int(r["label"].rsplit("@", 1)[1])
+        if length is not None:
+            out[(length, _kind(r))] = r
+    return out
+
+
+def _x(r: dict | None, key: str, spec: str = ".2f") -> str:
+    return "–" if r is None or r.get(key) is None else format(r[key], spec)
+
+
+def benchmark_lines(smollm2: list[dict], huginn: list[dict], whole: list[dict]) -> list[str]:
+    """The kernel and whole-forward timings on the study's saved supports (``scripts/real_wise_gpu.sh bench``: the
+    first prompt of each length), one row per length: the SmolLM2 attention shape at its faster pack, the Huginn
+    attention shape (the support's heads resampled to 55), and a whole Huginn-shape forward, each beside a random
+    support of the same density."""
+    small, large, forward = _fastest_per_length(smollm2), _fastest_per_length(huginn), _forward_per_length(whole)
+    lengths = sorted({n for n, _ in small} | {n for n, _ in large} | {n for n, _ in forward})
+    if not lengths:
+        return []
+    gpus = ", ".join(sorted({r["gpu"] for r in smollm2 + huginn + whole}))
+    L = [f"**Kernel and whole forward on these supports** ({gpus}; `scripts/real_wise_gpu.sh bench` on each "
+         "length's first prompt; in square brackets, a random support of the same density). Attention: speedup of one "
+         "late-step call over cuDNN's dense attention (SmolLM2: 9 query / 3 KV heads, d 64, at its faster pack; "
+         "Huginn shape: 55 heads, d 96). Whole forward: a random-init Huginn-shape T = 32 forward (12 dense + 20 "
+         "WISE steps) vs Full, beside the most its attention share, density and t_d / T allow.", "",
+         "| length | tokens | density | neighbour overlap | SmolLM2 attn x cuDNN | Huginn attn x cuDNN "
+         "| whole forward x | bound | reached |", "| --- |" + " --- |" * 8]
+    for n in lengths:
+        s, h, w = small.get((n, "real")), large.get((n, "real")), forward.get((n, "real"))
+        first = s or h or w
+        pack = f" (pack {s['pack']})" if s else ""
+        L.append(f"| {n} | {first['n']} | {_x(first, 'density', '.3f')} | {_x(s or h, 'neighbour_overlap')} | "
+                 f"{_x(s, 'call_vs_cudnn')}{pack} [{_x(small.get((n, 'random')), 'call_vs_cudnn')}] | "
+                 f"{_x(h, 'call_vs_cudnn')} [{_x(large.get((n, 'random')), 'call_vs_cudnn')}] | "
+                 f"{_x(w, 'ratio', '.3f')} [{_x(forward.get((n, 'random')), 'ratio', '.3f')}] | "
+                 f"{_x(w, 'bound', '.3f')} | {_x(w, 'bound_reached', '.0%')} |")
+    return L + [""]
