@@ -251,8 +251,9 @@ def random_layouts(config: RecurrentConfig, n: int, block_size: int, rho: float,
 def whole_model_rows(config: RecurrentConfig, plan, *, block_size: int, steps: int, dense_steps: int, seed: int = 0,
                      backend: str = "kernel", dtype="bf16", rounds: int = 5, device="auto", check: bool = True,
                      model=None) -> list[dict]:
-    """One row per plan entry (label, n, rho, layouts or None). None: random layouts at density rho
-    (``random_layouts``, drawn in plan order from one generator seeded by `seed`). device "auto":
+    """One row per plan entry (label, n, rho, layouts or None[, columns]). None: random layouts at density rho
+    (``random_layouts``, drawn in plan order from one generator seeded by `seed`); columns: a dict the row
+    carries as it is (``real_plan``: the nominal length and prompt a support came from). device "auto":
     ``timers.bench_device()``; without one every row is planned with status "skipped: no CUDA", as
     is every row of a shape the backend cannot serve (``unsupported``). `model`: one built already
     (``build_model``), else one is built once for all rows."""
@@ -262,18 +263,19 @@ def whole_model_rows(config: RecurrentConfig, plan, *, block_size: int, steps: i
     dev = timers.bench_device() if device == "auto" else (torch.device(device) if device is not None else None)
     why = unsupported(config, block_size, backend) or (None if dev is not None else "skipped: no CUDA")
     if why:
-        return [planned_row(config, n, block_size, steps, dense_steps, label, dtype, backend, rho, status=why)
-                for label, n, rho, _ in plan]
-    longest = max(n for _, n, _, _ in plan)
+        return [{**planned_row(config, n, block_size, steps, dense_steps, label, dtype, backend, rho, status=why),
+                 **(rest[0] if rest else {})} for label, n, rho, _, *rest in plan]
+    longest = max(entry[1] for entry in plan)
     if model is None:
         model = build_model(config.replace(max_positions=max(config.max_positions, longest)), seed, dtype, dev)
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    for label, n, rho, layouts in plan:
+    for label, n, rho, layouts, *rest in plan:
         if layouts is None:
             layouts = random_layouts(config, n, block_size, rho, gen)
-        rows.append(measure(model, n, layouts, block_size=block_size, steps=steps, dense_steps=dense_steps,
-                            label=label, seed=seed, backend=backend, rounds=rounds, check=check, rho=rho))
+        rows.append({**measure(model, n, layouts, block_size=block_size, steps=steps, dense_steps=dense_steps,
+                               label=label, seed=seed, backend=backend, rounds=rounds, check=check, rho=rho),
+                     **(rest[0] if rest else {})})
     return rows
 
 
@@ -299,9 +301,9 @@ def check_against_reference(model, n: int, layouts: torch.Tensor, *, block_size:
 
 
 def real_plan(path: str, config: RecurrentConfig, seed: int) -> list[tuple]:
-    """Plan entries (label, n, density, layouts): per nominal length of the file, its first
+    """Plan entries (label, n, density, layouts, columns): per nominal length of the file, its first
     example's layouts fitted to the shape (``benchmarks.discovered_layouts.fit_layouts``) and random ones
-    of the same density per layer."""
+    of the same density per layer, both rows carrying that nominal length and example id."""
     from .discovered_layouts import bench_length, fit_layouts, load_discovered_layouts, matched_random
 
     plan, seen = [], set()
@@ -312,8 +314,9 @@ def real_plan(path: str, config: RecurrentConfig, seed: int) -> list[tuple]:
         real = fit_layouts(e["layout"], config.n_core, config.heads, seed)
         n = bench_length(real, e["block_size"])
         rho = density(real.flatten(0, 1))
-        plan += [(f"real:{e['example_id']}", n, rho, real),
-                 ("random-matched", n, rho, matched_random(real, e["block_size"], seed))]
+        columns = dict(nominal_length=e["length"], example_id=e["example_id"])
+        plan += [(f"real:{e['example_id']}", n, rho, real, columns),
+                 ("random-matched", n, rho, matched_random(real, e["block_size"], seed), columns)]
     return plan
 
 
@@ -349,7 +352,7 @@ def main(argv=None) -> int:
     dev, dtype = torch.device(a.device), DTYPES[a.dtype]
     plan = (real_plan(a.layouts, config, a.seed) if a.layouts
             else [(f"random_rho{a.rho:g}", n, a.rho, None) for n in a.n])
-    longest = max([n for _, n, _, _ in plan] + [a.check_n])
+    longest = max([entry[1] for entry in plan] + [a.check_n])
     model = build_model(config.replace(max_positions=max(config.max_positions, longest)), a.seed, dtype, dev)
     gen = torch.Generator().manual_seed(a.seed)
     shape = dict(block_size=a.block_size, steps=a.steps, dense_steps=a.dense_steps, seed=a.seed)

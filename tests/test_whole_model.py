@@ -118,9 +118,10 @@ def test_whole_model_rows_end_to_end_on_cpu(tiny, monkeypatch):
 
     _layer_timer(monkeypatch, layer_calls)
     monkeypatch.setattr(wm, "make_support_policy", counting)
-    plan = [("random_rho0.4", 64, 0.4, None), ("own", 40, None, _layouts(40, 0.6))]
+    plan = [("random_rho0.4", 64, 0.4, None), ("own", 40, None, _layouts(40, 0.6), {"nominal_length": 48})]
     rows = wm.whole_model_rows(TINY, plan, backend="reference", device="cpu", rounds=1, model=tiny, **SHAPE)
     assert [r["status"] for r in rows] == ["ok", "ok"] and [r["label"] for r in rows] == ["random_rho0.4", "own"]
+    assert rows[1]["nominal_length"] == 48 and rows[1]["n"] == 40
     r = rows[0]
     assert set(r) == set(wm.planned_row(TINY, 64, 16, 4, 2, "x", torch.float32))
     assert r["full_ms"] > 0 and r["wise_ms"] > 0 and r["ratio"] == r["full_ms"] / r["wise_ms"]
@@ -160,9 +161,10 @@ def test_out_of_memory_at_one_length_keeps_the_row_and_the_others_run(tiny, monk
 
 
 def test_planned_rows_without_a_device_or_a_served_shape():
-    plan = [("a", 64, 0.4, None), ("b", 128, None, None)]
+    plan = [("a", 64, 0.4, None), ("b", 128, None, None, {"nominal_length": 160})]
     rows = wm.whole_model_rows(TINY, plan, device=None, **SHAPE)
     assert [r["status"] for r in rows] == ["skipped: no CUDA"] * 2 and math.isnan(rows[1]["wise_ms"])
+    assert "nominal_length" not in rows[0] and rows[1]["nominal_length"] == 160  # a plan entry's columns
     odd = TINY.replace(head_dim=80)
     assert wm.whole_model_rows(odd, plan, device="cpu", **SHAPE)[0]["status"].startswith("skipped: head_dim 80")
     with pytest.raises(ValueError, match="dense_steps < steps"):

@@ -184,11 +184,14 @@ def _fastest_per_length(rows: list[dict]) -> dict[tuple[int, str], dict]:
 
 
 def _forward_per_length(rows: list[dict]) -> dict[tuple[int, str], dict]:
-    """benchmarks.whole_model --layouts rows by (nominal length, real / random): the real row's label names its
-    prompt and length ("real:<id>@<length>"); its same-density random row comes right after it."""
+    """benchmarks.whole_model --layouts rows by (nominal length, real / random). Rows carry their nominal length;
+    files written before they did (2026-12-06) name it only in the real row's label ("real:<id>@<length>"), with
+    its same-density random row right after it."""
     out, length = {}, None
     for r in rows:
-        if r["label"].startswith("real:"):
+        if r.get("nominal_length") is not None:
+            length = int(r["nominal_length"])
+        elif r["label"].startswith("real:"):
             length = int(r["label"].rsplit("@", 1)[1])
         if length is not None:
             out[(length, _kind(r))] = r
