@@ -342,7 +342,8 @@ def main(argv=None) -> int:
 
 def discovered_layouts_main(a) -> int:
     """--layouts: per nominal length, the first example's real layouts and matched random ones,
-    for each pack of --packs; one row each, labelled real / random-matched."""
+    for each pack of --packs (or with --config, that config alone); one row each, labelled real /
+    random-matched."""
     from kernels.sparse_attention import default_config
 
     from .discovered_layouts import (bench_length, fit_layouts, load_discovered_layouts, matched_random,
@@ -356,16 +357,21 @@ def discovered_layouts_main(a) -> int:
     if not entries:
         print(f"error: {a.layouts}: no layouts at lengths {a.lengths}", file=sys.stderr)
         return 2
-    rows = []
+    if a.config and a.packs:
+        print("error: --config fixes the pack; give --packs or --config, not both", file=sys.stderr)
+        return 2
+    config, rows = parse_config(a.config) if a.config else None, []
     for e in entries:
         real = e["layout"]
         heads = a.resample_heads or real.shape[1]
         real = fit_layouts(real, real.shape[0], heads, a.seed)
         kv_heads = a.kv_heads or heads // a.gqa
         n, b = bench_length(real, e["block_size"]), e["block_size"]
+        configs = ([config] if config else [default_config(a.head_dim, b, DTYPES[a.dtype], pack=p) for p in a.packs]
+                   if a.packs else [None])
         for label, lays in (("real", real), ("random-matched", matched_random(real, b, a.seed))):
-            for pack in a.packs or [None]:
-                cfg = default_config(a.head_dim, b, DTYPES[a.dtype], pack=pack) if pack else None
+            for cfg in configs:
+                pack = cfg.pack if cfg else None
                 r = benchmark(lays, AttentionShape(n, b, heads, kv_heads, a.head_dim, DTYPES[a.dtype]), label,
                               settings_of(a, cfg))
                 for x in r:

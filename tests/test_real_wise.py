@@ -129,6 +129,19 @@ def test_real_supports_round_trip_and_the_kernel_equals_the_reference_on_them(lo
     assert [(r["label"], r["pack"], r["heads"], r["kv_heads"], r["n"]) for r in timed] == [
         ("real", 1, 9, 3, 160), ("real", 2, 9, 3, 160),
         ("random-matched", 1, 9, 3, 160), ("random-matched", 2, 9, 3, 160)]
+    # an explicit config (a sweep's candidate) is timed as given, pack included; with --packs it is refused
+    assert bench_main(["--layouts", str(path), "--gqa", "3", "--head-dim", "64", "--config", "2,1,2,1",
+                       "--no-flex", "--no-prepared", "--out", str(out)]) == 0
+    assert [(r["label"], r["pack"]) for r in pq.read_table(out).to_pylist()] == [("real", 2), ("random-matched", 2)]
+    assert bench_main(["--layouts", str(path), "--config", "2,1,2,1", "--packs", "1", "--out", str(out)]) == 2
+    # the whole-forward benchmark's plan: both rows of a length carry its nominal length and prompt
+    from benchmarks.whole_model import real_plan
+    from wise.models.config import RecurrentConfig
+
+    columns = dict(nominal_length=160, example_id="window-test-0@160")
+    plan = real_plan(str(path), RecurrentConfig.from_name("huginn-0125"), seed=0)
+    assert [(e[0], e[1], e[4]) for e in plan] == [("real:window-test-0@160", 160, columns),
+                                                  ("random-matched", 160, columns)]
 
     # the model's own q, k, v of the first late step, layer 0, on the reloaded support
     cap = _Capture(s.discovery_step + 1, 0)
