@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.reference import masked_attention_reference, relative_error
-from kernels.schedule import Schedule, build_schedule, default_head_group, default_pack
+from kernels.schedule import Schedule, build_schedule, default_head_group, default_pack, support_pack
 from kernels.sparse_attention import KernelConfig, parse_config, sparse_attention
 
 from . import flex as flex_baseline
@@ -98,7 +98,9 @@ def _prepare(lays, n, block_size, heads, kv_heads, head_dim, dtype, dev, seed, c
              head_group) -> _Run:
     gen = torch.Generator(device=dev).manual_seed(seed)
     qkv = random_qkv(heads, kv_heads, n, head_dim, dtype, dev, gen, lays.shape[0])
-    pack = config.pack if config else default_pack(block_size, head_dim)
+    # the model's late steps choose the pack per support (kernels.schedule.support_pack): so does the bench
+    every = lays.flatten(0, 1)
+    pack = config.pack if config else support_pack(every, block_size, head_dim, density(every))
     if head_group == "auto":
         head_group = default_head_group(heads, kv_heads, n, head_dim, dtype, dev)
     head_group = head_group or None
@@ -112,7 +114,7 @@ def _prepare(lays, n, block_size, heads, kv_heads, head_dim, dtype, dev, seed, c
                prep=None)
     run.scheds = run.build_all()
     if prepared:
-        run.prep = PreparedLayers(qkv, lays, outs, block_size, head_dim, config, head_group)
+        run.prep = PreparedLayers(qkv, lays, outs, block_size, head_dim, config, head_group, pack=pack)
     return run
 
 

@@ -24,9 +24,9 @@ from .inputs import DTYPES, dense_inputs, random_wise_layout
 class PreparedLayers:
     """One prepared builder + one prepared attention per layer, for each schedule order."""
 
-    def __init__(self, qkv, lays, outs, block_size, head_dim, config, head_group=None):
+    def __init__(self, qkv, lays, outs, block_size, head_dim, config, head_group=None, pack=None):
         heads, m = lays.shape[1], lays.shape[-1]
-        pack = config.pack if config is not None else None
+        pack = config.pack if config is not None else pack
         self.qkv, self.lays, self.outs = qkv, lays, outs
         self.builders, self.attns = {}, {}
         for order in ("sorted", "capacity"):

@@ -82,6 +82,27 @@ DENSE_PACK: dict[tuple[int, int], int] = {(32, 96): 4}
 DENSE_PACK_DENSITY = 0.8
 
 
+# Pack for supports whose neighbouring query blocks keep mostly the same key blocks, keyed (B,
+# head_dim): (pack, least pack_efficiency). A real model's supports do (the SmolLM2 retrofit's at
+# 4K / 8K, heads resampled to 55: pack-2 efficiency 0.832 / 0.839); i.i.d. random ones of the same
+# density do not (0.583 / 0.556). Measured on an H100, Huginn attention shape (d 96), python -m
+# benchmarks.bench --layouts ... --config 2,1,4,2 against pack 1 (benchmarks/README.md 2026-12-06
+# (d)): pack 2's kernel is 1.09 / 1.08x faster on the real supports and 0.77 / 0.72x on the random
+# ones; the log speed ratio, linear in efficiency, crosses zero at 0.771 / 0.788.
+OVERLAP_PACK: dict[tuple[int, int], tuple[int, float]] = {(32, 96): (2, 0.78)}
+
+
+def pack_efficiency(layout: torch.Tensor, pack: int) -> float:
+    """Kept (query block, key block) pairs over the pairs a schedule of `pack` query blocks a tile
+    computes (every row of a tile against the union of its blocks' key lists): 1 for pack 1,
+    (1 + Jaccard) / 2 for two blocks. layout: bool [Hq, M, M], its causal part read. One host read."""
+    heads, m, _ = layout.shape
+    causal = layout.tril()
+    rows = torch.cat([causal, causal.new_zeros(heads, (-m) % pack, m)], 1) if m % pack else causal
+    kept, union = torch.stack([causal.sum(), rows.view(heads, -1, pack, m).any(2).sum()]).tolist()
+    return kept / (pack * union)
+
+
 def _dense_pack_pays(device) -> bool:
     """The dense-support pack was measured on Hopper (wgmma tiles) only. On an sm_80 GPU the same
     128-row tiles compile to mma.sync at 255 registers with 440 B of spills per thread
@@ -93,7 +114,7 @@ def _dense_pack_pays(device) -> bool:
 
 
 def default_pack(block_size: int, head_dim: int | None = None, density: float | None = None,
-                 device=None) -> int:
+                 device=None, efficiency: float | None = None) -> int:
     """Query blocks per kernel tile (must match the kernel config; see sparse_attention.CONFIGS).
 
     Tiles of 64+ rows use Hopper's wgmma but pay for the union of the packed rows' key lists.
@@ -101,16 +122,29 @@ def default_pack(block_size: int, head_dim: int | None = None, density: float | 
     head_dim 64 (wgmma wins despite the union) and 1 otherwise; B >= 64 never packs.
     density (kept / causal blocks, when the caller knows it): at DENSE_PACK_DENSITY or above, the
     DENSE_PACK entry for (block_size, head_dim) if there is one, on Hopper (device: where the
-    kernel will run; a CUDA device below sm_90 keeps the sparse choice).
+    kernel will run; a CUDA device below sm_90 keeps the sparse choice). efficiency: the support's
+    pack_efficiency at the OVERLAP_PACK entry's pack (support_pack measures it); at or above the
+    entry's threshold, that pack (Hopper only, as the dense one).
     """
-    if (density is not None and density >= DENSE_PACK_DENSITY and (block_size, head_dim) in DENSE_PACK
-            and _dense_pack_pays(device)):
-        return DENSE_PACK[(block_size, head_dim)]
+    key = (block_size, head_dim)
+    if density is not None and density >= DENSE_PACK_DENSITY and key in DENSE_PACK and _dense_pack_pays(device):
+        return DENSE_PACK[key]
+    if efficiency is not None and key in OVERLAP_PACK and efficiency >= OVERLAP_PACK[key][1] \
+            and _dense_pack_pays(device):
+        return OVERLAP_PACK[key][0]
     if block_size == 16:
         return 2
     if block_size == 32 and head_dim == 64:
         return 2
     return 1
+
+
+def support_pack(layout: torch.Tensor, block_size: int, head_dim: int, density: float) -> int:
+    """default_pack for this causal support [Hq, M, M] of the given density, measuring its
+    pack_efficiency where the shape has an OVERLAP_PACK entry (one host read)."""
+    entry = OVERLAP_PACK.get((block_size, head_dim))
+    efficiency = pack_efficiency(layout, entry[0]) if entry else None
+    return default_pack(block_size, head_dim, density=density, device=layout.device, efficiency=efficiency)
 
 
 ORDERS = ("sorted", "capacity")

@@ -76,13 +76,13 @@ CONFIGS = {
 }
 
 
-# Configs for a non-default pack of the same (block size, head_dim), keyed (B, d, pack): used when
-# a schedule is built with another pack, e.g. default_pack(..., density=...) asking for bigger
-# tiles on a dense support (see schedule.DENSE_PACK). (32, 96, 4): the fastest full-support config
-# of two sweeps on an H200 (n=4096, 55 heads): 128 query rows x 64 gathered keys per iteration,
-# 0.647 ms = 0.94x dense flash in the same run, vs 0.699 ms with kb=1 (kernels/README.md).
-# Without an entry the default config's kb / warps / stages are kept with the schedule's pack.
+# Configs for a non-default pack of the same (block size, head_dim), keyed (B, d, pack), for a
+# schedule built with another pack (schedule.DENSE_PACK, OVERLAP_PACK). (32, 96, 4): fastest on the
+# full support, two H200 sweeps (n=4096, 55 heads): 0.647 ms = 0.94x dense flash, 0.699 ms with kb=1.
+# (32, 96, 2): fastest of 7 on the SmolLM2 retrofit's supports at 4K / 8K, H100 (2.20 / 3.99x cuDNN;
+# benchmarks/README.md 2026-12-06 (d)). Else the default config's kb / warps / stages, with the pack.
 PACK_CONFIGS: dict[tuple[int, int, int], KernelConfig] = {
+    (32, 96, 2): KernelConfig(pack=2, kb=1, num_warps=4, num_stages=2),
     (32, 96, 4): KernelConfig(pack=4, kb=2, num_warps=4, num_stages=3, pad_d=True),
 }
 

@@ -153,6 +153,35 @@ def test_default_pack_density_and_pack_configs(monkeypatch):
     assert default_config(96, 32, torch.bfloat16) == default_config(96, 32, torch.bfloat16, pack=1)
 
 
+def test_supports_whose_neighbouring_blocks_share_keys_take_the_overlap_pack(monkeypatch):
+    from kernels.schedule import OVERLAP_PACK, pack_efficiency, support_pack
+
+    lay = torch.zeros(1, 4, 4, dtype=torch.bool)
+    lay[0, 0, 0] = lay[0, 1, 1] = True  # tile 0: union {0, 1}, 2 kept of 4 computed
+    lay[0, 2, :3] = lay[0, 3, 1:] = True  # tile 1: union {0..3}, 6 kept of 8
+    assert pack_efficiency(lay, 1) == 1.0 and pack_efficiency(lay, 2) == 8 / 12
+    assert pack_efficiency(lay[:, :3, :3], 2) == 5 / 10  # an odd last block is a half-empty tile
+    assert pack_efficiency(lay | torch.ones(4, 4, dtype=torch.bool).triu(1), 2) == 8 / 12  # above-diagonal ignored
+    pack, least = OVERLAP_PACK[(32, 96)]
+    assert (pack, default_pack(32, 96, density=0.15, efficiency=least)) == (2, 2)
+    assert default_pack(32, 96, density=0.15, efficiency=least - 0.01) == default_pack(64, 96, efficiency=1.0) == 1
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert default_pack(32, 96, efficiency=1.0, device="cuda:0") == 1  # measured on Hopper only
+    # a support whose blocks come in identical pairs packs; an i.i.d. one of the same density does not
+    gen = torch.Generator().manual_seed(0)
+    iid = random_wise_layout(8, 2048, 32, 0.13, gen)
+    paired = iid.clone()
+    paired[:, 1::2] = iid[:, 0::2] | torch.eye(64, dtype=torch.bool)[1::2]
+    paired &= torch.ones(64, 64, dtype=torch.bool).tril()
+    assert support_pack(paired.to(DEV), 32, 96, 0.13) == 2 and support_pack(iid.to(DEV), 32, 96, 0.13) == 1
+    assert support_pack(paired.to(DEV), 32, 64, 0.13) == default_pack(32, 64)  # no entry for d 64
+    # and the packed kernel equals the reference on it (its PACK_CONFIGS entry; fp32 on the interpreter)
+    q, k, v = (torch.randn(8, 2048 - 20, 96, generator=gen).to(DEV) for _ in range(3))
+    lay = paired[:, :64, :64].to(DEV)
+    out = sparse_attention(q, k, v, build_schedule(lay, 32, pack=2))
+    assert relative_error(out, masked_attention_reference(q, k, v, lay, 32)) <= 1e-4
+
+
 def test_default_config_by_sequence_length(monkeypatch):
     """SHORT_CONFIGS applies up to its length, only to its own pack; fp32 keeps two warps."""
     import importlib

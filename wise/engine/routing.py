@@ -105,10 +105,10 @@ class GatherSupportAttention:
 
 class KernelSupportAttention:
     """Late attention through the Triton block-sparse kernel. Per layer, on first use (after
-    discovery): the schedule is built once (with the bigger dense-support tiles when the layer's
-    support is dense, and with heads launched in groups when their K/V exceed the GPU's L2) and
-    the call is prepared once (checks, config, compiled-kernel launch), so each of the late steps
-    costs one direct kernel launch."""
+    discovery): the schedule is built once (with bigger tiles when the layer's support is dense or
+    its neighbouring query blocks share key blocks, with heads launched in groups when their K/V
+    exceed the GPU's L2) and the call is prepared once (checks, config, compiled-kernel launch),
+    so each of the late steps costs one direct kernel launch."""
 
     def __init__(self, layouts: torch.Tensor, block_size: int):
         self.layouts = layouts
@@ -120,13 +120,13 @@ class KernelSupportAttention:
                  dtype: torch.dtype = torch.bfloat16):
         """The layer's schedule (built on first use). kv_heads / seq_len / dtype describe the K/V
         the kernel will read (for the launch grouping); without them, one global launch order."""
-        from kernels import build_schedule, default_head_group, default_pack
-        from kernels.schedule import DENSE_PACK_DENSITY
+        from kernels import build_schedule, default_head_group
+        from kernels.schedule import DENSE_PACK_DENSITY, support_pack
 
         if layer not in self._schedules:
             layout = self.layouts[layer]
             dens = density(layout)  # once per layer and example (one host read, outside the late steps)
-            pack = default_pack(self.block_size, head_dim, density=dens, device=layout.device)
+            pack = support_pack(layout, self.block_size, head_dim, dens)
             group = None
             if kv_heads is not None and seq_len is not None:
                 group = default_head_group(layout.shape[0], kv_heads, seq_len, head_dim, dtype, layout.device,
