@@ -253,7 +253,7 @@ def benchmark(layouts_by_layer: torch.Tensor, shape: AttentionShape, label: str,
                   kernel_config=str(s.kernel_config or "default"), flex_options="")
     run = _prepare(lays, n, block_size, heads, kv_heads, head_dim, dtype, dev, s.seed, s.kernel_config, s.prepared,
                    s.head_group)
-    row["head_group"] = run.head_group or 0
+    row["head_group"], row["pack"] = run.head_group or 0, run.pack  # the pack its schedules were built with
     row.update(_work(lays, block_size, n, heads, head_dim))
     if s.check:
         _check(row, run, REL_ERR_BOUND[dtype])
@@ -378,8 +378,8 @@ def discovered_layouts_main(a) -> int:
                               settings_of(a, cfg))
                 for x in r:
                     x.update(rho=float(density(lays.flatten(0, 1))), source_example=e["example_id"],
-                             nominal_length=e["length"], neighbour_overlap=neighbour_overlap(lays),
-                             pack=pack or 0)
+                             nominal_length=e["length"], neighbour_overlap=neighbour_overlap(lays))
+                    x.setdefault("pack", pack or 0)  # a timed row says its pack; a planned one the asked-for one
                 rows += r
                 print(format_table(r[-1:], REAL_COLS).splitlines()[-1], file=sys.stderr, flush=True)
     print(f"wrote {len(rows)} rows to {write_rows(rows, a.out)}")

@@ -75,6 +75,23 @@ def test_benchmark_body_runs_on_interpreter(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="the GPU run times the real benchmark")
+def test_the_default_rows_take_and_record_the_pack_the_model_would(monkeypatch):
+    """Huginn's attention shape (B 32, d 96): a support whose neighbouring query blocks keep the same key blocks
+    is timed in 64-row tiles (kernels.schedule.support_pack, as the late steps choose), an i.i.d. one in 32-row
+    tiles; the row says which."""
+    _cpu_timers(monkeypatch)
+    shape = AttentionShape(n=256, block_size=32, heads=2, kv_heads=2, head_dim=96, dtype=torch.float32)
+    iid = random_wise_layout(2, 256, 32, 0.3, torch.Generator().manual_seed(0))
+    paired = iid.clone()
+    paired[:, 1::2] = iid[:, 0::2] | torch.eye(8, dtype=torch.bool)[1::2]  # block 2i + 1 keeps block 2i's keys
+    paired &= torch.ones(8, 8, dtype=torch.bool).tril()
+    settings = RunSettings(flex=False, prepared=False, late_calls=1, dense_steps=1)
+    for lay, pack in ((paired, 2), (iid, 1)):
+        row, = bench.benchmark(lay[None], shape, "t", settings)
+        assert row["pack"] == pack and row["rel_err_kernel"] <= 1e-4
+
+
+@pytest.mark.skipif(CUDA, reason="the GPU run times the real benchmark")
 def test_trajectory_columns_time_the_given_late_calls_and_dense_steps(monkeypatch):
     """reuse20 is one build + late_calls calls per layer and traj32 adds dense_steps dense calls:
     the counts come from the arguments (timing.late_calls, wise.discovery_step), not constants."""

@@ -86,7 +86,7 @@ TIMING_MEASURED = (
     "prep_fast_calls", "rel_err_prepared", "rel_err_prepared_cap")
 TIMING = _schema([("label", STR), ("status", STR), ("gpu", STR)],
                  _ints("n", "block_size", "heads", "kv_heads", "head_dim"), [("dtype", STR), ("layers", INT),
-                 ("kernel_config", STR), ("flex_options", STR), ("head_group", INT)],
+                 ("kernel_config", STR), ("flex_options", STR), ("head_group", INT), ("pack", INT)],
                  _floats(*TIMING_MEASURED), [("source", STR), ("rho", FLOAT)],
                  # whole-model rows (source = 'whole_model', benchmarks.whole_model)
                  [("model", STR), ("backend", STR)],
