@@ -285,9 +285,10 @@ def check_against_reference(model, n: int, layouts: torch.Tensor, *, block_size:
     relative error of a core layer's late attention (first late step) against the fp32 masked
     reference; rel_err_logits, the whole forward's logits against the same forward with the
     reference backend (dense masked attention) in the late steps; rel_err_logits_perturbed, the
-    reference forward against itself from the initial state scaled by 1 + 1e-6: the model's own
-    sensitivity, the scale rel_err_logits is read against (a random-init Huginn shape amplifies any
-    change of its state over 32 steps: both are ~1.4 there, in fp32 as in bf16)."""
+    reference forward against itself from the initial state scaled by 1 + eps of its dtype (bf16: 2^-7;
+    a smaller step rounds back to the same state): the model's own sensitivity, the scale
+    rel_err_logits is read against (a random-init Huginn shape amplifies any change of its state
+    over 32 steps: both are ~1.4 there in fp32)."""
     _check_layouts(layouts, model.config, n, block_size)
     layouts = layouts.to(model.device)
     ids, s0 = _inputs(model, n, seed)
@@ -295,7 +296,7 @@ def check_against_reference(model, n: int, layouts: torch.Tensor, *, block_size:
     reference = lambda: make_support_policy(layouts, block_size, "reference")  # noqa: E731
     got = forward(model, ids, s0, steps, dense_steps, lambda: checked)
     ref = forward(model, ids, s0, steps, dense_steps, reference)
-    moved = forward(model, ids, s0 * (1 + 1e-6), steps, dense_steps, reference)
+    moved = forward(model, ids, s0 * (1 + torch.finfo(s0.dtype).eps), steps, dense_steps, reference)
     return dict(n=n, rel_err_kernel=max(checked.errors.values()), rel_err_logits=relative_error(got, ref),
                 rel_err_logits_perturbed=relative_error(moved, ref))
 
@@ -361,7 +362,7 @@ def main(argv=None) -> int:
     bound = REL_ERR_BOUND[dtype]
     print(f"check at n={a.check_n}: late attention vs fp32 reference rel_err {chk['rel_err_kernel']:.1e} "
           f"(bound {bound}); whole-forward logits vs the reference backend rel_err {chk['rel_err_logits']:.1e}, "
-          f"the reference vs itself from an initial state moved by 1e-6 {chk['rel_err_logits_perturbed']:.1e} "
+          f"the reference vs itself from an initial state moved by one eps {chk['rel_err_logits_perturbed']:.1e} "
           "(the model's own sensitivity; reported, not bounded)")
     if not (chk["rel_err_kernel"] <= bound and math.isfinite(chk["rel_err_logits"])):
         print("error: the late-step path disagrees with the reference; nothing timed", file=sys.stderr)
