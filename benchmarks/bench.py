@@ -100,7 +100,7 @@ def _prepare(lays, n, block_size, heads, kv_heads, head_dim, dtype, dev, seed, c
     qkv = random_qkv(heads, kv_heads, n, head_dim, dtype, dev, gen, lays.shape[0])
     # the model's late steps choose the pack per support (kernels.schedule.support_pack): so does the bench
     every = lays.flatten(0, 1)
-    pack = config.pack if config else support_pack(every, block_size, head_dim, density(every))
+    pack = config.pack if config else support_pack(every, block_size, head_dim)[0]
     if head_group == "auto":
         head_group = default_head_group(heads, kv_heads, n, head_dim, dtype, dev)
     head_group = head_group or None

@@ -29,7 +29,7 @@ TB = 16  # tail keys per iteration
 
 @triton.jit
 def _tail_partials(
-    Q, TK, TV, Bias, W, Rows, M_out, L_out, Acc_out,
+    Q, TK, TV, Bias, W, Rows, M_out, L_out, Acc_out, O_in, Lse_in, Y_out, Lse_out,
     stride_qr, stride_qh, stride_qj,
     stride_kr, stride_kh, stride_kn,
     stride_vr, stride_vh, stride_vn,
@@ -37,6 +37,7 @@ def _tail_partials(
     stride_wi, stride_wh, stride_wj,
     t_len, heads, kv_heads, q_rows, group, qk_scale, slots, slot, w_off,
     KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, FROZEN: tl.constexpr,
+    JOIN: tl.constexpr, WRITE_LSE: tl.constexpr, LOG2E_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
     j = pid % q_rows
@@ -57,9 +58,16 @@ def _tail_partials(
     else:
         q = tl.load(Q + row * stride_qr + hs[:, None] * stride_qh + j * stride_qj + offs_d[None, :],
                     mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # NO_MAX
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    at_row = (row * heads + hs) * q_rows + j  # [G_PAD]: the (row, head, new row) of a contiguous [R, Hq, r] tensor
+    if JOIN:  # start from the cache's normalised output and log-sum-exp: its state is (lse in base 2, 1, out)
+        m_i = tl.load(Lse_in + at_row, mask=g_ok, other=0.0) * LOG2E_C
+        l_i = tl.full([G_PAD], 1.0, tl.float32)
+        acc = tl.load(O_in + at_row[:, None] * HEAD_D + offs_d[None, :], mask=g_ok[:, None] & d_ok[None, :],
+                      other=0.0).to(tl.float32)
+    else:
+        m_i = tl.full([G_PAD], -1.0e30, tl.float32)  # NO_MAX
+        l_i = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     for c0 in range(0, t_len, KB):
         c = c0 + offs_t
         c_ok = c < t_len
@@ -76,12 +84,57 @@ def _tail_partials(
                            other=float("-inf")).to(tl.float32)
             s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale + bias  # [G_PAD, KB]
             m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
-    if FROZEN:
-        m_i = m_i * 0.0
-    at = ((row * heads + hs) * q_rows + j) * slots + slot  # [G_PAD]
-    tl.store(M_out + at, m_i, mask=g_ok)
-    tl.store(L_out + at, l_i, mask=g_ok)
-    tl.store(Acc_out + at[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+    if JOIN:
+        tl.store(Y_out + at_row[:, None] * HEAD_D + offs_d[None, :], (acc / l_i[:, None]).to(Y_out.dtype.element_ty),
+                 mask=g_ok[:, None] & d_ok[None, :])
+        if WRITE_LSE:
+            tl.store(Lse_out + at_row, (m_i + tl.log2(l_i)) / LOG2E_C, mask=g_ok)
+    else:
+        if FROZEN:
+            m_i = m_i * 0.0
+        at = at_row * slots + slot  # [G_PAD]
+        tl.store(M_out + at, m_i, mask=g_ok)
+        tl.store(L_out + at, l_i, mask=g_ok)
+        tl.store(Acc_out + at[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+
+
+def _checked(q, k, v, bias, rows):
+    """The shared argument checks; bias expanded to [R, Hq, r, t], rows defaulting to all."""
+    R, hq, r, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != R or k.shape[3] != d or hkv == 0 or hq % hkv:
+        raise ValueError(f"tail k, v must be [{R}, Hkv, t, {d}] with Hkv dividing {hq}; got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if rows is None:
+        rows = torch.arange(R, dtype=torch.int32, device=q.device)
+    if bias is None:
+        bias = torch.zeros(1, 1, 1, t, device=q.device)
+    bias = bias.expand(R, hq, r, t)
+    if t and bias.stride(-1) != 1:
+        raise ValueError("the tail bias needs a contiguous last dimension")
+    if any(x.stride(-1) != 1 for x in (q, k, v)):
+        raise ValueError("q and the tail's k, v need a contiguous last dimension")
+    return bias, rows
+
+
+def _launch(q, k, v, bias, rows, scale, w, ws, partials, joined, slot=0, w_off=0):
+    """One program per (row of rows, kv head, new row). partials: (m, l, acc) slots to write; joined:
+    (out, lse, y, lse_out or None) of the join."""
+    hq, r, d = q.shape[1], q.shape[2], q.shape[3]
+    hkv, t = k.shape[1], k.shape[2]
+    m, l_, acc = partials if partials is not None else (q, q, q)
+    o, lse, y, lse_out = joined if joined is not None else (q, q, q, None)
+    _tail_partials[(rows.shape[0] * hkv * r,)](
+        q, k, v, bias, w, rows, m, l_, acc, o, lse, y, lse_out if lse_out is not None else y,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), bias.stride(0), bias.stride(1), bias.stride(2), *ws,
+        t, hq, hkv, r, hq // hkv, (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E,
+        m.shape[3] if partials is not None else 1, slot, w_off,
+        KB=TB, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=triton.next_power_of_2(hq // hkv),
+        FROZEN=w is not q, JOIN=joined is not None, WRITE_LSE=lse_out is not None, LOG2E_C=LOG2E,
+        num_warps=4 if q.is_cuda else 1)
 
 
 def tail_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, out: tuple,
@@ -92,40 +145,38 @@ def tail_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     out = (m, l [R, Hq, r, slots], acc [..., slots, d]) fp32; rows: int32 [R'] the rows to compute (default
     all); frozen: fp32 [R', Hq, r, >= w_off + t] Freeze-A weights of those rows, read at w_off + c."""
     R, hq, r, d = q.shape
-    hkv, t = k.shape[1], k.shape[2]
+    t = k.shape[2]
     m, l_, acc = out
-    if k.shape != v.shape or k.shape[0] != R or k.shape[3] != d or hkv == 0 or hq % hkv:
-        raise ValueError(f"tail k, v must be [{R}, Hkv, t, {d}] with Hkv dividing {hq}; got {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    bias, rows = _checked(q, k, v, bias, rows)
     if m.shape[:3] != (R, hq, r) or not 0 <= slot < m.shape[3] or acc.shape != (*m.shape, d) \
             or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
         raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, > {slot}] (x2) and [..., {d}]")
-    if rows is None:
-        rows = torch.arange(R, dtype=torch.int32, device=q.device)
     if frozen is not None and (frozen.dtype != torch.float32 or frozen.shape[:3] != (rows.shape[0], hq, r)
                                or frozen.shape[3] < w_off + t or frozen.stride(-1) != 1):
         raise ValueError(f"frozen weights must be fp32 [len(rows), {hq}, {r}, >= {w_off + t}] with a contiguous "
                          f"last dim; got {tuple(frozen.shape)}")
-    if rows.numel() == 0:
-        return out
-    if bias is None:
-        bias = torch.zeros(1, 1, 1, t, device=q.device)
-    bias = bias.expand(R, hq, r, t)
-    if t and bias.stride(-1) != 1:
-        raise ValueError("the tail bias needs a contiguous last dimension")
-    if any(x.stride(-1) != 1 for x in (q, k, v)):
-        raise ValueError("q and the tail's k, v need a contiguous last dimension")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    w = frozen if frozen is not None else q
-    ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
-    g_pad = triton.next_power_of_2(hq // hkv)
-    _tail_partials[(rows.shape[0] * hkv * r,)](
-        q, k, v, bias, w, rows, m, l_, acc,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), bias.stride(0), bias.stride(1), bias.stride(2), *ws,
-        t, hq, hkv, r, hq // hkv, scale * LOG2E, m.shape[3], slot, w_off,
-        KB=TB, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=g_pad, FROZEN=frozen is not None,
-        num_warps=4 if q.is_cuda else 1)
+    if rows.numel():
+        w = frozen if frozen is not None else q
+        ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
+        _launch(q, k, v, bias, rows, scale, w, ws, out, None, slot, w_off)
     return out
+
+
+def tail_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+              lse: torch.Tensor, *, scale: float | None = None, with_lse: bool = False):
+    """Rows q [R, Hq, r, d] whose attention over a cache is already computed (out [R, Hq, r, d], normalised,
+    and its natural log-sum-exp lse fp32 [R, Hq, r]: flash attention's) joined with their tail k, v [R, Hkv,
+    t, d] under bias (as ``tail_partials``) -> the softmax over cache and tail [R, Hq, r, d] in out's dtype;
+    with_lse: also its log-sum-exp fp32 [R, Hq, r]. One launch: the tail's scores, the cache's column, one
+    softmax and the weighted sum, where PyTorch takes about a dozen."""
+    R, hq, r, d = q.shape
+    if out.shape != q.shape or lse.shape != (R, hq, r) or lse.dtype != torch.float32:
+        raise ValueError(f"the cache's output must be [{R}, {hq}, {r}, {d}] and its lse fp32 [{R}, {hq}, {r}]; got "
+                         f"{tuple(out.shape)}, {tuple(lse.shape)} {lse.dtype}")
+    bias, rows = _checked(q, k, v, bias, None)
+    out, lse = out.contiguous(), lse.contiguous()
+    y = torch.empty_like(out)
+    total = torch.empty_like(lse) if with_lse else None
+    if y.numel():
+        _launch(q, k, v, bias, rows, scale, q, (0, 0, 0), None, (out, lse, y, total))
+    return (y, total) if with_lse else y

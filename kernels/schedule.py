@@ -92,19 +92,27 @@ DENSE_PACK_DENSITY = 0.8
 OVERLAP_PACK: dict[tuple[int, int], tuple[int, float]] = {(32, 96): (2, 0.78)}
 
 
-def pack_efficiency(layout: torch.Tensor, pack: int) -> float:
-    """Kept (query block, key block) pairs over the pairs a schedule of `pack` query blocks a tile
-    computes (every row of a tile against the union of its blocks' key lists): 1 for pack 1,
-    (1 + Jaccard) / 2 for two blocks. layout: bool [Hq, M, M], its causal part read. One host read."""
+def _kept_and_union(layout: torch.Tensor, pack: int) -> tuple[int, int]:
+    """Kept causal (query block, key block) pairs of a [Hq, M, M] support, and the key blocks a
+    schedule of `pack` query blocks a tile visits (the union of its blocks' key lists). One host read."""
     heads, m, _ = layout.shape
     causal = layout.tril()
     rows = torch.cat([causal, causal.new_zeros(heads, (-m) % pack, m)], 1) if m % pack else causal
     kept, union = torch.stack([causal.sum(), rows.view(heads, -1, pack, m).any(2).sum()]).tolist()
+    return kept, union
+
+
+def pack_efficiency(layout: torch.Tensor, pack: int) -> float:
+    """Kept (query block, key block) pairs over the pairs a schedule of `pack` query blocks a tile
+    computes (every row of a tile against the union of its blocks' key lists): 1 for pack 1,
+    (1 + Jaccard) / 2 for two blocks. layout: bool [Hq, M, M], its causal part read. One host read."""
+    kept, union = _kept_and_union(layout, pack)
     return kept / (pack * union)
 
 
-def _dense_pack_pays(device) -> bool:
-    """The dense-support pack was measured on Hopper (wgmma tiles) only. On an sm_80 GPU the same
+def _wide_tiles_measured(device) -> bool:
+    """Whether the packs of DENSE_PACK and OVERLAP_PACK apply on this device: they were measured on
+    Hopper (wgmma tiles) only. On an sm_80 GPU the same
     128-row tiles compile to mma.sync at 255 registers with 440 B of spills per thread
     (python -m benchmarks.compile_check --arch 80 --config 4,2,4,3,1), unmeasured there, so they are
     kept to sm_90+; a CPU (interpreter) or an unknown device keeps the table's choice."""
@@ -127,10 +135,10 @@ def default_pack(block_size: int, head_dim: int | None = None, density: float | 
     entry's threshold, that pack (Hopper only, as the dense one).
     """
     key = (block_size, head_dim)
-    if density is not None and density >= DENSE_PACK_DENSITY and key in DENSE_PACK and _dense_pack_pays(device):
+    if density is not None and density >= DENSE_PACK_DENSITY and key in DENSE_PACK and _wide_tiles_measured(device):
         return DENSE_PACK[key]
     if efficiency is not None and key in OVERLAP_PACK and efficiency >= OVERLAP_PACK[key][1] \
-            and _dense_pack_pays(device):
+            and _wide_tiles_measured(device):
         return OVERLAP_PACK[key][0]
     if block_size == 16:
         return 2
@@ -139,12 +147,15 @@ def default_pack(block_size: int, head_dim: int | None = None, density: float | 
     return 1
 
 
-def support_pack(layout: torch.Tensor, block_size: int, head_dim: int, density: float) -> int:
-    """default_pack for this causal support [Hq, M, M] of the given density, measuring its
-    pack_efficiency where the shape has an OVERLAP_PACK entry (one host read)."""
+def support_pack(layout: torch.Tensor, block_size: int, head_dim: int) -> tuple[int, float]:
+    """default_pack for this support [Hq, M, M] and its density (kept / causal blocks), from one host
+    read: the pack_efficiency is measured where the shape has an OVERLAP_PACK entry."""
+    heads, m, _ = layout.shape
     entry = OVERLAP_PACK.get((block_size, head_dim))
-    efficiency = pack_efficiency(layout, entry[0]) if entry else None
-    return default_pack(block_size, head_dim, density=density, device=layout.device, efficiency=efficiency)
+    kept, union = _kept_and_union(layout, entry[0] if entry else 1)
+    dens = kept / (heads * m * (m + 1) // 2)
+    efficiency = kept / (entry[0] * union) if entry else None
+    return default_pack(block_size, head_dim, density=dens, device=layout.device, efficiency=efficiency), dens
 
 
 ORDERS = ("sorted", "capacity")

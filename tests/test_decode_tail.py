@@ -5,7 +5,7 @@ On CPU under TRITON_INTERPRET=1 (conftest) in fp32."""
 import pytest
 import torch
 
-from kernels.decode_tail import TB, tail_partials
+from kernels.decode_tail import TB, tail_join, tail_partials
 from kernels.sparse_decode import dense_partials, partial_buffers
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,3 +55,33 @@ def test_frozen_rows_read_their_weights_past_the_offset_and_rows_select():
         tail_partials(q, k, v, None, out, 1, rows=frozen_rows, frozen=w, w_off=n0 + 1)
     with pytest.raises(ValueError, match="out must be"):
         tail_partials(q, k, v, bias, out, 2)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 96), (6, 2, 64)])
+@pytest.mark.parametrize("t", [1, TB + 3])
+def test_tail_join_is_one_softmax_over_cache_and_tail(hq, hkv, d, t):
+    from wise.engine.sparse_late_rows import join_tail
+
+    R, r, n = 3, 2, 40
+    q, k, v, _ = tensors(R, hq, hkv, r, t, d, seed=t * d)
+    g = torch.Generator().manual_seed(d)
+    ck, cv = (torch.randn(R, hkv, n, d, generator=g).to(DEV) for _ in range(2))
+    tail_bias = torch.zeros(t, device=DEV)
+    tail_bias[-1] = float("-inf")  # a position not written yet
+    scale = d ** -0.5
+    # the cache part as flash attention gives it: normalised output and natural log-sum-exp
+    rep = (lambda x: x.repeat_interleave(hq // hkv, dim=1))
+    s_cache = (q @ rep(ck).transpose(-1, -2)) * scale
+    lse = torch.logsumexp(s_cache, -1)
+    out = torch.softmax(s_cache, -1) @ rep(cv)
+    # the definition: one softmax over the cache's keys and the tail's
+    scores = torch.cat([s_cache, (q @ rep(k).transpose(-1, -2)) * scale + tail_bias], -1)
+    want = torch.softmax(scores, -1) @ torch.cat([rep(cv), rep(v)], 2)
+    got, total = tail_join(q, k, v, tail_bias, out, lse, with_lse=True)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(total, torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(tail_join(q, k, v, tail_bias, out, lse), got)
+    torch_out, torch_total = join_tail(q, out, lse, k, v, tail_bias, scale, True)  # the PyTorch fallback
+    assert torch.allclose(torch_out, want, rtol=1e-4, atol=1e-5) and torch.allclose(torch_total, total, atol=1e-5)
+    with pytest.raises(ValueError, match="cache's output"):
+        tail_join(q, k, v, tail_bias, out, lse.double())

@@ -7,7 +7,7 @@ and dtype on a CUDA device. Launch orders and the prepared path: test_kernels_pr
 import pytest
 import torch
 
-from benchmarks.inputs import full_layout, random_wise_layout
+from benchmarks.inputs import density, full_layout, random_wise_layout
 from kernel_cases import CUDA, DEV, run_case
 from kernels import (KernelConfig, build_schedule, default_config, default_pack, masked_attention_reference,
                      sparse_attention, validate_layout)
@@ -171,8 +171,10 @@ def test_supports_whose_neighbouring_blocks_share_keys_take_the_overlap_pack(mon
     paired = iid.clone()
     paired[:, 1::2] = iid[:, 0::2] | torch.eye(64, dtype=torch.bool)[1::2]
     paired &= torch.ones(64, 64, dtype=torch.bool).tril()
-    assert support_pack(paired.to(DEV), 32, 96, 0.13) == 2 and support_pack(iid.to(DEV), 32, 96, 0.13) == 1
-    assert support_pack(paired.to(DEV), 32, 64, 0.13) == default_pack(32, 64)  # no entry for d 64
+    (pack_paired, dens_paired), (pack_iid, dens_iid) = (support_pack(x.to(DEV), 32, 96) for x in (paired, iid))
+    assert (pack_paired, pack_iid) == (2, 1)
+    assert dens_paired == pytest.approx(density(paired)) and dens_iid == pytest.approx(density(iid))
+    assert support_pack(paired.to(DEV), 32, 64)[0] == default_pack(32, 64)  # no entry for d 64
     # and the packed kernel equals the reference on it (its PACK_CONFIGS entry; fp32 on the interpreter)
     q, k, v = (torch.randn(8, 2048 - 20, 96, generator=gen).to(DEV) for _ in range(3))
     lay = paired[:, :64, :64].to(DEV)

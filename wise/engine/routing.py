@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from kernels.reference import expand_layout  # one definition of the token mask, shared with the kernel tests
 from wise.models.recurrent import causal_attention
-from wise.engine.support import density
 
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -125,8 +124,8 @@ class KernelSupportAttention:
 
         if layer not in self._schedules:
             layout = self.layouts[layer]
-            dens = density(layout)  # once per layer and example (one host read, outside the late steps)
-            pack = support_pack(layout, self.block_size, head_dim, dens)
+            # once per layer and example (one host read, outside the late steps)
+            pack, dens = support_pack(layout, self.block_size, head_dim)
             group = None
             if kv_heads is not None and seq_len is not None:
                 group = default_head_group(layout.shape[0], kv_heads, seq_len, head_dim, dtype, layout.device,

@@ -20,9 +20,10 @@ import math
 
 import torch
 
-from kernels.decode_tail import tail_partials
+from kernels.decode_tail import tail_join, tail_partials
 from kernels.schedule import use_triton
-from kernels.sparse_decode import combine_partials, decode_block_lists, decode_partials, default_splits, partial_buffers
+from kernels.sparse_decode import (HEAD_DIMS, combine_partials, decode_block_lists, decode_partials, default_splits,
+                                   partial_buffers)
 from wise.engine.appended_rows import bmm_f32
 
 
@@ -156,13 +157,26 @@ class FlashRows:
             lses.append(lse.reshape(rows, H, r))
             a += rows
         out, lse = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
-        # the tail's scores beside the cache's log-sum-exp as one more column: one softmax weighs the cache's
-        # normalised output (its column) and each tail value exactly as a softmax over cache and tail would
-        C = tk.shape[2]
-        qk = bmm_f32(q.reshape(R * hkv, g * r, d), tk.reshape(R * hkv, C, d).transpose(1, 2))
-        scores = torch.add(tail_bias, qk.view(R, H, r, C), alpha=scale)
-        joined = torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1)
-        total = torch.logsumexp(joined, dim=-1) if lse_too else None
-        w = torch.exp(joined - total[..., None]) if lse_too else torch.softmax(joined, dim=-1)
-        tail = bmm_f32(w[..., :C].to(tv.dtype).reshape(R * hkv, g * r, C), tv.reshape(R * hkv, C, d))
-        return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype), total
+        if use_triton(q.device) and d in HEAD_DIMS:  # the tail joined in one launch
+            joined = tail_join(q, tk, tv, tail_bias, out, lse.float(), scale=scale, with_lse=lse_too)
+            return joined if lse_too else (joined, None)
+        return join_tail(q, out, lse, tk, tv, tail_bias, scale, lse_too)
+
+
+def join_tail(q, out, lse, tk, tv, tail_bias, scale: float, lse_too: bool) -> tuple:
+    """``kernels.decode_tail.tail_join`` in PyTorch: rows q [R, H, r, d] with their attention over the cache (out,
+    its log-sum-exp lse [R, H, r]) joined with their tail tk, tv [R, Hkv, C, d] under tail_bias [C] -> (output
+    in q's dtype, the joined log-sum-exp or None)."""
+    R, H, r, d = q.shape
+    hkv = tk.shape[1]
+    g = H // hkv
+    # the tail's scores beside the cache's log-sum-exp as one more column: one softmax weighs the cache's
+    # normalised output (its column) and each tail value exactly as a softmax over cache and tail would
+    C = tk.shape[2]
+    qk = bmm_f32(q.reshape(R * hkv, g * r, d), tk.reshape(R * hkv, C, d).transpose(1, 2))
+    scores = torch.add(tail_bias, qk.view(R, H, r, C), alpha=scale)
+    joined = torch.cat([scores, lse.reshape(R, H, r, 1).float()], -1)
+    total = torch.logsumexp(joined, dim=-1) if lse_too else None
+    w = torch.exp(joined - total[..., None]) if lse_too else torch.softmax(joined, dim=-1)
+    tail = bmm_f32(w[..., :C].to(tv.dtype).reshape(R * hkv, g * r, C), tv.reshape(R * hkv, C, d))
+    return torch.addcmul(tail.view(R, H, r, d), w[..., C:], out.float()).to(q.dtype), total

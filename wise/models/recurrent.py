@@ -9,7 +9,9 @@ Module and parameter names follow the published checkpoints (``transformer.wte``
 ``transformer.prelude.0.attn.Wqkv``, ``transformer.core_block.3.norm_4`` …) so their safetensors
 load without a mapping table. Attention inside the recurrent block is pluggable: a routing policy
 (see ``wise.engine.routing``) receives ``(q, k, v)`` of one (step, layer) and returns the output; an
-observer sees the same tensors plus the output. Nothing here knows about supports or kernels.
+observer sees the same tensors plus the output. Nothing here knows about supports or attention kernels; on
+CUDA in fp16 / bf16 (outside autograd) the norms, rotary embeddings and the MLP's product take one launch
+each (``kernels.pointwise``, the same rounding), which decoding's many small passes need.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.pointwise import fused_pointwise_applies, rms_norm, rotary, silu_mul
 from wise.models.config import RecurrentConfig
 
 # attend(q, k, v) -> out; q: [b, H, n, d], k/v: [b, Hkv, n, d], out: [b, H, n, d]
@@ -50,12 +53,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of x (of x + residual when given)."""
+        if fused_pointwise_applies(x, self.weight):  # one launch on CUDA (kernels.pointwise), same rounding
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
         # Normalise in fp32 for bf16 stability; the weight is applied after casting back, as the
         # published checkpoints do.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.to(x.dtype) * self.weight
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, its norm): a pre-norm block's residual stream and the next sub-layer's input."""
+        if fused_pointwise_applies(x, self.weight):
+            return rms_norm(x, self.weight, self.eps, residual, write_sum=True)
+        total = x + residual
+        return total, self(total)
 
 
 class Rotary:
@@ -83,8 +98,12 @@ class Rotary:
         view.style, view.cos, view.sin = self.style, self.cos[start:stop], self.sin[start:stop]
         return view
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [b, n, H, d] -> same shape, rotated by position."""
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [b, n, H, d] (+ bias [H, d], added in x's dtype) -> same shape, rotated by position."""
+        if fused_pointwise_applies(x) and (bias is None or bias.dtype == x.dtype):
+            return rotary(x, self.cos, self.sin, self.style == "interleaved", bias)
+        if bias is not None:
+            x = x + bias
         xf = x.float()
         cos, sin = self.cos[None, :, None, :], self.sin[None, :, None, :]
         if self.style == "interleaved":  # pairs (x[2i], x[2i+1])
@@ -126,10 +145,9 @@ class Attention(nn.Module):
         q = q.view(b, n, c.heads, c.head_dim)
         k = k.view(b, n, c.kv_heads, c.head_dim)
         v = v.view(b, n, c.kv_heads, c.head_dim)
-        if c.qk_bias:
-            q = q + self.qk_bias[0]
-            k = k + self.qk_bias[1]
-        q, k = rope.apply(q), rope.apply(k)
+        bias_q, bias_k = (self.qk_bias[0].reshape(-1, c.head_dim), self.qk_bias[1].reshape(-1, c.head_dim)) \
+            if c.qk_bias else (None, None)
+        q, k = rope.apply(q, bias_q), rope.apply(k, bias_k)
         # -> [b, heads, n, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -150,7 +168,10 @@ class GatedMLP(nn.Module):
         self.proj = nn.Linear(config.intermediate, config.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc(x).chunk(2, dim=-1)  # first half is the gate
+        both = self.fc(x)  # first half is the gate
+        if fused_pointwise_applies(both):
+            return self.proj(silu_mul(both))
+        gate, up = both.chunk(2, dim=-1)
         return self.proj(F.silu(gate) * up)
 
 
@@ -170,10 +191,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rotary, attend: AttendFn,
                 observe: Callable | None = None) -> torch.Tensor:
         if self.sandwich:
-            x = self.norm_2(self.attn(self.norm_1(x), rope, attend, observe) + x)
-            return self.norm_4(self.mlp(self.norm_3(x)) + x)
-        x = x + self.attn(self.norm_1(x), rope, attend, observe)
-        return x + self.mlp(self.norm_2(x))
+            x = self.norm_2(self.attn(self.norm_1(x), rope, attend, observe), residual=x)
+            return self.norm_4(self.mlp(self.norm_3(x)), residual=x)
+        x, h = self.norm_2.add_norm(self.attn(self.norm_1(x), rope, attend, observe), x)
+        return x + self.mlp(h)
 
 
 class RecurrentDepthModel(nn.Module):

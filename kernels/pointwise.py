@@ -1,0 +1,151 @@
+"""The recurrent block's element-wise pieces, one launch each: RMSNorm (with the residual add before it),
+rotary embedding (with Huginn's qk bias before it) and the gated MLP's silu(gate) * up.
+
+In PyTorch an RMSNorm in fp32 is eight launches (cast, square, mean, add, rsqrt, product, cast back, the
+weight) and a rotary embedding nine; Huginn's sandwich block has four norms, two rotaries and two residual
+adds per layer. A decoding pass runs T = 32 steps of the core layers on a few rows, where each of those
+launches moves a few kilobytes and still costs microseconds: at Huginn's shape they are most of the gap
+between a decode step and its bytes' floor. Each function here rounds where the eager code rounds
+(``wise.models.recurrent``: the fp32 result cast to the input's dtype, then the weight's product in the
+promoted dtype), so results agree with it to fp32 summation order; they run without autograd (the model
+takes them for fp16 / bf16 CUDA activations outside training) and on the CPU under TRITON_INTERPRET=1 (tests).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _rms_norm(X, R, S, W, Y, stride_x, stride_r, stride_s, stride_y, dim, eps,
+              BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < dim
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
+    if RESIDUAL:  # the sum rounds to the input dtype first, as `a + b` does
+        x = (x.to(tl.float32) + tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32))
+        x = x.to(X.dtype.element_ty)
+        if WRITE_SUM:
+            tl.store(S + row * stride_s + cols, x, mask=ok)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / dim + eps)
+    normed = (xf * inv).to(X.dtype.element_ty).to(tl.float32)
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (normed * w).to(Y.dtype.element_ty), mask=ok)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, dim] with unit stride along dim (a view where the layout allows)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             write_sum: bool = False):
+    """weight * cast(n(x)) with n in fp32 (x + residual, rounded to x's dtype, when given); with write_sum,
+    (that sum, the norm). x, residual: [..., dim] of one dtype; weight [dim]."""
+    dim = x.shape[-1]
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} does not match x "
+                         f"{tuple(x.shape)} {x.dtype}")
+    xs = _rows(x)
+    rs = _rows(residual) if residual is not None else xs
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    total = torch.empty_like(x) if write_sum else out
+    ys, ss = out.view(-1, dim), total.view(-1, dim)
+    if xs.shape[0]:
+        block = triton.next_power_of_2(dim)
+        _rms_norm[(xs.shape[0],)](xs, rs, ss, weight, ys, xs.stride(0), rs.stride(0), ss.stride(0), ys.stride(0),
+                                  dim, eps, BLOCK=block, RESIDUAL=residual is not None, WRITE_SUM=write_sum,
+                                  num_warps=min(16, max(1, block // 512)))
+    return (total, out) if write_sum else out
+
+
+@triton.jit
+def _rotary(X, Bias, Cos, Sin, Y, n, heads, sxb, sxn, sxh, syb, syn, syh, scn, sbh,
+            HALF: tl.constexpr, HALF_PAD: tl.constexpr, BH: tl.constexpr, INTERLEAVED: tl.constexpr,
+            BIAS: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    b, i = pid // n, pid % n
+    hs = tl.program_id(1) * BH + tl.arange(0, BH)
+    js = tl.arange(0, HALF_PAD)
+    ok = (hs < heads)[:, None] & (js < HALF)[None, :]
+    if INTERLEAVED:  # pairs (x[2j], x[2j + 1])
+        ia, ib = 2 * js, 2 * js + 1
+    else:  # rotate_half: pairs (x[j], x[j + d/2])
+        ia, ib = js, js + HALF
+    xrow = X + b * sxb + i * sxn + hs[:, None] * sxh
+    a = tl.load(xrow + ia[None, :], mask=ok, other=0.0)
+    c = tl.load(xrow + ib[None, :], mask=ok, other=0.0)
+    if BIAS:  # x + bias rounds to x's dtype before the rotation, as in the eager code
+        brow = Bias + hs[:, None] * sbh
+        a = (a.to(tl.float32) + tl.load(brow + ia[None, :], mask=ok, other=0.0).to(tl.float32)).to(a.dtype)
+        c = (c.to(tl.float32) + tl.load(brow + ib[None, :], mask=ok, other=0.0).to(tl.float32)).to(c.dtype)
+    a, c = a.to(tl.float32), c.to(tl.float32)
+    cos = tl.load(Cos + i * scn + js, mask=js < HALF, other=0.0)[None, :]
+    sin = tl.load(Sin + i * scn + js, mask=js < HALF, other=0.0)[None, :]
+    yrow = Y + b * syb + i * syn + hs[:, None] * syh
+    tl.store(yrow + ia[None, :], (a * cos - c * sin).to(Y.dtype.element_ty), mask=ok)
+    tl.store(yrow + ib[None, :], (a * sin + c * cos).to(Y.dtype.element_ty), mask=ok)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [b, n, H, d] (unit stride along d; any other strides) rotated by the fp32 tables cos / sin [n, d/2],
+    after adding bias [H, d] (of x's dtype) when given -> a new contiguous [b, n, H, d] of x's dtype."""
+    b, n, heads, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if cos.shape != (n, d // 2) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} do not fit x {tuple(x.shape)}")
+    if bias is not None and (bias.shape != (heads, d) or bias.dtype != x.dtype):
+        raise ValueError(f"rotary bias {tuple(bias.shape)} {bias.dtype} does not fit x {tuple(x.shape)} {x.dtype}")
+    out = torch.empty(b, n, heads, d, dtype=x.dtype, device=x.device)
+    if out.numel():
+        half = d // 2
+        bh = max(1, min(triton.next_power_of_2(heads), 4096 // triton.next_power_of_2(half)))
+        bias_t = bias.contiguous() if bias is not None else x
+        _rotary[(b * n, triton.cdiv(heads, bh))](
+            x, bias_t, cos, sin, out, n, heads, *x.stride()[:3], *out.stride()[:3], cos.stride(0), d,
+            HALF=half, HALF_PAD=triton.next_power_of_2(half), BH=bh, INTERLEAVED=interleaved,
+            BIAS=bias is not None, num_warps=4)
+    return out
+
+
+@triton.jit
+def _silu_mul(X, Y, stride_x, stride_y, width, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < width
+    gate = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(X + row * stride_x + width + cols, mask=ok, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(Y.dtype.element_ty).to(tl.float32)  # silu rounds, then the product
+    tl.store(Y + row * stride_y + cols, (act * up).to(Y.dtype.element_ty), mask=ok)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2I] (gate first) -> silu(gate) * up [..., I], each rounded to x's dtype as F.silu and * do."""
+    width = x.shape[-1] // 2
+    xs = _rows(x)
+    out = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
+    ys = out.view(-1, width)
+    if xs.shape[0]:
+        block = min(4096, triton.next_power_of_2(width))
+        _silu_mul[(xs.shape[0], triton.cdiv(width, block))](xs, ys, xs.stride(0), ys.stride(0), width, BLOCK=block,
+                                                            num_warps=4)
+    return out
+
+
+def fused_pointwise_applies(x: torch.Tensor, *params: torch.Tensor) -> bool:
+    """Whether the model takes these kernels for activations x (and its params): CUDA, x in fp16 / bf16 (fp32
+    runs, such as the calibration model's exact arithmetic, keep the eager code), nothing that needs a
+    gradient (they have no backward), and not inside torch.compile's tracing (training compiles eager code)."""
+    if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or any(p.dtype not in _TL for p in params):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+        return False
+    return not torch.compiler.is_compiling()
