@@ -1,4 +1,4 @@
-"""The block's element-wise pieces in one launch each (kernels.pointwise) against the model's eager code
+"""The block's element-wise pieces in one launch each (wise.models.pointwise) against the model's eager code
 (wise.models.recurrent: RMSNorm, Rotary.apply, the gated MLP's product), which defines them: with a
 residual, Huginn's qk bias, both RoPE styles, strided inputs and widths that are not powers of two. On CPU
 under TRITON_INTERPRET=1 (conftest) in fp32 and fp16; on a GPU also in bf16, and a whole block of each
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.pointwise import fused_pointwise_applies, rms_norm, rotary, silu_mul
+from wise.models.pointwise import fused_pointwise_applies, rms_norm, rotary, silu_mul
 from wise.models.config import PRESETS
 from wise.models.recurrent import Block, RMSNorm, Rotary
 

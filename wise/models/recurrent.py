@@ -9,9 +9,9 @@ Module and parameter names follow the published checkpoints (``transformer.wte``
 ``transformer.prelude.0.attn.Wqkv``, ``transformer.core_block.3.norm_4`` …) so their safetensors
 load without a mapping table. Attention inside the recurrent block is pluggable: a routing policy
 (see ``wise.engine.routing``) receives ``(q, k, v)`` of one (step, layer) and returns the output; an
-observer sees the same tensors plus the output. Nothing here knows about supports or attention kernels; on
-CUDA in fp16 / bf16 (outside autograd) the norms, rotary embeddings and the MLP's product take one launch
-each (``kernels.pointwise``, the same rounding), which decoding's many small passes need.
+observer sees the same tensors plus the output. Nothing here knows about supports or kernels. On CUDA in
+fp16 / bf16 (outside autograd) the norms, rotary embeddings and the MLP's product take one launch each
+(``wise.models.pointwise``, the same rounding), which decoding's many small passes need.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.pointwise import fused_pointwise_applies, rms_norm, rotary, silu_mul
 from wise.models.config import RecurrentConfig
+from wise.models.pointwise import fused_pointwise_applies, rms_norm, rotary, silu_mul
 
 # attend(q, k, v) -> out; q: [b, H, n, d], k/v: [b, Hkv, n, d], out: [b, H, n, d]
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -55,7 +55,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The norm of x (of x + residual when given)."""
-        if fused_pointwise_applies(x, self.weight):  # one launch on CUDA (kernels.pointwise), same rounding
+        if fused_pointwise_applies(x, self.weight):  # one launch on CUDA (wise.models.pointwise), same rounding
             return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual

@@ -1,5 +1,7 @@
-"""The recurrent block's element-wise pieces, one launch each: RMSNorm (with the residual add before it),
-rotary embedding (with Huginn's qk bias before it) and the gated MLP's silu(gate) * up.
+"""The recurrent block's element-wise pieces as Triton kernels, one launch each: RMSNorm (with the residual
+add before it), rotary embedding (with Huginn's qk bias before it) and the gated MLP's silu(gate) * up.
+They live with the model, not in kernels/, because they are part of its forward pass everywhere it runs (the
+stages that only build or train models do not depend on the attention kernels).
 
 In PyTorch an RMSNorm in fp32 is eight launches (cast, square, mean, add, rsqrt, product, cast back, the
 weight) and a rotary embedding nine; Huginn's sandwich block has four norms, two rotaries and two residual
