@@ -37,13 +37,16 @@ def _tail_partials(
     stride_wi, stride_wh, stride_wj,
     t_len, heads, kv_heads, q_rows, group, qk_scale, slots, slot, w_off,
     KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, FROZEN: tl.constexpr,
-    JOIN: tl.constexpr, WRITE_LSE: tl.constexpr, LOG2E_C: tl.constexpr,
+    JOIN: tl.constexpr, WRITE_LSE: tl.constexpr, ALL_ROWS: tl.constexpr, LOG2E_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
     j = pid % q_rows
     kvh = (pid // q_rows) % kv_heads
     i = pid // (q_rows * kv_heads)  # index into Rows (and into W's rows when FROZEN)
-    row = tl.load(Rows + i).to(tl.int64)
+    if ALL_ROWS:  # no row list to read: program i serves row i
+        row = i.to(tl.int64)
+    else:
+        row = tl.load(Rows + i).to(tl.int64)
     offs_g = tl.arange(0, G_PAD)
     g_ok = offs_g < group
     hs = kvh * group + offs_g
@@ -99,7 +102,8 @@ def _tail_partials(
 
 
 def _checked(q, k, v, bias, rows):
-    """The shared argument checks; bias expanded to [R, Hq, r, t], rows defaulting to all."""
+    """The shared argument checks; bias expanded to [R, Hq, r, t]. rows None (every row) stays None: the kernel
+    then indexes rows by program, where a built row list would cost one more launch per call."""
     R, hq, r, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     if k.shape != v.shape or k.shape[0] != R or k.shape[3] != d or hkv == 0 or hq % hkv:
@@ -107,8 +111,6 @@ def _checked(q, k, v, bias, rows):
                          f"{tuple(v.shape)}")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
-    if rows is None:
-        rows = torch.arange(R, dtype=torch.int32, device=q.device)
     if bias is None:
         bias = torch.zeros(1, 1, 1, t, device=q.device)
     bias = bias.expand(R, hq, r, t)
@@ -126,14 +128,16 @@ def _launch(q, k, v, bias, rows, scale, w, ws, partials, joined, slot=0, w_off=0
     hkv, t = k.shape[1], k.shape[2]
     m, l_, acc = partials if partials is not None else (q, q, q)
     o, lse, y, lse_out = joined if joined is not None else (q, q, q, None)
-    _tail_partials[(rows.shape[0] * hkv * r,)](
-        q, k, v, bias, w, rows, m, l_, acc, o, lse, y, lse_out if lse_out is not None else y,
+    n_rows = q.shape[0] if rows is None else rows.shape[0]
+    _tail_partials[(n_rows * hkv * r,)](
+        q, k, v, bias, w, q if rows is None else rows, m, l_, acc, o, lse, y, lse_out if lse_out is not None else y,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), bias.stride(0), bias.stride(1), bias.stride(2), *ws,
         t, hq, hkv, r, hq // hkv, (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E,
         m.shape[3] if partials is not None else 1, slot, w_off,
         KB=TB, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=triton.next_power_of_2(hq // hkv),
-        FROZEN=w is not q, JOIN=joined is not None, WRITE_LSE=lse_out is not None, LOG2E_C=LOG2E,
+        FROZEN=w is not q, JOIN=joined is not None, WRITE_LSE=lse_out is not None, ALL_ROWS=rows is None,
+        LOG2E_C=LOG2E,
         num_warps=4 if q.is_cuda else 1)
 
 
@@ -148,14 +152,15 @@ def tail_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     t = k.shape[2]
     m, l_, acc = out
     bias, rows = _checked(q, k, v, bias, rows)
+    n_rows = R if rows is None else rows.shape[0]
     if m.shape[:3] != (R, hq, r) or not 0 <= slot < m.shape[3] or acc.shape != (*m.shape, d) \
             or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
         raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, > {slot}] (x2) and [..., {d}]")
-    if frozen is not None and (frozen.dtype != torch.float32 or frozen.shape[:3] != (rows.shape[0], hq, r)
+    if frozen is not None and (frozen.dtype != torch.float32 or frozen.shape[:3] != (n_rows, hq, r)
                                or frozen.shape[3] < w_off + t or frozen.stride(-1) != 1):
         raise ValueError(f"frozen weights must be fp32 [len(rows), {hq}, {r}, >= {w_off + t}] with a contiguous "
                          f"last dim; got {tuple(frozen.shape)}")
-    if rows.numel():
+    if n_rows:
         w = frozen if frozen is not None else q
         ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
         _launch(q, k, v, bias, rows, scale, w, ws, out, None, slot, w_off)

@@ -48,6 +48,10 @@ def test_rms_norm_and_its_residual_form_match_the_eager_norm(dtype, dim):
         # a strided input (the first columns of a wider buffer) reads the same rows
         wide = torch.cat([x, r], -1)[..., :dim]
         assert torch.equal(rms_norm(wide, norm.weight, norm.eps), rms_norm(x, norm.weight, norm.eps))
+        # a permuted input (dense, not row-major) gives its sum in x's shape
+        xt, rt = x.transpose(0, 1), r.transpose(0, 1)
+        total_t, normed_t = rms_norm(xt, norm.weight, norm.eps, residual=rt, write_sum=True)
+        assert torch.equal(total_t, xt + rt) and torch.equal(normed_t, normed.transpose(0, 1))
 
 
 def eager_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -108,6 +112,18 @@ def test_the_model_takes_the_kernels_only_where_they_apply():
         assert not fused_pointwise_applies(x.cuda().half(), w)  # a gradient is needed: autograd's code
         with torch.no_grad():
             assert fused_pointwise_applies(x.cuda().half(), w)
+        # an operand that needs a gradient beside x (a residual, Huginn's qk bias) keeps autograd's code
+        norm = RMSNorm(8, 1e-6).to("cuda", torch.float16).requires_grad_(False)
+        xh = x.cuda().half()
+        residual = torch.ones_like(xh, requires_grad=True)
+        norm(xh, residual=residual).sum().backward()
+        norm.add_norm(xh, residual)[1].sum().backward()
+        assert residual.grad is not None
+        cfg = dataclasses.replace(PRESETS["huginn-0125"], hidden=32, heads=2, kv_heads=2)
+        rope = Rotary(cfg, 3, torch.device("cuda"))
+        bias = torch.zeros(2, 16, device="cuda", dtype=torch.float16, requires_grad=True)
+        rope.apply(torch.ones(1, 3, 2, 16, device="cuda", dtype=torch.float16), bias).sum().backward()
+        assert bias.grad is not None
 
 
 @pytest.mark.gpu

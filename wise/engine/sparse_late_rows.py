@@ -158,7 +158,7 @@ class FlashRows:
             a += rows
         out, lse = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
         if use_triton(q.device) and d in HEAD_DIMS:  # the tail joined in one launch
-            joined = tail_join(q, tk, tv, tail_bias, out, lse.float(), scale=scale, with_lse=lse_too)
+            joined = tail_join(q, tk, tv, tail_bias, out, lse, scale=scale, with_lse=lse_too)
             return joined if lse_too else (joined, None)
         return join_tail(q, out, lse, tk, tv, tail_bias, scale, lse_too)
 

@@ -57,7 +57,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     xs = _rows(x)
     rs = _rows(residual) if residual is not None else xs
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-    total = torch.empty_like(x) if write_sum else out
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if write_sum else out  # row-major, as .view needs
     ys, ss = out.view(-1, dim), total.view(-1, dim)
     if xs.shape[0]:
         block = triton.next_power_of_2(dim)

@@ -55,7 +55,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The norm of x (of x + residual when given)."""
-        if fused_pointwise_applies(x, self.weight):  # one launch on CUDA (wise.models.pointwise), same rounding
+        extra = () if residual is None else (residual,)
+        if fused_pointwise_applies(x, self.weight, *extra) and all(r.dtype == x.dtype for r in extra):
             return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
@@ -67,7 +68,7 @@ class RMSNorm(nn.Module):
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + residual, its norm): a pre-norm block's residual stream and the next sub-layer's input."""
-        if fused_pointwise_applies(x, self.weight):
+        if fused_pointwise_applies(x, self.weight, residual) and residual.dtype == x.dtype:
             return rms_norm(x, self.weight, self.eps, residual, write_sum=True)
         total = x + residual
         return total, self(total)
@@ -100,7 +101,8 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [b, n, H, d] (+ bias [H, d], added in x's dtype) -> same shape, rotated by position."""
-        if fused_pointwise_applies(x) and (bias is None or bias.dtype == x.dtype):
+        extra = () if bias is None else (bias,)
+        if fused_pointwise_applies(x, *extra) and all(b.dtype == x.dtype for b in extra):
             return rotary(x, self.cos, self.sin, self.style == "interleaved", bias)
         if bias is not None:
             x = x + bias
