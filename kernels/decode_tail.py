@@ -185,3 +185,34 @@ def tail_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if y.numel():
         _launch(q, k, v, bias, rows, scale, q, (0, 0, 0), None, (out, lse, y, total))
     return (y, total) if with_lse else y
+
+
+@triton.jit
+def _write_new_row(K, V, TK, TV, Pos, skr, skh, svr, svh, stkr, stkh, stkn, stvr, stvh, stvn, kv_heads,
+                   HEAD_D: tl.constexpr, D_PAD: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    r, h = pid // kv_heads, pid % kv_heads
+    pos = tl.load(Pos)
+    offs = tl.arange(0, D_PAD)
+    ok = offs < HEAD_D
+    tl.store(TK + r * stkr + h * stkh + pos * stkn + offs, tl.load(K + r * skr + h * skh + offs, mask=ok), mask=ok)
+    tl.store(TV + r * stvr + h * stvh + pos * stvn + offs, tl.load(V + r * svr + h * svh + offs, mask=ok), mask=ok)
+
+
+def write_new_row(k: torch.Tensor, v: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor, pos: torch.Tensor) -> None:
+    """tk[:, :, pos] = k and tv[:, :, pos] = v in one launch (``index_copy_`` takes one each): a decoding
+    pass's new key and value row, k, v [R, Hkv, 1, d], into the tails tk, tv [R, Hkv, C, d] (one dtype, unit
+    stride along d) at the device position pos (int64 [1], read by the kernel, so a captured graph replays it
+    at the current position)."""
+    R, hkv, r, d = k.shape
+    if v.shape != k.shape or r != 1 or tk.shape[:2] != (R, hkv) or tk.shape[3] != d or tv.shape != tk.shape \
+            or len({x.dtype for x in (k, v, tk, tv)}) != 1 or any(x.stride(-1) != 1 for x in (k, v, tk, tv)):
+        raise ValueError(f"write_new_row needs k, v [R, Hkv, 1, d] and tails [R, Hkv, C, d] of one dtype with a "
+                         f"contiguous last dim; got {tuple(k.shape)}, {tuple(v.shape)}, {tuple(tk.shape)}, "
+                         f"{tuple(tv.shape)}")
+    if pos.numel() != 1 or pos.dtype != torch.long:
+        raise ValueError(f"pos must be one int64 on the device, got {tuple(pos.shape)} {pos.dtype}")
+    if R * hkv:
+        _write_new_row[(R * hkv,)](k, v, tk, tv, pos, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                                   *tk.stride()[:3], *tv.stride()[:3], hkv, HEAD_D=d,
+                                   D_PAD=triton.next_power_of_2(d), num_warps=1)

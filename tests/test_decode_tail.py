@@ -1,11 +1,12 @@
 """The decode rows' tail as one partial state in one launch (kernels.decode_tail) against
 kernels.sparse_decode.dense_partials, the PyTorch definition: scored rows under a bias (GQA, several new
-rows, a tail longer than one chunk, a row with every tail key masked) and Freeze-A rows on their weights.
+rows, a tail longer than one chunk, a row with every tail key masked) and Freeze-A rows on their weights;
+the join with flash's output, and a pass's new key / value row written into the tails (index_copy_'s result).
 On CPU under TRITON_INTERPRET=1 (conftest) in fp32."""
 import pytest
 import torch
 
-from kernels.decode_tail import TB, tail_join, tail_partials
+from kernels.decode_tail import TB, tail_join, tail_partials, write_new_row
 from kernels.sparse_decode import dense_partials, partial_buffers
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,3 +86,21 @@ def test_tail_join_is_one_softmax_over_cache_and_tail(hq, hkv, d, t):
     assert torch.allclose(torch_out, want, rtol=1e-4, atol=1e-5) and torch.allclose(torch_total, total, atol=1e-5)
     with pytest.raises(ValueError, match="cache's output"):
         tail_join(q, k, v, tail_bias, out, lse.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_new_row_lands_where_index_copy_puts_it(dtype):
+    R, hkv, C, d = 3, 2, 5, 96
+    g = torch.Generator().manual_seed(7)
+    # k, v as Attention.qkv hands them over: [R, 1, Hkv, d] transposed to [R, Hkv, 1, d]
+    k, v = (torch.randn(R, 1, hkv, d, generator=g).to(DEV, dtype).transpose(1, 2) for _ in range(2))
+    tk, tv = (torch.randn(R, hkv, C, d, generator=g).to(DEV, dtype) for _ in range(2))
+    for p in (0, 3):
+        pos = torch.tensor([p], device=DEV)
+        want_k, want_v = tk.clone().index_copy_(2, pos, k), tv.clone().index_copy_(2, pos, v)
+        write_new_row(k, v, tk, tv, pos)
+        assert torch.equal(tk, want_k) and torch.equal(tv, want_v)
+    with pytest.raises(ValueError, match="one dtype"):
+        write_new_row(k, v, tk.double(), tv, pos)
+    with pytest.raises(ValueError, match="pos must be one int64"):
+        write_new_row(k, v, tk, tv, pos.int())

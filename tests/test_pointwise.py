@@ -92,6 +92,20 @@ def test_rotary_matches_the_eager_rotation(dtype, preset, heads, d, biased):
         close(rope.apply(x, bias), got, dtype)
     with pytest.raises(ValueError, match="rotary tables"):
         rotary(x[:, :3], rope.cos, rope.sin, True)
+    # queries and keys in one launch: each as alone (GQA: fewer key heads), strided views of the same qkv
+    q = qkv[..., :heads * d].view(2, n, heads, d)
+    kh = heads if biased else 1
+    k = qkv[..., heads * d:(heads + kh) * d].view(2, n, kh, d)
+    bias_k = bias[:kh] + 1 if biased else torch.zeros(kh, d, device=DEV, dtype=dtype)
+    kb = bias_k if biased else None
+    got_q, got_k = rotary(q, rope.cos, rope.sin, rope.style == "interleaved", bias, second=k, second_bias=kb)
+    assert torch.equal(got_q, rotary(q, rope.cos, rope.sin, rope.style == "interleaved", bias))
+    assert torch.equal(got_k, rotary(k, rope.cos, rope.sin, rope.style == "interleaved", kb))
+    pair_q, pair_k = rope.apply_pair(q, k, bias, kb)
+    close(pair_q, got_q, dtype)
+    close(pair_k, got_k, dtype)
+    with pytest.raises(ValueError, match="rotary bias"):  # one of the pair biased, the other not
+        rotary(q, rope.cos, rope.sin, True, bias, second=k, second_bias=None if biased else bias_k)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -119,10 +133,10 @@ def test_the_model_takes_the_kernels_only_where_they_apply():
         norm(xh, residual=residual).sum().backward()
         norm.add_norm(xh, residual)[1].sum().backward()
         assert residual.grad is not None
-        cfg = dataclasses.replace(PRESETS["huginn-0125"], hidden=32, heads=2, kv_heads=2)
+        cfg = PRESETS["huginn-0125"]
         rope = Rotary(cfg, 3, torch.device("cuda"))
-        bias = torch.zeros(2, 16, device="cuda", dtype=torch.float16, requires_grad=True)
-        rope.apply(torch.ones(1, 3, 2, 16, device="cuda", dtype=torch.float16), bias).sum().backward()
+        bias = torch.zeros(2, cfg.head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+        rope.apply(torch.ones(1, 3, 2, cfg.head_dim, device="cuda", dtype=torch.float16), bias).sum().backward()
         assert bias.grad is not None
 
 

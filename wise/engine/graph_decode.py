@@ -38,6 +38,8 @@ import contextlib
 
 import torch
 
+from kernels.decode_tail import write_new_row
+from kernels.schedule import use_triton
 from wise.engine.appended_rows import RowGroup, Tails, own_architecture, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
@@ -69,8 +71,11 @@ class _Tail:
         self.v = torch.zeros_like(self.k)
 
     def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> tuple:
-        self.k.index_copy_(2, pos, k)
-        self.v.index_copy_(2, pos, v)
+        if k.shape[2] == 1 and use_triton(k.device):  # both rows in one launch
+            write_new_row(k, v, self.k, self.v, pos)
+        else:
+            self.k.index_copy_(2, pos, k)
+            self.v.index_copy_(2, pos, v)
         return self.k, self.v
 
 
@@ -100,6 +105,8 @@ class StaticDecoder:
         self.R, self.n0, self.device = R, n0, dev
         self.graphs = graphs and dev.type == "cuda"
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.cols_after = torch.arange(-n0, C, device=dev)  # column - n0: beyond pos is not written yet
+        self.open_bias = torch.zeros(n0 + C, device=dev)
         self.ids = torch.zeros(R, 1, dtype=torch.long, device=dev)
         s_ = group.s
         self.last = s_.discovery_step if group.truncate else s_.steps
@@ -157,23 +164,23 @@ class StaticDecoder:
         view.cos, view.sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)
         return view
 
-    def _plain(self, cache, tail: _Tail):
+    def _plain(self, cache, tail: _Tail, bias: torch.Tensor):
         def attend(q, k, v):
             tk, tv = tail.write(k, v, self.pos)
             if self.dense is not None:
-                return self.dense.attend_all(q, cache, tk, tv, self._tail_bias()[self.n0:])
-            return weighted_sum(_attend(q, cache, tk, self._tail_bias()), cache, tv, cache.n, q.dtype)
+                return self.dense.attend_all(q, cache, tk, tv, bias[self.n0:])
+            return weighted_sum(_attend(q, cache, tk, bias), cache, tv, cache.n, q.dtype)
         return attend
 
     def _tail_bias(self) -> torch.Tensor:
-        cols = torch.arange(self.n0 + self.C, device=self.device)
-        zero = torch.zeros((), device=self.device)
-        return torch.where(cols <= self.n0 + self.pos, zero, float("-inf"))  # [n0 + C]
+        """[n0 + C]: 0 up to the pass's position, -inf after (made once per pass and shared by its layers)."""
+        return self.open_bias.masked_fill(self.cols_after > self.pos, float("-inf"))
 
     def _early(self) -> dict:
         g, model, s_ = self.g, self.g.model, self.g.s
         rope = self._rope()
-        attends = [self._plain(g.prelude(i), self.tails[("prelude", i)]) for i in range(self.n_prelude)]
+        bias = self._tail_bias()
+        attends = [self._plain(g.prelude(i), self.tails[("prelude", i)], bias) for i in range(self.n_prelude)]
         if self.own:
             e = model.transformer.wte(self.ids) * model.config.embed_scale
             for block, attend in zip(model.transformer.prelude, attends):
@@ -181,7 +188,6 @@ class StaticDecoder:
         else:
             e = model.embed_rows(self.ids, rope, attends)
         out = {"e": e, "masses": {}, "td": {}}
-        bias = self._tail_bias()
 
         def seam(q, k, v, *, step, layer):
             tk, tv = self.tails[(step, layer)].write(k, v, self.pos)
@@ -227,7 +233,7 @@ class StaticDecoder:
 
         for t in range(s_.discovery_step + 1, self.last + 1):
             x = model.core_step(x, e, t, rope, seam)
-        attends = [self._plain(g.coda[i], self.tails[("coda", i)]) for i in range(self.n_coda)]
+        attends = [self._plain(g.coda[i], self.tails[("coda", i)], tail_bias) for i in range(self.n_coda)]
         if self.own:
             tr = model.transformer
             y = tr.ln_f(x) if model.config.ln_f_after_recurrence else x

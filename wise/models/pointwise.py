@@ -1,5 +1,6 @@
 """The recurrent block's element-wise pieces as Triton kernels, one launch each: RMSNorm (with the residual
-add before it), rotary embedding (with Huginn's qk bias before it) and the gated MLP's silu(gate) * up.
+add before it), rotary embedding (with Huginn's qk bias before it; queries and keys together) and the gated
+MLP's silu(gate) * up.
 They live with the model, not in kernels/, because they are part of its forward pass everywhere it runs (the
 stages that only build or train models do not depend on the attention kernels).
 
@@ -11,6 +12,8 @@ between a decode step and its bytes' floor. Each function here rounds where the 
 (``wise.models.recurrent``: the fp32 result cast to the input's dtype, then the weight's product in the
 promoted dtype), so results agree with it to fp32 summation order; they run without autograd (the model
 takes them for fp16 / bf16 CUDA activations outside training) and on the CPU under TRITON_INTERPRET=1 (tests).
+Where these apply, the pre-norm block's second residual add rides in the MLP's output product
+(``GatedMLP.forward``: addmm, the sum rounded once instead of twice).
 """
 from __future__ import annotations
 
@@ -68,54 +71,73 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 @triton.jit
-def _rotary(X, Bias, Cos, Sin, Y, n, heads, sxb, sxn, sxh, syb, syn, syh, scn, sbh,
+def _rotary(X, X2, Bias, Bias2, Cos, Sin, Y, Y2, n, heads, heads1, sxb, sxn, sxh, s2b, s2n, s2h,
+            syb, syn, syh, s2yb, s2yn, s2yh, scn, sbh, s2bh,
             HALF: tl.constexpr, HALF_PAD: tl.constexpr, BH: tl.constexpr, INTERLEAVED: tl.constexpr,
             BIAS: tl.constexpr):
+    """Heads [0, heads1) of X (bias, Y), heads [heads1, heads) of X2 (Bias2, Y2): a pair of tensors in one grid."""
     pid = tl.program_id(0).to(tl.int64)
     b, i = pid // n, pid % n
     hs = tl.program_id(1) * BH + tl.arange(0, BH)
+    first = (hs < heads1)[:, None]
+    h2 = hs - heads1
     js = tl.arange(0, HALF_PAD)
     ok = (hs < heads)[:, None] & (js < HALF)[None, :]
     if INTERLEAVED:  # pairs (x[2j], x[2j + 1])
         ia, ib = 2 * js, 2 * js + 1
     else:  # rotate_half: pairs (x[j], x[j + d/2])
         ia, ib = js, js + HALF
-    xrow = X + b * sxb + i * sxn + hs[:, None] * sxh
+    xrow = tl.where(first, X + b * sxb + i * sxn + hs[:, None] * sxh, X2 + b * s2b + i * s2n + h2[:, None] * s2h)
     a = tl.load(xrow + ia[None, :], mask=ok, other=0.0)
     c = tl.load(xrow + ib[None, :], mask=ok, other=0.0)
     if BIAS:  # x + bias rounds to x's dtype before the rotation, as in the eager code
-        brow = Bias + hs[:, None] * sbh
+        brow = tl.where(first, Bias + hs[:, None] * sbh, Bias2 + h2[:, None] * s2bh)
         a = (a.to(tl.float32) + tl.load(brow + ia[None, :], mask=ok, other=0.0).to(tl.float32)).to(a.dtype)
         c = (c.to(tl.float32) + tl.load(brow + ib[None, :], mask=ok, other=0.0).to(tl.float32)).to(c.dtype)
     a, c = a.to(tl.float32), c.to(tl.float32)
     cos = tl.load(Cos + i * scn + js, mask=js < HALF, other=0.0)[None, :]
     sin = tl.load(Sin + i * scn + js, mask=js < HALF, other=0.0)[None, :]
-    yrow = Y + b * syb + i * syn + hs[:, None] * syh
+    yrow = tl.where(first, Y + b * syb + i * syn + hs[:, None] * syh, Y2 + b * s2yb + i * s2yn + h2[:, None] * s2yh)
     tl.store(yrow + ia[None, :], (a * cos - c * sin).to(Y.dtype.element_ty), mask=ok)
     tl.store(yrow + ib[None, :], (a * sin + c * cos).to(Y.dtype.element_ty), mask=ok)
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, *, second: torch.Tensor | None = None,
+           second_bias: torch.Tensor | None = None):
     """x [b, n, H, d] (unit stride along d; any other strides) rotated by the fp32 tables cos / sin [n, d/2],
-    after adding bias [H, d] (of x's dtype) when given -> a new contiguous [b, n, H, d] of x's dtype."""
-    b, n, heads, d = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    after adding bias [H, d] (of x's dtype) when given -> a new contiguous [b, n, H, d] of x's dtype. With
+    `second` ([b, n, H2, d], x's dtype; its bias second_bias [H2, d] where x has one), both in one launch:
+    a pair (x's, second's), as attention's queries and keys."""
+    pair = [(x, bias)] + ([(second, second_bias)] if second is not None else [])
+    outs, args = [], []
+    for t, bt in pair:
+        if t.stride(-1) != 1:
+            t = t.contiguous()
+        hs = t.shape[2]
+        if t.shape[:2] != x.shape[:2] or t.shape[3] != x.shape[3] or t.dtype != x.dtype:
+            raise ValueError(f"rotary pair {tuple(t.shape)} {t.dtype} does not fit {tuple(x.shape)} {x.dtype}")
+        if (bt is None) != (bias is None) or bt is not None and (bt.shape != (hs, t.shape[3]) or bt.dtype != t.dtype):
+            raise ValueError(f"rotary bias {None if bt is None else (tuple(bt.shape), bt.dtype)} does not fit "
+                             f"{tuple(t.shape)} {t.dtype}")
+        out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        outs.append(out)
+        args.append((t, bt.contiguous() if bt is not None else t, out))
+    b, n, _, d = x.shape
     if cos.shape != (n, d // 2) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} do not fit x {tuple(x.shape)}")
-    if bias is not None and (bias.shape != (heads, d) or bias.dtype != x.dtype):
-        raise ValueError(f"rotary bias {tuple(bias.shape)} {bias.dtype} does not fit x {tuple(x.shape)} {x.dtype}")
-    out = torch.empty(b, n, heads, d, dtype=x.dtype, device=x.device)
-    if out.numel():
+    heads1 = x.shape[2]
+    heads = heads1 + (second.shape[2] if second is not None else 0)
+    (x1, b1, y1), (x2, b2, y2) = args[0], args[-1]
+    if b * n * heads * d:
         half = d // 2
         bh = max(1, min(triton.next_power_of_2(heads), 4096 // triton.next_power_of_2(half)))
-        bias_t = bias.contiguous() if bias is not None else x
         _rotary[(b * n, triton.cdiv(heads, bh))](
-            x, bias_t, cos, sin, out, n, heads, *x.stride()[:3], *out.stride()[:3], cos.stride(0), d,
+            x1, x2, b1, b2, cos, sin, y1, y2, n, heads, heads1, *x1.stride()[:3], *x2.stride()[:3],
+            *y1.stride()[:3], *y2.stride()[:3], cos.stride(0), b1.stride(0), b2.stride(0),
             HALF=half, HALF_PAD=triton.next_power_of_2(half), BH=bh, INTERLEAVED=interleaved,
             BIAS=bias is not None, num_warps=4)
-    return out
+    return tuple(outs) if second is not None else outs[0]
 
 
 @triton.jit

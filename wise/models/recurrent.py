@@ -99,6 +99,14 @@ class Rotary:
         view.style, view.cos, view.sin = self.style, self.cos[start:stop], self.sin[start:stop]
         return view
 
+    def apply_pair(self, q: torch.Tensor, k: torch.Tensor, bias_q: torch.Tensor | None = None,
+                   bias_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(apply(q, bias_q), apply(k, bias_k)): queries and keys, in one launch where the fused kernel applies."""
+        extra = () if bias_q is None else (bias_q, bias_k)
+        if fused_pointwise_applies(q, k, *extra) and all(t.dtype == q.dtype for t in (k, *extra)):
+            return rotary(q, self.cos, self.sin, self.style == "interleaved", bias_q, second=k, second_bias=bias_k)
+        return self.apply(q, bias_q), self.apply(k, bias_k)
+
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [b, n, H, d] (+ bias [H, d], added in x's dtype) -> same shape, rotated by position."""
         extra = () if bias is None else (bias,)
@@ -149,7 +157,7 @@ class Attention(nn.Module):
         v = v.view(b, n, c.kv_heads, c.head_dim)
         bias_q, bias_k = (self.qk_bias[0].reshape(-1, c.head_dim), self.qk_bias[1].reshape(-1, c.head_dim)) \
             if c.qk_bias else (None, None)
-        q, k = rope.apply(q, bias_q), rope.apply(k, bias_k)
+        q, k = rope.apply_pair(q, k, bias_q, bias_k)
         # -> [b, heads, n, d]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -169,12 +177,20 @@ class GatedMLP(nn.Module):
         self.fc = nn.Linear(config.hidden, 2 * config.intermediate, bias=False)
         self.proj = nn.Linear(config.intermediate, config.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """proj(silu(gate) * up) of x (+ residual when given)."""
         both = self.fc(x)  # first half is the gate
-        if fused_pointwise_applies(both):
-            return self.proj(silu_mul(both))
+        if fused_pointwise_applies(both, *(() if residual is None else (residual,))):
+            act = silu_mul(both)
+            if residual is None or residual.dtype != act.dtype:
+                return self.proj(act) if residual is None else residual + self.proj(act)
+            # the residual add as the product's epilogue: one launch less, the sum rounded once
+            w = self.proj.weight
+            out = torch.addmm(residual.reshape(-1, w.shape[0]), act.reshape(-1, w.shape[1]), w.t())
+            return out.view(residual.shape)
         gate, up = both.chunk(2, dim=-1)
-        return self.proj(F.silu(gate) * up)
+        out = self.proj(F.silu(gate) * up)
+        return out if residual is None else residual + out
 
 
 class Block(nn.Module):
@@ -196,7 +212,7 @@ class Block(nn.Module):
             x = self.norm_2(self.attn(self.norm_1(x), rope, attend, observe), residual=x)
             return self.norm_4(self.mlp(self.norm_3(x)), residual=x)
         x, h = self.norm_2.add_norm(self.attn(self.norm_1(x), rope, attend, observe), x)
-        return x + self.mlp(h)
+        return self.mlp(h, residual=x)
 
 
 class RecurrentDepthModel(nn.Module):
