@@ -3,6 +3,8 @@ routing backend is the kernel: the tokens and log-probabilities of the dense-bia
 pass (``extend``) and on static buffers (eagerly on the CPU under the Triton interpreter, replayed
 CUDA graphs on a GPU), for Full, WISE and Freeze-A rows of one group, on a GQA model of the project's
 architecture and on a ``wise.looped`` LMA retrofit of a GQA Llama."""
+import os
+
 import pytest
 import torch
 
@@ -13,6 +15,10 @@ from wise.models import RecurrentConfig, RecurrentDepthModel, init_weights
 from tiny_retrofits import open_lma  # noqa: E402
 
 CONDITIONS = ["full", "wise", "freeze_a"]
+# The warm-up tests force the kernel backend on a CPU model: they need the interpreter (set by conftest where
+# there is no GPU); on a GPU machine the kernels would be handed CPU tensors.
+on_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                    reason="kernels on CPU tensors need TRITON_INTERPRET=1")
 SETTINGS = dict(steps=5, discovery_step=3, window=2, block_size=16, eta=0.6)
 
 
@@ -217,6 +223,7 @@ def test_wise_and_freeze_a_rows_capture_before_their_first_pass_on_a_warm_device
     assert_same(out, ref, 1e-2)
 
 
+@on_interpreter
 def test_sparse_kernel_warms_on_a_late_step_and_changes_no_buffer(monkeypatch):
     """StaticDecoder._warm_sparse (run before a capture on a warm GPU) launches the decode kernel once per part of
     a late step's cache and once more for its Freeze-A rows, and leaves tails, biases and block lists as they were."""
@@ -242,6 +249,7 @@ def _starts(parts) -> tuple[list[int], list[int]]:
     return [sum(rows[:i]) for i in range(len(rows))], rows
 
 
+@on_interpreter
 def test_dense_kernel_warms_on_every_kind_of_cache_part(monkeypatch):
     """StaticDecoder._warm_dense (run before a capture on a warm GPU) launches the kernel once per cache part
     of the prelude, the early and late steps and the coda, and leaves the decoder's tails as they were."""
