@@ -102,6 +102,17 @@ def _rotary(X, X2, Bias, Bias2, Cos, Sin, Y, Y2, n, heads, heads1, sxb, sxn, sxh
     tl.store(yrow + ib[None, :], (a * sin + c * cos).to(Y.dtype.element_ty), mask=ok)
 
 
+def _rotary_operand(t: torch.Tensor, bt: torch.Tensor | None, with_bias: bool) -> tuple:
+    """One tensor of a ``rotary`` call and its bias, checked -> (t with unit stride along d, the bias (t itself
+    where there is none: the kernel's slot goes unread), a new output of t's shape)."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if (bt is not None) != with_bias or bt is not None and (bt.shape != t.shape[2:] or bt.dtype != t.dtype):
+        raise ValueError(f"rotary bias {None if bt is None else (tuple(bt.shape), bt.dtype)} does not fit "
+                         f"{tuple(t.shape)} {t.dtype}")
+    return t, bt.contiguous() if bt is not None else t, torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
            bias: torch.Tensor | None = None, *, second: torch.Tensor | None = None,
            second_bias: torch.Tensor | None = None):
@@ -109,26 +120,16 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
     after adding bias [H, d] (of x's dtype) when given -> a new contiguous [b, n, H, d] of x's dtype. With
     `second` ([b, n, H2, d], x's dtype; its bias second_bias [H2, d] where x has one), both in one launch:
     a pair (x's, second's), as attention's queries and keys."""
-    pair = [(x, bias)] + ([(second, second_bias)] if second is not None else [])
-    outs, args = [], []
-    for t, bt in pair:
-        if t.stride(-1) != 1:
-            t = t.contiguous()
-        hs = t.shape[2]
-        if t.shape[:2] != x.shape[:2] or t.shape[3] != x.shape[3] or t.dtype != x.dtype:
-            raise ValueError(f"rotary pair {tuple(t.shape)} {t.dtype} does not fit {tuple(x.shape)} {x.dtype}")
-        if (bt is None) != (bias is None) or bt is not None and (bt.shape != (hs, t.shape[3]) or bt.dtype != t.dtype):
-            raise ValueError(f"rotary bias {None if bt is None else (tuple(bt.shape), bt.dtype)} does not fit "
-                             f"{tuple(t.shape)} {t.dtype}")
-        out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        outs.append(out)
-        args.append((t, bt.contiguous() if bt is not None else t, out))
-    b, n, _, d = x.shape
+    if second is not None and (second.shape[:2] != x.shape[:2] or second.shape[3] != x.shape[3]
+                               or second.dtype != x.dtype):
+        raise ValueError(f"rotary pair {tuple(second.shape)} {second.dtype} does not fit {tuple(x.shape)} {x.dtype}")
+    b, n, heads1, d = x.shape
     if cos.shape != (n, d // 2) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} do not fit x {tuple(x.shape)}")
-    heads1 = x.shape[2]
+    x1, b1, y1 = _rotary_operand(x, bias, bias is not None)
+    # a lone tensor fills both of the kernel's slots; heads past heads1 (none then) would come from the second
+    x2, b2, y2 = (x1, b1, y1) if second is None else _rotary_operand(second, second_bias, bias is not None)
     heads = heads1 + (second.shape[2] if second is not None else 0)
-    (x1, b1, y1), (x2, b2, y2) = args[0], args[-1]
     if b * n * heads * d:
         half = d // 2
         bh = max(1, min(triton.next_power_of_2(heads), 4096 // triton.next_power_of_2(half)))
@@ -137,7 +138,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
             *y1.stride()[:3], *y2.stride()[:3], cos.stride(0), b1.stride(0), b2.stride(0),
             HALF=half, HALF_PAD=triton.next_power_of_2(half), BH=bh, INTERLEAVED=interleaved,
             BIAS=bias is not None, num_warps=4)
-    return tuple(outs) if second is not None else outs[0]
+    return (y1, y2) if second is not None else y1
 
 
 @triton.jit

@@ -180,17 +180,17 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """proj(silu(gate) * up) of x (+ residual when given)."""
         both = self.fc(x)  # first half is the gate
-        if fused_pointwise_applies(both, *(() if residual is None else (residual,))):
-            act = silu_mul(both)
-            if residual is None or residual.dtype != act.dtype:
-                return self.proj(act) if residual is None else residual + self.proj(act)
-            # the residual add as the product's epilogue: one launch less, the sum rounded once
-            w = self.proj.weight
-            out = torch.addmm(residual.reshape(-1, w.shape[0]), act.reshape(-1, w.shape[1]), w.t())
-            return out.view(residual.shape)
-        gate, up = both.chunk(2, dim=-1)
-        out = self.proj(F.silu(gate) * up)
-        return out if residual is None else residual + out
+        operands = () if residual is None else (residual,)
+        if not fused_pointwise_applies(both, *operands) or residual is not None and residual.dtype != both.dtype:
+            gate, up = both.chunk(2, dim=-1)
+            out = self.proj(F.silu(gate) * up)
+            return out if residual is None else residual + out
+        act = silu_mul(both)
+        if residual is None:
+            return self.proj(act)
+        # the residual add as the product's epilogue: one launch less, the sum rounded once
+        w = self.proj.weight
+        return torch.addmm(residual.reshape(-1, w.shape[0]), act.reshape(-1, w.shape[1]), w.t()).view(residual.shape)
 
 
 class Block(nn.Module):
