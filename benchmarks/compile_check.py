@@ -115,7 +115,8 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
     d_pad = triton.next_power_of_2(head_dim)
     types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "W": "*fp32" if frozen else f"*{dtype}",
              "Keep": "*u8", "Ids": "*i32", "Counts": "*i32", "Rows": "*i32", "Out": f"*{dtype}", "qk_scale": "fp32"}
-    values = dict(B=block_size, KB=kb, HEAD_D=head_dim, D_PAD=d_pad, G_PAD=g_pad, FROZEN=frozen, S_PAD=16)
+    values = dict(B=block_size, KB=kb, HEAD_D=head_dim, D_PAD=d_pad, G_PAD=g_pad, FROZEN=frozen, S_PAD=16,
+                  WRITE_LSE=False, LOG2E_C=1.4426950408889634)
     out = {}
     for name, fn in decode_kernels().items():
         names = list(fn.arg_names)
@@ -134,6 +135,33 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
         out[name] = _usage_from_log(log.getvalue())
     return dict(arch=arch, block_size=block_size, head_dim=head_dim, group=group, frozen=frozen, warps=warps,
                 kb=kb, **{f"{k}_{name}": v for name, u in out.items() for k, v in u.items()})
+
+
+def compile_cache_decode(head_dim: int, group: int, arch: int = 90, dtype: str = "bf16") -> dict:
+    """Compile kernels.cache_decode's partials kernel for one (d, query heads per kv head, one new row) as
+    cache_decode launches it: registers and spills."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.cache_decode import BLOCK_N, cache_decode_kernel, launch_options
+
+    fn = cache_decode_kernel()
+    names = list(fn.arg_names)
+    values = dict(BLOCK=BLOCK_N, HEAD_D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
+                  QM=max(16, triton.next_power_of_2(group)))
+    types = {"Q": f"*{dtype}", "TK": f"*{dtype}", "TV": f"*{dtype}", "KPtrs": "*i64", "VPtrs": "*i64",
+             "qk_scale": "fp32"}
+    sig = {n: "constexpr" if n in values else types.get(n, "*fp32" if n[0].isupper() else "i32") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in values.items()})
+    log = io.StringIO()
+    with tempfile.TemporaryDirectory() as cache, knobs.cache.scope(), knobs.nvidia.scope(), \
+            contextlib.redirect_stdout(log):
+        knobs.cache.dir = cache
+        knobs.nvidia.dump_ptxas_log = True
+        triton.compile(src, target=GPUTarget("cuda", arch, 32), options=launch_options(head_dim, True))
+    return _usage_from_log(log.getvalue())
 
 
 def table_configs() -> list[tuple[int, int, KernelConfig]]:
@@ -197,6 +225,15 @@ def _decode_main(archs, dtype: str) -> int:
                     continue
                 print(f"{head}: warps {r['warps']} kb {r['kb']}  regs {r['registers_partials']}  spills "
                       f"{r['spill_bytes_partials']} B  combine regs {r['registers_combine']}", flush=True)
+        for d, g in sorted({(d, g) for _, d, g in DECODE_SHAPES}):
+            head = f"cache_decode sm_{arch} d={d:<3} group={g}"
+            try:
+                r = compile_cache_decode(d, g, arch, dtype)
+            except (TritonError, RuntimeError) as e:
+                failed += 1
+                print(f"{head}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+                continue
+            print(f"{head}: regs {r['registers']}  spills {r['spill_bytes']} B", flush=True)
     return 1 if failed else 0
 
 

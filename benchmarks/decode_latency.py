@@ -194,7 +194,8 @@ def support_density(group: RowGroup) -> float:
     return density(torch.stack(layouts)) if layouts else float("nan")
 
 
-def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int) -> dict:
+def time_condition(model, prompts, condition: str, settings: WiseSettings, tokens: int, repeats: int,
+                   dense: str | None = None) -> dict:
     """ttft_ms (median of `repeats` prefills after an untimed one on CUDA), tpot_ms (median of `tokens` graphed
     decode passes), the density of the supports it ran on and, for Full where the decoder's dense attention was
     fused, kernel_tpot_ms and bmm_tpot_ms (the other dense paths)."""
@@ -207,14 +208,14 @@ def time_condition(model, prompts, condition: str, settings: WiseSettings, token
         release(dev)
         ms, (group, first) = _timed_ms(lambda: cached_prefill(model, prompts, condition, settings), dev)
         ttfts.append(ms)
-    tpot, decoder = _tpot(group, first, tokens, dev)
+    tpot, decoder = _tpot(group, first, tokens, dev, dense=dense)
     out = dict(ttft_ms=statistics.median(ttfts), tpot_ms=tpot, graphed=decoder.graphs,
                density=support_density(group), kernel_tpot_ms=float("nan"), bmm_tpot_ms=float("nan"))
     if condition == "full" and decoder.dense is not None:
-        for dense in ("kernel", "bmm"):
+        for other in ("kernel", "bmm"):
             decoder = None  # the previous decoder's tails and graphs go first
             release(dev)
-            out[f"{dense}_tpot_ms"], decoder = _tpot(group, first, tokens, dev, dense=dense)
+            out[f"{other}_tpot_ms"], decoder = _tpot(group, first, tokens, dev, dense=other)
     return out
 
 
@@ -224,7 +225,7 @@ def _planned(config, n, batch, settings, rho, status) -> dict:
 
 
 def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *, seed: int, tokens: int,
-                repeats: int, bw: float, max_prefill_tokens: int, text=None) -> dict:
+                repeats: int, bw: float, max_prefill_tokens: int, text=None, dense: str | None = None) -> dict:
     """One (n, batch) cell: Full and WISE timed, bounds, Full's floor (see the module doc). `text`: a 1-D
     token-id array whose evenly spaced windows are the prompts, WISE on its own discovered supports (rho
     unused); None: seeded random prompts and supports planted at density rho."""
@@ -265,7 +266,7 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
     try:
         with supports:
             for cond in CONDITIONS:
-                got = time_condition(model, prompts, cond, settings, tokens, repeats)
+                got = time_condition(model, prompts, cond, settings, tokens, repeats, dense)
                 row[f"{cond}_ttft_ms"], row[f"{cond}_tpot_ms"] = got["ttft_ms"], got["tpot_ms"]
                 row[f"{cond}_graphed"] = got["graphed"]
                 if text is not None and cond == "wise":
@@ -312,6 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-prefill-tokens", type=int, default=32768,
                    help="cells with b * n above this are skipped (their rows say so): keeps the grid to minutes")
     p.add_argument("--quick", action="store_true", help="4K and 8K at batch 1 and 4 only")
+    p.add_argument("--dense", choices=["flash", "split"], default=None,
+                   help="the decoders' fused dense attention (wise.engine.graph_decode.DENSE_PATHS; default: theirs)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
@@ -358,8 +361,9 @@ def main(argv=None) -> int:
             for b in batches:
                 rows.append(latency_row(model, n, b, settings, a.rho, seed=a.seed, tokens=a.tokens,
                                         repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens,
-                                        text=text))
-                rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype)
+                                        text=text, dense=a.dense))
+                rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype,
+                                dense=a.dense or "default")
                 print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
                 write_rows(rows, a.out)  # every finished cell kept, should a later one stop the run
         del model

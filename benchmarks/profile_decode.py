@@ -7,7 +7,10 @@ One cell of ``benchmarks.decode_latency`` (same model, prompts, planted supports
 - graphed passes timed part by part with CUDA events: A (graph: prelude, steps 1..t_d), S (eager between the
   graphs: each row's late support, bias, Freeze-A weights and block lists; its host time beside it) and B
   (graph: steps t_d+1..T, coda, head); `--passes` of them, medians;
-- one eager pass under ``torch.profiler``: the kernels by CUDA time (top `--top`), as a table.
+- one eager pass under ``torch.profiler``: the kernels by CUDA time (top `--top`), as a table;
+- `--graphed`: three graphed passes under ``torch.profiler`` instead, kernel by kernel as the graphs replay
+  them: per kernel name its µs per pass, launches per pass and µs per launch, and the idle time between
+  kernels (what the eager table cannot show: the graphs' own gaps, no host time).
 The printed lines and ``--out`` (JSON) hold the medians; nothing is written otherwise.
 """
 from __future__ import annotations
@@ -56,17 +59,53 @@ def part_times(decoder: StaticDecoder, passes: int) -> dict:
     return {k: statistics.median(v) for k, v in got.items()}
 
 
-def kernel_table(group, first, top: int) -> str:
+def kernel_table(group, first, top: int, dense: str | None = None) -> str:
     """One eager pass under torch.profiler: kernels by CUDA time."""
     from torch.profiler import ProfilerActivity, profile
 
-    decoder = StaticDecoder(group, 3, graphs=False)
+    decoder = StaticDecoder(group, 3, graphs=False, dense=dense)
     decoder.step(first)  # compiles what the pass launches
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         decoder.step(fetch=False)
         torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=60)
+
+
+def graphed_kernel_table(decoder: StaticDecoder, top: int, passes: int = 3) -> str:
+    """`passes` graphed passes under torch.profiler: kernels (and copies) by GPU time per pass, with the idle
+    gaps between consecutive kernels (gaps over 30 µs, between passes, listed apart)."""
+    import collections
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            decoder.step(fetch=False)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:  # the trace's kernel records as the graphs ran them
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        with open(f"{tmp}/trace.json") as f:
+            events = json.load(f)["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    per, gaps, big = collections.defaultdict(lambda: [0, 0.0]), 0.0, 0
+    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+        gap = start - end
+        gaps, big = (gaps + max(gap, 0.0), big) if gap < 30 else (gaps, big + 1)
+    for start, end, name in spans:
+        per[name][0] += 1
+        per[name][1] += end - start
+    busy = sum(t for _, t in per.values())
+    span = spans[-1][1] - spans[0][0]
+    lines = [f"graphed: {passes} passes, {len(spans)} kernels; per pass {span / passes / 1e3:.3f} ms span, "
+             f"{busy / passes / 1e3:.3f} ms busy, {gaps / passes / 1e3:.3f} ms in gaps < 30 us ({big} longer)",
+             f"{'us/pass':>10} {'calls/pass':>10} {'us/call':>8}  kernel"]
+    for name, (count, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"{t / passes:10.1f} {count / passes:10.1f} {t / count:8.2f}  {name[:90]}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -83,6 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--passes", type=int, default=8)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--conditions", nargs="+", default=["full", "wise"])
+    p.add_argument("--graphed", action="store_true", help="the kernel table of graphed passes, not of an eager one")
+    p.add_argument("--dense", choices=["flash", "split"], default=None, help="the decoder's fused dense attention")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON of the medians")
     a = p.parse_args(argv)
@@ -109,15 +150,16 @@ def main(argv=None) -> int:
         with supports():
             with torch.no_grad():
                 group, first = cached_prefill(model, prompts, cond, settings)
-                decoder = StaticDecoder(group, a.passes + 2)
+                decoder = StaticDecoder(group, a.passes + 5, dense=a.dense)
                 decoder.step(first)
                 if decoder._graphs is None:
                     print(f"error: {cond}: the decoder's graphs were not captured", file=sys.stderr)
                     return 1
                 rows[cond] = part_times(decoder, a.passes)
+                table = graphed_kernel_table(decoder, a.top) if a.graphed else None
                 del decoder
                 release(dev)
-                table = kernel_table(group, first, a.top)
+                table = table or kernel_table(group, first, a.top, a.dense)
         print(f"== {name} n={a.n} b={a.batch} {cond}: " + " ".join(f"{k}={v:.3f}" for k, v in rows[cond].items()))
         print(table, flush=True)
         del group

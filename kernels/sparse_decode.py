@@ -260,7 +260,8 @@ def partial_buffers(R: int, heads: int, r: int, slots: int, head_dim: int, devic
 
 
 @triton.jit
-def _combine(M_in, L_in, Acc_in, Out, slots, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):
+def _combine(M_in, L_in, Acc_in, Out, Lse_out, slots, HEAD_D: tl.constexpr, D_PAD: tl.constexpr,
+             S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr, LOG2E_C: tl.constexpr):
     p = tl.program_id(0).to(tl.int64)  # one (row, head, new row)
     offs_s = tl.arange(0, S_PAD)
     s_ok = offs_s < slots
@@ -270,24 +271,32 @@ def _combine(M_in, L_in, Acc_in, Out, slots, HEAD_D: tl.constexpr, D_PAD: tl.con
     l_ = tl.load(L_in + p * slots + offs_s, mask=s_ok, other=0.0)
     acc = tl.load(Acc_in + (p * slots + offs_s)[:, None] * HEAD_D + offs_d[None, :],
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))
-    out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l_, 0)
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - m_max)
+    total = tl.sum(w * l_, 0)
+    out = tl.sum(w[:, None] * acc, 0) / total
     tl.store(Out + p * HEAD_D + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
+    if WRITE_LSE:  # natural log of the whole softmax's sum (frozen rows' partials carry no scores: unused there)
+        tl.store(Lse_out + p, (m_max + tl.log2(total)) / LOG2E_C)
 
 
-def combine_partials(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+def combine_partials(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor, dtype=torch.float32, *,
+                     with_lse: bool = False):
     """One softmax from the partial states in every slot, m and l [..., slots], acc [..., slots, d]
-    (base 2: ``decode_partials``'s splits and any tail written the same way) -> [..., d] in `dtype`."""
+    (base 2: ``decode_partials``'s splits and any tail written the same way) -> [..., d] in `dtype`;
+    with_lse: (that, the natural log-sum-exp of the scores fp32 [...])."""
     slots, d = m.shape[-1], acc.shape[-1]
     if not (m.is_contiguous() and l_.is_contiguous() and acc.is_contiguous()) or l_.shape != m.shape \
             or acc.shape != (*m.shape, d) or not all(x.dtype == torch.float32 for x in (m, l_, acc)):
         raise ValueError(f"partials must be contiguous fp32 m, l [..., slots] and acc [..., slots, d]; got "
                          f"{tuple(m.shape)}, {tuple(l_.shape)}, {tuple(acc.shape)}")
     out = torch.empty(acc.shape[:-2] + (d,), dtype=dtype, device=acc.device)
+    lse = torch.empty(m.shape[:-1], dtype=torch.float32, device=acc.device) if with_lse else None
     if out.numel():
-        _combine[(m.numel() // slots,)](m, l_, acc, out, slots, HEAD_D=d, D_PAD=triton.next_power_of_2(d),
-                                        S_PAD=triton.next_power_of_2(slots), num_warps=4 if acc.is_cuda else 1)
-    return out
+        _combine[(m.numel() // slots,)](m, l_, acc, out, out if lse is None else lse, slots, HEAD_D=d,
+                                        D_PAD=triton.next_power_of_2(d), S_PAD=triton.next_power_of_2(slots),
+                                        WRITE_LSE=with_lse, LOG2E_C=LOG2E, num_warps=4 if acc.is_cuda else 1)
+    return (out, lse) if with_lse else out
 
 
 def combine_reference(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -93,6 +93,7 @@ class Cache:
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor, int, bool]]):
         self.parts = parts
         self.n = parts[0][0].shape[2]
+        self.decode_table = None  # the rows' addresses for kernels.cache_decode (sparse_late_rows.CacheRows)
 
     def _apply(self, x: torch.Tensor, values: bool) -> torch.Tensor:
         out, a = [], 0

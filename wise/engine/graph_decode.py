@@ -18,8 +18,9 @@ states and RoPE rows of all C positions are made once and picked by p inside the
 
 With the kernel backend, attention that needs no probabilities (Full rows, the prelude and coda, early
 steps no row records masses at) is fused: flash attention per cache part joined with the tail by
-log-sum-exps (``wise.engine.sparse_late_rows.FlashRows``; ``dense="kernel"``: the decode kernel with
-every block kept), split across the cache for occupancy, no fp32 scores in memory. With flash, the early
+log-sum-exps (``wise.engine.sparse_late_rows.FlashRows``; ``dense="split"``: every row's cache and tail in one
+launch, ``CacheRows``; ``dense="kernel"``: the decode kernel with every block kept), split across the cache for
+occupancy, no fp32 scores in memory. With flash, the early
 steps whose masses a row records take their output from it too and their probabilities as exp(score - lse)
 from its log-sum-exp: one score product and no probability-weighted sums over the cache, whose long
 reduction over few rows keeps a matrix product on a handful of SMs.
@@ -43,7 +44,7 @@ from kernels.schedule import use_triton
 from wise.engine.appended_rows import RowGroup, Tails, own_architecture, rows_x_own, row_masses, weighted_sum
 from wise.engine.extension import CoreRows
 from wise.engine.runner import initial_state
-from wise.engine.sparse_late_rows import AllBlocksRows, FlashRows, SparseLateRows, sparse_decode_enabled
+from wise.engine.sparse_late_rows import AllBlocksRows, CacheRows, FlashRows, SparseLateRows, sparse_decode_enabled
 
 
 def _scores(q, cache, tk: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ def _nothing():
     return contextlib.nullcontext()
 
 
-DENSE_PATHS = ("flash", "kernel", "bmm")
+DENSE_PATHS = ("flash", "split", "kernel", "bmm")
 _WARM: set = set()  # devices on which a decoder has run an eager pass in this process
 
 
@@ -137,14 +138,16 @@ class StaticDecoder:
         self.sparse = SparseLateRows(group, self.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
         # and dense attention (Full rows, layers whose probabilities no row needs) fused: "flash" (flash attention
-        # per cache part, the default where the sparse decode runs), "kernel" (the decode kernel, every block
-        # kept) or "bmm" (the fp32-score matrix products below)
+        # per cache part, the default where the sparse decode runs), "split" (every row's cache and tail in one
+        # launch, kernels.cache_decode), "kernel" (the decode kernel, every block kept) or "bmm" (the fp32-score
+        # matrix products below)
         half = dtype in (torch.float16, torch.bfloat16)  # PyTorch's CUDA flash attention takes no fp32
         dense = dense or ("flash" if sparse_decode_enabled(s_, dev) and (half or dev.type != "cuda") else "bmm")
-        if dense not in DENSE_PATHS or (dense == "flash" and dev.type == "cuda" and not half):
+        if dense not in DENSE_PATHS or (dense in ("flash", "split") and dev.type == "cuda" and not half):
             raise ValueError(f"dense decode attention {dense!r} on {dev.type} {dtype}: one of {DENSE_PATHS} "
-                             "(flash: fp16/bf16 on CUDA)")
-        self.dense = FlashRows(c.heads, c.kv_heads) if dense == "flash" else \
+                             "(flash, split: fp16/bf16 on CUDA)")
+        self.dense = FlashRows(c.heads, c.kv_heads) if dense == "flash" else CacheRows(c.heads, c.kv_heads) \
+            if dense == "split" else \
             AllBlocksRows(group, c.heads, c.kv_heads, dev) if dense == "kernel" else None
         self.passes = 0
         self._graphs: tuple | None = None
@@ -195,7 +198,7 @@ class StaticDecoder:
             recorded = self.supported and step in self.record
             if self.dense is not None and not recorded:
                 return self.dense.attend_all(q, cache, tk, tv, bias[self.n0:])
-            if isinstance(self.dense, FlashRows):  # the output fused, the probabilities from its log-sum-exp
+            if isinstance(self.dense, FlashRows):  # and CacheRows: the output fused, probabilities from its lse
                 y, lse = self.dense.attend_lse(q, cache, tk, tv, bias[self.n0:])
                 probs = _probs(q, cache, tk, bias, lse)
             else:

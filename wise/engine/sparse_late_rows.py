@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from kernels.cache_decode import cache_decode, cache_splits, cache_table
 from kernels.decode_tail import tail_join, tail_partials
 from kernels.schedule import use_triton
 from kernels.sparse_decode import (HEAD_DIMS, combine_partials, decode_block_lists, decode_partials, default_splits,
@@ -161,6 +162,29 @@ class FlashRows:
             joined = tail_join(q, tk, tv, tail_bias, out, lse, scale=scale, with_lse=lse_too)
             return joined if lse_too else (joined, None)
         return join_tail(q, out, lse, tk, tv, tail_bias, scale, lse_too)
+
+
+class CacheRows(FlashRows):
+    """Dense decode attention of new rows over every row's cache and its tail in one launch, the splits
+    joined in a second (``kernels.cache_decode``), where flash attention takes two per cache part and the
+    tail a third. A cache's table of row addresses is made on its first use and kept on it; a cache whose
+    parts differ in layout (the table needs one stride set) takes ``FlashRows``'s path, the same softmax."""
+
+    def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
+        if cache.decode_table is None:
+            keys, values = [], []
+            for k, v, rows, shared in cache.parts:  # a shared part's one cache serves each of its rows
+                keys += [k[0] if shared else k[i] for i in range(rows)]
+                values += [v[0] if shared else v[i] for i in range(rows)]
+            try:
+                cache.decode_table = cache_table(keys, values)
+            except ValueError:
+                cache.decode_table = False
+        if cache.decode_table is False or q.shape[-1] not in HEAD_DIMS or q.stride(-1) != 1 or not use_triton(q.device):
+            return super()._attend(q, cache, tk, tv, tail_bias, lse_too)
+        splits = cache_splits(q.shape[0], self.kv_heads, cache.n, q.device)
+        got = cache_decode(q, cache.decode_table, tk, tv, tail_bias, splits=splits, with_lse=lse_too)
+        return got if lse_too else (got, None)
 
 
 def join_tail(q, out, lse, tk, tv, tail_bias, scale: float, lse_too: bool) -> tuple:
