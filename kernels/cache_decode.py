@@ -23,6 +23,7 @@ loads), tail k, v [R, Hkv, t, d], bias broadcastable to [R, Hq, r, t] with a con
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -149,8 +150,14 @@ def cache_splits(rows: int, kv_heads: int, n: int, device) -> int:
     most = max(1, math.ceil(n / (2 * BLOCK_N)))
     if dev.type != "cuda":
         return min(2, most)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = _sm_count(torch.cuda.current_device() if dev.index is None else dev.index)
     return max(1, min(math.ceil(4 * sms / max(1, rows * kv_heads)), most))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    # asked once per device: an eager decode call would otherwise query the driver on every layer
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def cache_decode(q: torch.Tensor, table: CacheTable, tail_k: torch.Tensor, tail_v: torch.Tensor,

@@ -160,3 +160,26 @@ def test_cache_rows_over_shared_and_own_parts_give_the_fp32_score_products():
     got = CacheRows(H, hkv).attend_all(q, mixed, tk, tv, bias[n:])
     assert mixed.decode_table is False
     assert torch.allclose(got, FlashRows(H, hkv).attend_all(q, mixed, tk, tv, bias[n:]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_split_path_captures_before_its_first_pass_on_a_warm_device(monkeypatch):
+    """Once warm, a Full-only group on the "split" path captures before its first pass: every cache's address
+    table is made before the capture (a host-to-device copy cannot run inside one), every pass is a replay."""
+    import wise.engine.graph_decode as graph_decode
+    from test_sparse_late_rows import EXAMPLE, SETTINGS, capture_flags, gqa_model, with_dense
+    from wise.engine.decoding import evaluate_examples
+    from wise.engine.runner import WiseSettings
+
+    model = gqa_model("cuda").half()
+    settings = WiseSettings(**SETTINGS, backend="kernel")
+    with_dense(monkeypatch, "split")
+    evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)  # warms the device
+    capturing = capture_flags(monkeypatch)
+    out = evaluate_examples(model, EXAMPLE, ["full"], settings, 3, set(), "cached", graphs=True)[0]["full"]
+    assert capturing and all(capturing), graph_decode.StaticDecoder.capture_errors
+    ref = evaluate_examples(model, EXAMPLE, ["full"], WiseSettings(**SETTINGS, backend="reference"), 3, set(),
+                            "cached", graphs=True)[0]["full"]
+    assert out.tokens == ref.tokens
+    assert out.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-2)

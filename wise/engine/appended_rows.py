@@ -209,7 +209,7 @@ class RowGroup:
             raise ValueError("truncate rows (no late steps) are decoded apart from the others")
         self.fast = caches_layers(model) and prefixes[0].prelude_kv is not None
         self.coda: list[Cache] | None = None  # per coda layer, the rows' own, from last_logits
-        self._late: dict = {}
+        self._caches: dict = {}
         self._layouts: torch.Tensor | None = None
         dev = lates[0].state.device  # row indices made once (a host-to-device copy waits for the GPU)
         self.rows_of = {c: torch.tensor([i for i, x in enumerate(self.conditions) if x == c], device=dev)
@@ -234,10 +234,18 @@ class RowGroup:
         return Cache([(k, v, b - a, True) for (k, v), (a, b) in zip(kvs, self.segments())])
 
     def early(self, step: int, layer: int) -> Cache:
-        return self._per_example([p.kv[(step, layer)] for p in self.prefixes])
+        """One Cache per (step, layer), made once: what a decoder keeps on it (kernels.cache_decode's address
+        table) is made once too, outside any CUDA graph capture."""
+        key = ("early", step, layer)
+        if key not in self._caches:
+            self._caches[key] = self._per_example([p.kv[(step, layer)] for p in self.prefixes])
+        return self._caches[key]
 
     def prelude(self, i: int) -> Cache:
-        return self._per_example([p.prelude_kv[i] for p in self.prefixes])
+        key = ("prelude", i)
+        if key not in self._caches:
+            self._caches[key] = self._per_example([p.prelude_kv[i] for p in self.prefixes])
+        return self._caches[key]
 
     def runs(self) -> list[tuple[int, int]]:
         """Runs of rows (i, j) that are consecutive rows of one late batch (a row of its own otherwise)."""
@@ -258,7 +266,7 @@ class RowGroup:
     def late(self, step: int, layer: int) -> Cache:
         """Rows of a run share their batch's tensors (views)."""
         key = (step, layer)
-        if key not in self._late:
+        if key not in self._caches:
             parts = []
             for i, j in self.runs():
                 first = self.lates[i]
@@ -269,8 +277,8 @@ class RowGroup:
                 else:
                     k, v = first.kv[key]
                 parts.append((k, v, j - i, False))
-            self._late[key] = Cache(parts)
-        return self._late[key]
+            self._caches[key] = Cache(parts)
+        return self._caches[key]
 
     def seeds(self) -> list[int]:
         return [p.seed for p in self.prefixes]
@@ -325,7 +333,7 @@ class RowGroup:
         keep_ex = sorted(set(self.example_of[i:j]))
         out = RowGroup(self.model, self.s, [self.prefixes[e] for e in keep_ex], self.lates[i:j],
                        [e - keep_ex[0] for e in self.example_of[i:j]])
-        out._late = {key: c.rows(i, j) for key, c in self._late.items()}
+        out._caches = {key: c.rows(i, j) for key, c in self._caches.items()}
         if self.coda is not None:
             out.coda = [c.rows(i, j) for c in self.coda]
         return out

@@ -326,6 +326,12 @@ class StaticDecoder:
         bias = self._tail_bias()[self.n0:]
         for cache, key in caches:
             self.dense.attend_all(q, cache, self.tails[key].k, self.tails[key].v, bias)
+        if isinstance(self.dense, CacheRows):  # every cache's address table, before the capture
+            every = [g.prelude(i) for i in range(self.n_prelude)] + list(g.coda or [])
+            every += [(g.early if t <= g.s.discovery_step else g.late)(t, l)
+                      for t in range(1, self.last + 1) for l in range(self.n_core)]
+            for cache in every:
+                self.dense.table(cache)
 
     def _warm_sparse(self) -> None:
         """One eager call of the sparse late attention on a late step's cache (every part, Freeze-A rows

@@ -170,7 +170,11 @@ class CacheRows(FlashRows):
     tail a third. A cache's table of row addresses is made on its first use and kept on it; a cache whose
     parts differ in layout (the table needs one stride set) takes ``FlashRows``'s path, the same softmax."""
 
-    def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
+    @staticmethod
+    def table(cache):
+        """The cache's table of row addresses, made on its first use and kept on it (False: its parts differ
+        in layout). Its host-to-device copy cannot run inside a CUDA graph capture: the static decoder makes
+        every table before it captures (``StaticDecoder._warm_dense``)."""
         if cache.decode_table is None:
             keys, values = [], []
             for k, v, rows, shared in cache.parts:  # a shared part's one cache serves each of its rows
@@ -180,7 +184,10 @@ class CacheRows(FlashRows):
                 cache.decode_table = cache_table(keys, values)
             except ValueError:
                 cache.decode_table = False
-        if cache.decode_table is False or q.shape[-1] not in HEAD_DIMS or q.stride(-1) != 1 or not use_triton(q.device):
+        return cache.decode_table
+
+    def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
+        if self.table(cache) is False or q.shape[-1] not in HEAD_DIMS or q.stride(-1) != 1 or not use_triton(q.device):
             return super()._attend(q, cache, tk, tv, tail_bias, lse_too)
         splits = cache_splits(q.shape[0], self.kv_heads, cache.n, q.device)
         got = cache_decode(q, cache.decode_table, tk, tv, tail_bias, splits=splits, with_lse=lse_too)
