@@ -137,29 +137,24 @@ def test_cache_rows_over_shared_and_own_parts_give_the_fp32_score_products():
     """CacheRows (the static decoder's "split" path) over a cache shared by two rows and a row's own cache (GQA 4/2)
     plus a tail cut at a position: the fp32 scores' softmax and weighted sums of the bmm path, the log-sum-exp of
     FlashRows; a cache whose parts differ in layout takes FlashRows's path with the same numbers."""
-    from wise.engine.appended_rows import Cache, weighted_sum
-    from wise.engine.graph_decode import _attend
+    from test_sparse_late_rows import shared_and_own_rows
+    from wise.engine.appended_rows import Cache
     from wise.engine.sparse_late_rows import CacheRows, FlashRows
 
-    g = torch.Generator().manual_seed(0)
-    R, H, hkv, d, n, C = 3, 4, 2, 64, 140, 5
-    q = torch.randn(R, H, 1, d, generator=g)
-    kv = [torch.randn(1, hkv, n, d, generator=g) for _ in range(4)]
-    cache = Cache([(kv[0], kv[1], 2, True), (kv[2], kv[3], 1, False)])
-    tk, tv = torch.randn(R, hkv, C, d, generator=g), torch.randn(R, hkv, C, d, generator=g)
-    bias = torch.where(torch.arange(n + C) <= n + 2, 0.0, float("-inf"))
-    ref = weighted_sum(_attend(q, cache, tk, bias), cache, tv, n, q.dtype)
-    out, lse = CacheRows(H, hkv).attend_lse(q, cache, tk, tv, bias[n:])
-    assert cache.decode_table and cache.decode_table.k_ptrs.shape == (R,)
+    n = 140
+    q, cache, tk, tv, tail_bias, ref, H, hkv, g = shared_and_own_rows(n)
+    out, lse = CacheRows(H, hkv).attend_lse(q, cache, tk, tv, tail_bias)
+    assert cache.decode_table and cache.decode_table.k_ptrs.shape == (q.shape[0],)
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
-    assert torch.allclose(lse, FlashRows(H, hkv).attend_lse(q, cache, tk, tv, bias[n:])[1], rtol=1e-5, atol=1e-5)
-    assert torch.equal(CacheRows(H, hkv).attend_all(q, cache, tk, tv, bias[n:]), out)
+    assert torch.allclose(lse, FlashRows(H, hkv).attend_lse(q, cache, tk, tv, tail_bias)[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(CacheRows(H, hkv).attend_all(q, cache, tk, tv, tail_bias), out)
     # a part laid out token-major (another stride set): no table, FlashRows's path
-    odd = torch.randn(1, n, hkv, d, generator=g).transpose(1, 2)
-    mixed = Cache([(kv[0], kv[1], 2, True), (odd, odd, 1, False)])
-    got = CacheRows(H, hkv).attend_all(q, mixed, tk, tv, bias[n:])
+    shared_k, shared_v = cache.parts[0][:2]
+    odd = torch.randn(1, n, hkv, q.shape[-1], generator=g).transpose(1, 2)
+    mixed = Cache([(shared_k, shared_v, 2, True), (odd, odd, 1, False)])
+    got = CacheRows(H, hkv).attend_all(q, mixed, tk, tv, tail_bias)
     assert mixed.decode_table is False
-    assert torch.allclose(got, FlashRows(H, hkv).attend_all(q, mixed, tk, tv, bias[n:]), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(got, FlashRows(H, hkv).attend_all(q, mixed, tk, tv, tail_bias), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -264,23 +264,31 @@ def test_dense_kernel_warms_on_every_kind_of_cache_part(monkeypatch):
     assert all(torch.equal(t.k, tails[k][0]) and torch.equal(t.v, tails[k][1]) for k, t in dec.tails.items())
 
 
-def test_flash_rows_give_the_numbers_of_the_fp32_score_products():
-    """FlashRows over a cache shared by two rows and a row's own cache (GQA 4/2) plus a tail cut at a position:
-    the fp32 scores' softmax and weighted sums of the static decoder's bmm path."""
+def shared_and_own_rows(n: int, seed: int = 0):
+    """Three rows of 4 query heads over 2 kv heads: a cache shared by two rows and a row's own cache (n keys each),
+    a tail of 5 keys cut after position 2 (this pass writes it), and the static decoder's fp32 bmm result.
+    Returns (q, cache, tail_k, tail_v, tail_bias, reference, H, Hkv, generator)."""
     from wise.engine.appended_rows import Cache, weighted_sum
     from wise.engine.graph_decode import _attend
 
-    g = torch.Generator().manual_seed(0)
-    R, H, hkv, d, n, C = 3, 4, 2, 64, 40, 5
+    g = torch.Generator().manual_seed(seed)
+    R, H, hkv, d, C = 3, 4, 2, 64, 5
     q = torch.randn(R, H, 1, d, generator=g)
     kv = [torch.randn(1, hkv, n, d, generator=g) for _ in range(4)]
     cache = Cache([(kv[0], kv[1], 2, True), (kv[2], kv[3], 1, False)])
     tk, tv = torch.randn(R, hkv, C, d, generator=g), torch.randn(R, hkv, C, d, generator=g)
-    bias = torch.where(torch.arange(n + C) <= n + 2, 0.0, float("-inf"))  # this pass writes tail position 2
+    bias = torch.where(torch.arange(n + C) <= n + 2, 0.0, float("-inf"))
     ref = weighted_sum(_attend(q, cache, tk, bias), cache, tv, n, q.dtype)
-    got = sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, bias[n:])
+    return q, cache, tk, tv, bias[n:], ref, H, hkv, g
+
+
+def test_flash_rows_give_the_numbers_of_the_fp32_score_products():
+    """FlashRows over a cache shared by two rows and a row's own cache (GQA 4/2) plus a tail cut at a position:
+    the fp32 scores' softmax and weighted sums of the static decoder's bmm path."""
+    q, cache, tk, tv, tail_bias, ref, H, hkv, _ = shared_and_own_rows(40)
+    got = sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, tail_bias)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(got, sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, 0 * bias[n:]))
+    assert not torch.allclose(got, sparse_late_rows.FlashRows(H, hkv).attend_all(q, cache, tk, tv, 0 * tail_bias))
 
 
 def test_recorded_steps_take_their_probabilities_from_the_fused_log_sum_exp():
