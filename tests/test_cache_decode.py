@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from kernels.cache_decode import cache_decode, cache_splits, cache_table
+from kernels.reference import relative_error
+
+from kernel_cases import BOUND
 
 needs_triton = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                                   reason="Triton needs CUDA or TRITON_INTERPRET=1")
@@ -97,8 +100,11 @@ def test_bf16_rows_on_the_gpu_match_the_fp32_softmax(hq, hkv, d, n):
     table = cache_table(keys, values)
     want, want_lse = reference(q, keys, values, tk, tv, bias)
     out, lse = cache_decode(q, table, tk, tv, bias[:1, :1, :1], splits=cache_splits(R, hkv, n, "cuda"), with_lse=True)
-    rel = (out.float() - want).norm() / want.norm()
-    assert rel <= 1e-3 and out.dtype == torch.bfloat16, rel
+    # the store in bf16 adds its rounding (~1.7e-3 of fp32 values alone): within 1e-3 of the reference rounded to
+    # bf16, and within the kernel tests' bf16 bound of the fp32 reference
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out, want.to(torch.bfloat16)) <= 1e-3
+    assert relative_error(out, want) <= BOUND[torch.bfloat16]
     assert torch.allclose(lse, want_lse, rtol=1e-4, atol=1e-4)
 
 
