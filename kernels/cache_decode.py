@@ -53,7 +53,7 @@ class CacheTable:
 
 def cache_table(keys: list[torch.Tensor], values: list[torch.Tensor]) -> CacheTable:
     """The table of one [Hkv, n, d] key view and value view per row (one dtype, device and stride set for
-    all rows, unit stride along d)."""
+    all rows, unit stride along d, each starting on a 16-byte boundary)."""
     if not keys or len(keys) != len(values):
         raise ValueError(f"cache_table needs one key and one value view per row; got {len(keys)} and {len(values)}")
     k0, v0 = keys[0], values[0]
@@ -65,6 +65,9 @@ def cache_table(keys: list[torch.Tensor], values: list[torch.Tensor]) -> CacheTa
                 or x.stride(-1) != 1:
             raise ValueError(f"every row's cache must match the first row's shape {tuple(k0.shape)}, dtype, device "
                              f"and strides with a contiguous last dim; got {tuple(x.shape)} {x.dtype} {x.stride()}")
+        if x.data_ptr() % 16:
+            raise ValueError(f"every row's cache must start on a 16-byte boundary (the kernel loads 16-byte "
+                             f"vectors); one starts at {x.data_ptr():#x}")
     as_ptrs = lambda xs: torch.tensor([x.data_ptr() for x in xs], dtype=torch.int64, device=k0.device)  # noqa: E731
     return CacheTable(as_ptrs(keys), as_ptrs(values), k0.shape[0], k0.shape[1], k0.shape[2],
                       (k0.stride(0), k0.stride(1)), (v0.stride(0), v0.stride(1)), k0.dtype,
@@ -96,8 +99,12 @@ def _cache_partials(
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     is_tail = split == slots - 1
     # the cache's splits read a share of the row's cache, the last split the row's tail (no branch: one loop)
-    cache_k = tl.load(KPtrs + row).to(tl.pointer_type(Q.dtype.element_ty)) + kvh.to(tl.int64) * stride_kh
-    cache_v = tl.load(VPtrs + row).to(tl.pointer_type(Q.dtype.element_ty)) + kvh.to(tl.int64) * stride_vh
+    # the table's addresses are 16-byte aligned (cache_table checks): said to the compiler, the key and value
+    # tiles load in 16-byte vectors, not 4-byte pieces
+    cache_k = tl.multiple_of(tl.load(KPtrs + row).to(tl.pointer_type(Q.dtype.element_ty)), 16) \
+        + kvh.to(tl.int64) * stride_kh
+    cache_v = tl.multiple_of(tl.load(VPtrs + row).to(tl.pointer_type(Q.dtype.element_ty)), 16) \
+        + kvh.to(tl.int64) * stride_vh
     k_base = tl.where(is_tail, TK + row * stride_tkr + kvh.to(tl.int64) * stride_tkh, cache_k)
     v_base = tl.where(is_tail, TV + row * stride_tvr + kvh.to(tl.int64) * stride_tvh, cache_v)
     skn = tl.where(is_tail, stride_tkn, stride_kn).to(tl.int64)

@@ -78,6 +78,9 @@ def test_bad_tables_and_operands_are_refused_in_one_line():
         cache_table(keys, values[:1])
     with pytest.raises(ValueError, match=r"d in \(64, 96, 128\)"):
         cache_table([k[..., :32] for k in keys], [v[..., :32] for v in values])
+    off = torch.zeros(keys[0].numel() + 1)[1:].view(keys[0].shape)  # starts 4 bytes into its storage
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        cache_table([keys[0], off], values)
     table = cache_table(keys, values)
     with pytest.raises(ValueError, match="holds 2 rows"):
         cache_decode(q[:1], table, tk[:1], tv[:1], None, splits=2)
