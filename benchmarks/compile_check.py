@@ -145,12 +145,12 @@ def compile_cache_decode(head_dim: int, group: int, arch: int = 90, dtype: str =
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.cache_decode import BLOCK_N, cache_decode_kernel, launch_options
+    from kernels.cache_decode import BLOCK_N, PRODUCTS, cache_decode_kernel, launch_options
 
     fn = cache_decode_kernel()
     names = list(fn.arg_names)
     values = dict(BLOCK=BLOCK_N, HEAD_D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
-                  QM=max(16, triton.next_power_of_2(group)))
+                  QM=max(16, triton.next_power_of_2(group)), PRODUCT=PRODUCTS["two16"])
     types = {"Q": f"*{dtype}", "TK": f"*{dtype}", "TV": f"*{dtype}", "KPtrs": "*i64", "VPtrs": "*i64",
              "qk_scale": "fp32"}
     sig = {n: "constexpr" if n in values else types.get(n, "*fp32" if n[0].isupper() else "i32") for n in names}

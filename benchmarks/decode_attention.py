@@ -73,7 +73,7 @@ def copy_bandwidth(device, gib: float = 1.0) -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def _graphed(fn, device):
+def graphed(fn, device):
     """fn captured once in a CUDA graph (host launches out of the timing): the replay; on the CPU fn."""
     if device.type != "cuda":
         return fn
@@ -123,8 +123,8 @@ def decode_row(config: RecurrentConfig, n: int, batch: int, density: float, shar
     if not worst <= REL_ERR_MAX:
         return {**row, "status": f"failed: rel_err {worst:.1e} > {REL_ERR_MAX}", "dense_ms": float("nan"),
                 "sparse_ms": float("nan"), "ratio": float("nan")}
-    dense = _graphed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), device)
-    medians, spread = timers.interleaved_ms([("dense", dense, None), ("sparse", _graphed(sparse, device), None)])
+    dense = graphed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv), device)
+    medians, spread = timers.interleaved_ms([("dense", dense, None), ("sparse", graphed(sparse, device), None)])
     return {**row, "status": "ok", "dense_ms": medians["dense"], "sparse_ms": medians["sparse"],
             "ratio": medians["dense"] / medians["sparse"], "timing_spread": spread}
 

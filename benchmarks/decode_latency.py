@@ -10,13 +10,13 @@ random prompts; bf16), per (shape, context n, batch b, condition full / wise):
   t_d+1..T of all b rows at once), the last rows' logits and the greedy choice;
 - tpot_ms: one decoding pass of all b rows (every step of a token) through
   ``wise.engine.graph_decode.StaticDecoder``, the engine's static-buffer decoder with its CUDA graphs
-  and, with backend kernel, the block-sparse decode kernel for WISE's late steps and flash attention
-  for dense decode attention (Full; prelude, coda, early steps);
+  and, with backend kernel, the block-sparse decode kernel for WISE's late steps and its fused dense
+  decode attention (Full; prelude, coda, early steps: ``--dense``, default split on CUDA);
   the first pass (eager, capture) is not timed, the median of the next --tokens passes is, run back
   to back without a host synchronisation between them (``step(fetch=False)``);
 - full_kernel_tpot_ms, full_bmm_tpot_ms: Full's passes with dense attention through the decode kernel
   with every block kept, and as fp32-score matrix products (``StaticDecoder(dense="kernel" / "bmm")``,
-  same row group), where flash attention ran.
+  same row group), where the fused path ran.
 Times: CUDA events (perf_counter on the CPU); ttft_ms is the median of --ttft-repeats prefills (on CUDA after
 an untimed one, which compiles and autotunes the kernels for the shape).
 Conditions run one after the other: a condition's caches, decoder and graphs are freed (and the

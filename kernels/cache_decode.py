@@ -17,13 +17,12 @@ view for rows that share an example's cache, as the early steps and the prelude 
 addresses in a device table, so rows of several cache tensors run in one launch. A kv head's query
 heads (and the new rows, r per sequence) form the M side of tensor-core products: the keys are read
 once for the group, the scores are bf16/fp16 products summed in fp32, and the probabilities meet the
-values in tf32 (values converted exactly, probabilities rounded to 10 bits, as fine as the fp32 reference
-needs: rel <= 1e-3). Shapes: q [R, Hq, r, d] (Hq % Hkv == 0), d in {64, 96, 128} (96 padded by masked
+values as two 16-bit parts in two products (values exact, probabilities to about 16 bits, as fine as the fp32
+reference needs: rel <= 1e-3). Shapes: q [R, Hq, r, d] (Hq % Hkv == 0), d in {64, 96, 128} (96 padded by masked
 loads), tail k, v [R, Hkv, t, d], bias broadcastable to [R, Hq, r, t] with a contiguous last dim.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -31,9 +30,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sparse_decode import HEAD_DIMS, LOG2E, combine_partials, partial_buffers
+from kernels.sparse_decode import HEAD_DIMS, LOG2E, combine_partials, partial_buffers, sm_count
 
 BLOCK_N = 64  # keys per iteration
+# the probability-value product: "two16" (the default; exact enough for the fp32 reference), "tf32x3" (as exact,
+# slower) and "one16" (p rounded to 8 bits; for timing comparisons)
+PRODUCTS = {"two16": 0, "tf32x3": 1, "one16": 2}
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def _cache_partials(
     stride_tkr, stride_tkh, stride_tkn, stride_tvr, stride_tvh, stride_tvn,
     stride_br, stride_bh, stride_bj,
     n_ctx, t_len, per_split, heads, kv_heads, q_rows, group, qk_scale,
-    BLOCK: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, QM: tl.constexpr,
+    BLOCK: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, QM: tl.constexpr, PRODUCT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -130,8 +132,17 @@ def _cache_partials(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        # tf32x3: one tf32 product rounds p to 10 bits, 1.3e-3 from the fp32 softmax after the bf16 store (H100)
-        acc = acc * alpha[:, None] + tl.dot(p, vals.to(tl.float32), input_precision="tf32x3")
+        # PRODUCTS: 0 is p as two 16-bit parts (p_hi + p_lo, about 16 bits of p) against the exact 16-bit values,
+        # two products at the 16-bit rate; one tf32 or 16-bit product rounds p to 10 or 8 bits (1.3e-3 from the
+        # fp32 softmax after a bf16 store on an H100); tf32x3 is as exact as two parts but was 1.1-1.7x slower
+        if PRODUCT == 0:
+            p_hi = p.to(vals.dtype)
+            pv = tl.dot(p_hi, vals) + tl.dot((p - p_hi.to(tl.float32)).to(vals.dtype), vals)
+        elif PRODUCT == 1:
+            pv = tl.dot(p, vals.to(tl.float32), input_precision="tf32x3")
+        else:
+            pv = tl.dot(p.to(vals.dtype), vals)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     slot = ((row * heads + hs) * q_rows + js) * slots + split  # [QM]
     tl.store(M_out + slot, m_i, mask=m_ok)
@@ -145,7 +156,8 @@ def cache_decode_kernel():
 
 
 def launch_options(head_dim: int, cuda: bool) -> dict:
-    """num_warps / num_stages of the partials kernel: 8 warps where d pads to 128 (4 spill registers there)."""
+    """num_warps / num_stages of the partials kernel: the fewest warps that compile without spills for sm_90
+    (``benchmarks.compile_check --decode``; 2 warps spill at every d, 4 at d 96 and 128)."""
     if not cuda:
         return dict(num_warps=1, num_stages=1)
     return dict(num_warps=4 if head_dim <= 64 else 8, num_stages=3)
@@ -158,21 +170,18 @@ def cache_splits(rows: int, kv_heads: int, n: int, device) -> int:
     most = max(1, math.ceil(n / (2 * BLOCK_N)))
     if dev.type != "cuda":
         return min(2, most)
-    sms = _sm_count(torch.cuda.current_device() if dev.index is None else dev.index)
+    sms = sm_count(torch.cuda.current_device() if dev.index is None else dev.index)
     return max(1, min(math.ceil(4 * sms / max(1, rows * kv_heads)), most))
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    # asked once per device: an eager decode call would otherwise query the driver on every layer
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def cache_decode(q: torch.Tensor, table: CacheTable, tail_k: torch.Tensor, tail_v: torch.Tensor,
-                 tail_bias: torch.Tensor | None, *, splits: int, scale: float | None = None, with_lse: bool = False):
+                 tail_bias: torch.Tensor | None, *, splits: int, scale: float | None = None, with_lse: bool = False,
+                 product: str = "two16", block: int = BLOCK_N, options: dict | None = None):
     """softmax(q kᵀ·scale + bias) v of rows q [R, Hq, r, d] over each row's cache (``table``, bias 0) and its
     tail tail_k, tail_v [R, Hkv, t, d] (bias tail_bias, broadcastable to [R, Hq, r, t]; None: 0) -> [R, Hq, r, d]
-    in q's dtype; with_lse: also the natural log-sum-exp of the scaled, biased scores, fp32 [R, Hq, r]."""
+    in q's dtype; with_lse: also the natural log-sum-exp of the scaled, biased scores, fp32 [R, Hq, r].
+    product (``PRODUCTS``), block (keys per iteration) and options (num_warps, num_stages; default
+    ``launch_options``) are what ``benchmarks.cache_decode_sweep`` varies."""
     if q.dim() != 4 or q.shape[3] != table.head_dim or q.dtype != table.dtype or q.device != table.k_ptrs.device:
         raise ValueError(f"q must be [R, Hq, r, {table.head_dim}] {table.dtype} on {table.k_ptrs.device}; got "
                          f"{tuple(q.shape)} {q.dtype} {q.device}")
@@ -187,15 +196,16 @@ def cache_decode(q: torch.Tensor, table: CacheTable, tail_k: torch.Tensor, tail_
             or tail_v.dtype != q.dtype or tail_k.stride(-1) != 1 or tail_v.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError(f"tail k, v must be [{R}, {hkv}, t, {d}] {q.dtype} with q a contiguous last dim; got "
                          f"{tuple(tail_k.shape)}, {tuple(tail_v.shape)}")
-    if splits < 1:
-        raise ValueError(f"splits must be >= 1, got {splits}")
+    if splits < 1 or product not in PRODUCTS or block not in (16, 32, 64, 128):
+        raise ValueError(f"splits must be >= 1, product one of {sorted(PRODUCTS)}, block 16 / 32 / 64 / 128; got "
+                         f"{splits}, {product!r}, {block}")
     bias = torch.zeros(1, 1, 1, t, device=q.device) if tail_bias is None else tail_bias
     bias = bias.expand(R, hq, r, t)
     if t and bias.stride(-1) != 1:
         raise ValueError("the tail bias needs a contiguous last dimension")
     m, l_, acc = partial_buffers(R, hq, r, splits + 1, d, q.device)
     group = hq // hkv
-    per = triton.cdiv(triton.cdiv(table.n, splits), BLOCK_N) * BLOCK_N
+    per = triton.cdiv(triton.cdiv(table.n, splits), block) * block
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if R:
         _cache_partials[(R * hkv, splits + 1)](
@@ -203,6 +213,6 @@ def cache_decode(q: torch.Tensor, table: CacheTable, tail_k: torch.Tensor, tail_
             q.stride(0), q.stride(1), q.stride(2), *table.k_strides, *table.v_strides,
             *tail_k.stride()[:3], *tail_v.stride()[:3], *bias.stride()[:3],
             table.n, t, per, hq, hkv, r, group, scale * LOG2E,
-            BLOCK=BLOCK_N, HEAD_D=d, D_PAD=triton.next_power_of_2(d), QM=max(16, triton.next_power_of_2(group * r)),
-            **launch_options(d, q.is_cuda))
+            BLOCK=block, HEAD_D=d, D_PAD=triton.next_power_of_2(d), QM=max(16, triton.next_power_of_2(group * r)),
+            PRODUCT=PRODUCTS[product], **(options if options and q.is_cuda else launch_options(d, q.is_cuda)))
     return combine_partials(m, l_, acc, q.dtype, with_lse=with_lse)

@@ -26,6 +26,7 @@ are cut at n.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -147,13 +148,20 @@ def decode_block_lists(blocks: torch.Tensor, kv_heads: int, out: tuple | None = 
     return out
 
 
+@functools.cache
+def sm_count(index: int) -> int:
+    """The SM count of CUDA device `index`, asked of the driver once (the split heuristics run per call on eager
+    decoding)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def default_splits(programs: int, max_blocks: int, device) -> int:
     """Splits per (row, kv head, query row) so that about four programs per SM run, each with at
     least four key blocks: one static number for a decoder's lifetime."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return max(1, min(2, max_blocks))
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = sm_count(torch.cuda.current_device() if dev.index is None else dev.index)
     want = math.ceil(4 * sms / max(1, programs))
     return max(1, min(want, math.ceil(max_blocks / 4)))
 

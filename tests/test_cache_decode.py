@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from kernels.cache_decode import cache_decode, cache_splits, cache_table
+from kernels.cache_decode import PRODUCTS, cache_decode, cache_splits, cache_table
 from kernels.reference import relative_error
 
 from kernel_cases import BOUND
@@ -88,6 +88,22 @@ def test_bad_tables_and_operands_are_refused_in_one_line():
         cache_decode(q, table, tk[:, :1], tv[:, :1], None, splits=2)
     with pytest.raises(ValueError, match="splits"):
         cache_decode(q, table, tk, tv, None, splits=0)
+    with pytest.raises(ValueError, match="product one of"):
+        cache_decode(q, table, tk, tv, None, splits=2, product="tf32")
+    with pytest.raises(ValueError, match="block 16 / 32 / 64 / 128"):
+        cache_decode(q, table, tk, tv, None, splits=2, block=48)
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS))
+@pytest.mark.parametrize("block", [32, 128])
+def test_every_product_and_key_tile_gives_the_fp32_softmax(product, block):
+    """The sweep's choices (benchmarks.cache_decode_sweep) are the same softmax: in fp32 on the interpreter every
+    product is exact, and a tile of 32 or 128 keys cuts the splits at other places than the default 64."""
+    q, keys, values, tk, tv, bias = case(2, 4, 2, 1, 64, 300, 5, shared=1, dtype=torch.float32, device="cpu")
+    want, want_lse = reference(q, keys, values, tk, tv, bias)
+    out, lse = cache_decode(q, cache_table(keys, values), tk, tv, bias, splits=3, with_lse=True, product=product,
+                            block=block)
+    assert torch.allclose(out, want, rtol=1e-4, atol=1e-5) and torch.allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
 
 
 def test_splits_give_every_program_two_key_tiles_at_least():

@@ -169,7 +169,8 @@ def test_benchmarks_add_only_pyarrow_and_the_kernel():
     """The kernel benchmarks import the kernel only; the whole-model timing also times the library's
     model (wise.models, wise.engine.routing), the decode timing reads its model shapes (wise.models) and
     the decode latency times the engine's cached decoding (wise.engine) and counts its models' bytes
-    (decode_costs), the decode profile splits the engine's decoding pass, never the pipeline."""
+    (decode_costs), the decode profile splits the engine's decoding pass and the cache kernel's sweep times
+    the engine's flash path beside it, never the pipeline."""
     kernel_benchmarks = third_party("benchmarks")  # the pipeline's benchmarks live in scripts/
     bad = {m: sorted(n) for m, n in kernel_benchmarks.items() if n - {"torch", "triton", "pyarrow"}}
     assert not bad, bad
@@ -177,7 +178,7 @@ def test_benchmarks_add_only_pyarrow_and_the_kernel():
 
     def allowed(module):
         model_timers = ("benchmarks.whole_model", "benchmarks.decode_attention", "benchmarks.decode_latency",
-                        "benchmarks.decode_costs", "benchmarks.profile_decode")
+                        "benchmarks.decode_costs", "benchmarks.profile_decode", "benchmarks.cache_decode_sweep")
         return ("kernels", "benchmarks") + (("wise",) if module in model_timers else ())
 
     outside = {m: sorted(d) for m, d in graph.items() if m in kernel_benchmarks

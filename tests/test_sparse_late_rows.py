@@ -161,7 +161,7 @@ def capture_flags(monkeypatch) -> list[bool]:
 @pytest.mark.parametrize("dense", ["flash", "kernel"])
 def test_full_rows_alone_run_every_layer_fused(monkeypatch, dense):
     """A group of Full rows only: the static decoder's dense attention (prelude, every step, coda) goes through
-    flash attention per cache part (the default) or the decode kernel with every block kept, with the numbers
+    flash attention per cache part (the CPU's default) or the decode kernel with every block kept, with the numbers
     of the fp32-score products."""
     model, max_new = gqa_model(), 3
 

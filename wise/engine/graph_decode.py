@@ -17,10 +17,10 @@ contributes exact zeros, so every number is that of ``extend`` up to summation o
 states and RoPE rows of all C positions are made once and picked by p inside the graph.
 
 With the kernel backend, attention that needs no probabilities (Full rows, the prelude and coda, early
-steps no row records masses at) is fused: flash attention per cache part joined with the tail by
-log-sum-exps (``wise.engine.sparse_late_rows.FlashRows``; ``dense="split"``: every row's cache and tail in one
-launch, ``CacheRows``; ``dense="kernel"``: the decode kernel with every block kept), split across the cache for
-occupancy, no fp32 scores in memory. With flash, the early
+steps no row records masses at) is fused: on CUDA every row's cache and tail in one launch, split across the
+cache for occupancy (``wise.engine.sparse_late_rows.CacheRows``); ``dense="flash"`` (the CPU's default): flash
+attention per cache part joined with the tail by log-sum-exps (``FlashRows``); ``dense="kernel"``: the decode
+kernel with every block kept; no fp32 scores in memory in any of them. With split or flash, the early
 steps whose masses a row records take their output from it too and their probabilities as exp(score - lse)
 from its log-sum-exp: one score product and no probability-weighted sums over the cache, whose long
 reduction over few rows keeps a matrix product on a handful of SMs.
@@ -137,12 +137,14 @@ class StaticDecoder:
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
         self.sparse = SparseLateRows(group, self.n_core, c.heads, c.kv_heads, 1, self.freeze.tolist(), dev) \
             if self.bias and sparse_decode_enabled(s_, dev) else None
-        # and dense attention (Full rows, layers whose probabilities no row needs) fused: "flash" (flash attention
-        # per cache part, the default where the sparse decode runs), "split" (every row's cache and tail in one
-        # launch, kernels.cache_decode), "kernel" (the decode kernel, every block kept) or "bmm" (the fp32-score
-        # matrix products below)
+        # and dense attention (Full rows, layers whose probabilities no row needs) fused: "split" (every row's cache
+        # and tail in one launch, kernels.cache_decode; the default on CUDA in fp16 / bf16: 0.79-0.99 of flash's
+        # time per token on an H100 at both presets' shapes, benchmarks/README.md 2026-12-07 (d)), "flash" (flash
+        # attention per cache part; the default on the CPU, where the split kernel would run on the Triton
+        # interpreter), "kernel" (the decode kernel, every block kept) or "bmm" (the fp32-score matrix products)
         half = dtype in (torch.float16, torch.bfloat16)  # PyTorch's CUDA flash attention takes no fp32
-        dense = dense or ("flash" if sparse_decode_enabled(s_, dev) and (half or dev.type != "cuda") else "bmm")
+        fused = "split" if dev.type == "cuda" else "flash"
+        dense = dense or (fused if sparse_decode_enabled(s_, dev) and (half or dev.type != "cuda") else "bmm")
         if dense not in DENSE_PATHS or (dense in ("flash", "split") and dev.type == "cuda" and not half):
             raise ValueError(f"dense decode attention {dense!r} on {dev.type} {dtype}: one of {DENSE_PATHS} "
                              "(flash, split: fp16/bf16 on CUDA)")
@@ -326,12 +328,10 @@ class StaticDecoder:
         bias = self._tail_bias()[self.n0:]
         for cache, key in caches:
             self.dense.attend_all(q, cache, self.tails[key].k, self.tails[key].v, bias)
-        if isinstance(self.dense, CacheRows):  # every cache's address table, before the capture
-            every = [g.prelude(i) for i in range(self.n_prelude)] + list(g.coda or [])
-            every += [(g.early if t <= g.s.discovery_step else g.late)(t, l)
-                      for t in range(1, self.last + 1) for l in range(self.n_core)]
-            for cache in every:
-                self.dense.table(cache)
+        every = [g.prelude(i) for i in range(self.n_prelude)] + list(g.coda or [])
+        every += [(g.early if t <= g.s.discovery_step else g.late)(t, l)
+                  for t in range(1, self.last + 1) for l in range(self.n_core)]
+        self.dense.prepare(every)  # what the path makes per cache (CacheRows: address tables), before the capture
 
     def _warm_sparse(self) -> None:
         """One eager call of the sparse late attention on a late step's cache (every part, Freeze-A rows

@@ -114,6 +114,9 @@ class AllBlocksRows(SparseLateRows):
         """Attention of new rows q [R, H, 1, d] over the whole `cache` and their tail under tail_bias [t]."""
         return self.attend(q, cache, tk, tv, tail_bias, 0)
 
+    def prepare(self, caches) -> None:
+        """Nothing to make ahead of a capture: the block lists are made at construction."""
+
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple:
     """(out, logsumexp) of softmax(q kᵀ·scale) v over every key, q [B, Hkv, L, d] against k, v [B, Hkv, n, d]
@@ -131,6 +134,10 @@ class FlashRows:
 
     def __init__(self, heads: int, kv_heads: int):
         self.heads, self.kv_heads = heads, kv_heads
+
+    def prepare(self, caches) -> None:
+        """Whatever the path needs made per cache before a CUDA graph capture (the static decoder passes every
+        cache it will attend over): nothing here."""
 
     def attend_all(self, q, cache, tk, tv, tail_bias) -> torch.Tensor:
         """Attention of new rows q [R, H, r, d] over the whole `cache` and their tail tk, tv [R, Hkv, t, d]
@@ -174,7 +181,7 @@ class CacheRows(FlashRows):
     def table(cache):
         """The cache's table of row addresses, made on its first use and kept on it (False: its parts differ
         in layout). Its host-to-device copy cannot run inside a CUDA graph capture: the static decoder makes
-        every table before it captures (``StaticDecoder._warm_dense``)."""
+        every table before it captures (``prepare``, from ``StaticDecoder._warm_dense``)."""
         if cache.decode_table is None:
             keys, values = [], []
             for k, v, rows, shared in cache.parts:  # a shared part's one cache serves each of its rows
@@ -185,6 +192,11 @@ class CacheRows(FlashRows):
             except ValueError:
                 cache.decode_table = False
         return cache.decode_table
+
+    def prepare(self, caches) -> None:
+        """Every cache's address table, made before a capture (its host-to-device copy cannot be captured)."""
+        for cache in caches:
+            self.table(cache)
 
     def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
         if self.table(cache) is False or q.shape[-1] not in HEAD_DIMS or q.stride(-1) != 1 or not use_triton(q.device):
