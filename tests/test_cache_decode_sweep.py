@@ -4,21 +4,14 @@ import pytest
 import torch
 
 import benchmarks.cache_decode_sweep as sweep
-from benchmarks import timers
+from timer_stand_ins import stand_in_timers
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter serves CPU tensors only without "
                                 "CUDA")
 
 
 def fake_timers(monkeypatch, ran):
-    def interleaved(candidates, rounds=5, rep=100):
-        for name, fn, _ in candidates:
-            fn()
-            ran.append(name)
-        return {name: 2.0 if name == "flash" else 1.0 + int(name) for name, _, _ in candidates}, 1.0
-
-    monkeypatch.setattr(timers, "interleaved_ms", interleaved)
-    monkeypatch.setattr(timers, "ms", lambda fn, rep=100: (fn(), 1.0)[1])
+    stand_in_timers(monkeypatch, ran, lambda name: 2.0 if name == "flash" else 1.0 + int(name))  # candidate i: i + 1
 
 
 def test_rows_on_cpu(tmp_path, monkeypatch, capsys):

@@ -4,21 +4,14 @@ import pytest
 import torch
 
 import benchmarks.decode_attention as da
-from benchmarks import timers
+from timer_stand_ins import stand_in_timers
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(CUDA, reason="the interpreter serves CPU tensors only without CUDA")
 
 
 def fake_timers(monkeypatch, ran):
-    def interleaved(candidates, rounds=5, rep=100):
-        for name, fn, _ in candidates:
-            fn()
-            ran.append(name)
-        return {"dense": 2.0, "sparse": 0.5}, 1.0
-
-    monkeypatch.setattr(timers, "interleaved_ms", interleaved)
-    monkeypatch.setattr(timers, "ms", lambda fn, rep=100: (fn(), 1.0)[1])
+    stand_in_timers(monkeypatch, ran, {"dense": 2.0, "sparse": 0.5}.get)
 
 
 def test_rows_on_cpu(tmp_path, monkeypatch, capsys):
