@@ -26,10 +26,11 @@ import sys
 
 import torch
 
-from kernels.cache_decode import BLOCK_N, PRODUCTS, cache_decode, cache_splits, cache_table, launch_options
+from kernels.cache_decode import BLOCK_N, PRODUCTS, cache_decode, cache_splits, launch_options
 from kernels.reference import relative_error
 from kernels.sparse_decode import sm_count
-from wise.engine.sparse_late_rows import FlashRows
+from wise.engine.appended_rows import Cache
+from wise.engine.sparse_late_rows import CacheRows, FlashRows
 from wise.models.config import RecurrentConfig
 
 from . import timers
@@ -57,21 +58,14 @@ class Case:
                             for _ in range(2))
         self.bias = torch.zeros(tail, device=device)
         self.bias[visible:] = float("-inf")
-        self.cache = _Parts([(self.k, self.v, batch, False)], n)
-        self.table = cache_table(list(self.k), list(self.v))
+        self.cache = Cache([(self.k, self.v, batch, False)])  # the rows' own caches, as a late step holds them
+        self.table = CacheRows.table(self.cache)
         keys = torch.cat([self.k, self.tk], 2).float().repeat_interleave(hq // hkv, 1)
         vals = torch.cat([self.v, self.tv], 2).float().repeat_interleave(hq // hkv, 1)
         bias = torch.cat([torch.zeros(n, device=device), self.bias])
         probs = torch.softmax(self.q.float() @ keys.transpose(-1, -2) * d ** -0.5 + bias, dim=-1)
         self.reference = (probs @ vals).to(dtype)
         self.bytes = 2 * batch * hkv * (n + tail) * d * torch.finfo(dtype).bits // 8
-
-
-class _Parts:
-    """What ``FlashRows`` reads of a static decoder's cache: its parts and length."""
-
-    def __init__(self, parts, n):
-        self.parts, self.n, self.decode_table = parts, n, None
 
 
 def candidates(args, config, n: int, batch: int, device) -> list[dict]:
