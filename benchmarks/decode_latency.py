@@ -11,7 +11,8 @@ random prompts; bf16), per (shape, context n, batch b, condition full / wise):
 - tpot_ms: one decoding pass of all b rows (every step of a token) through
   ``wise.engine.graph_decode.StaticDecoder``, the engine's static-buffer decoder with its CUDA graphs
   and, with backend kernel, the block-sparse decode kernel for WISE's late steps and its fused dense
-  decode attention (Full; prelude, coda, early steps: ``--dense``, default split on CUDA);
+  decode attention (Full; prelude, coda, early steps: ``--dense``, default split on CUDA), its matrix
+  products through cuBLAS or ``wise.models.rows_linear`` (``--linear``; default: the model's);
   the first pass (eager, capture) is not timed, the median of the next --tokens passes is, run back
   to back without a host synchronisation between them (``step(fetch=False)``);
 - full_kernel_tpot_ms, full_bmm_tpot_ms: Full's passes with dense attention through the decode kernel
@@ -65,6 +66,7 @@ from wise.engine.support import density
 from wise.looped.token_windows import split_tokens
 from wise.models.checkpoint import load_checkpoint
 from wise.models.config import RecurrentConfig
+from wise.models.rows_linear import taking
 
 from .decode_attention import copy_bandwidth
 from .decode_costs import cell_bytes, decode_step_bytes, model_facts, tpot_bound, ttft_bound
@@ -315,6 +317,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="4K and 8K at batch 1 and 4 only")
     p.add_argument("--dense", choices=["flash", "split"], default=None,
                    help="the decoders' fused dense attention (wise.engine.graph_decode.DENSE_PATHS; default: theirs)")
+    p.add_argument("--linear", choices=["rows", "cublas"], default=None,
+                   help="decoding rows' matrix products: wise.models.rows_linear where it applies, or cuBLAS for all "
+                        "(rows_linear.taking; default: the model's)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
@@ -354,20 +359,23 @@ def main(argv=None) -> int:
     models = [(lambda c=config: build_model(c.replace(max_positions=max(c.max_positions, max(ns) + a.tokens + 2)),
                                             a.seed, dtype, dev), None) for config in configs]
     models += [(lambda f=folder: load_checkpoint(f, dtype, dev), a.text) for folder in a.retrofit]
-    for make, text_path in models:
-        model = make()
-        text = None if text_path is None else split_tokens(text_path, model.config.vocab_size)
-        for n in ns:
-            for b in batches:
-                rows.append(latency_row(model, n, b, settings, a.rho, seed=a.seed, tokens=a.tokens,
-                                        repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens,
-                                        text=text, dense=a.dense))
-                rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype,
-                                dense=a.dense or "default")
-                print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
-                write_rows(rows, a.out)  # every finished cell kept, should a later one stop the run
-        del model
-        gc.collect()
+    with contextlib.ExitStack() as stack:
+        if a.linear is not None:
+            stack.enter_context(taking(a.linear == "rows"))
+        for make, text_path in models:
+            model = make()
+            text = None if text_path is None else split_tokens(text_path, model.config.vocab_size)
+            for n in ns:
+                for b in batches:
+                    rows.append(latency_row(model, n, b, settings, a.rho, seed=a.seed, tokens=a.tokens,
+                                            repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens,
+                                            text=text, dense=a.dense))
+                    rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype,
+                                    dense=a.dense or "default", linear=a.linear or "default")
+                    print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
+                    write_rows(rows, a.out)  # every finished cell kept, should a later one stop the run
+            del model
+            gc.collect()
     print(f"wrote {len(rows)} rows to {a.out}")
     print(f"{gpu}, torch {torch.__version__}, {a.dtype}, B={a.block_size}, rho={a.rho}, T={a.steps} "
           f"(t_d={a.dense_steps}), backend {a.backend}, copy bandwidth {bw / 1e9:.0f} GB/s; ttft: median of "

@@ -178,7 +178,8 @@ def test_benchmarks_add_only_pyarrow_and_the_kernel():
 
     def allowed(module):
         model_timers = ("benchmarks.whole_model", "benchmarks.decode_attention", "benchmarks.decode_latency",
-                        "benchmarks.decode_costs", "benchmarks.profile_decode", "benchmarks.cache_decode_sweep")
+                        "benchmarks.decode_costs", "benchmarks.profile_decode", "benchmarks.cache_decode_sweep",
+                        "benchmarks.rows_linear")
         return ("kernels", "benchmarks") + (("wise",) if module in model_timers else ())
 
     outside = {m: sorted(d) for m, d in graph.items() if m in kernel_benchmarks

@@ -24,6 +24,7 @@ from torch import nn
 
 from wise.models.config import RecurrentConfig
 from wise.models.pointwise import fused_pointwise_applies, rms_norm, rotary, silu_mul
+from wise.models.rows_linear import rows_linear, rows_linear_applies
 
 # attend(q, k, v) -> out; q: [b, H, n, d], k/v: [b, Hkv, n, d], out: [b, H, n, d]
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -138,6 +139,15 @@ def _llama3_scale(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
     return torch.where(medium, blended, scaled)
 
 
+def project(layer: nn.Linear, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+    """layer(norm(x)) of a bias-free linear layer (layer(x) without a norm): for decoding's few rows
+    ``rows_linear`` with the norm in its loads where it applies, else the norm, then cuBLAS."""
+    if rows_linear_applies(x, layer.weight) and (norm is None or norm.weight.dtype == x.dtype
+                                                 and fused_pointwise_applies(x, norm.weight)):
+        return rows_linear(x, layer.weight, norm=None if norm is None else (norm.weight, norm.eps))
+    return layer(x if norm is None else norm(x))
+
+
 class Attention(nn.Module):
     def __init__(self, config: RecurrentConfig):
         super().__init__()
@@ -148,10 +158,12 @@ class Attention(nn.Module):
             self.qk_bias = nn.Parameter(torch.zeros(2, 1, c.heads, c.head_dim))
         self.proj = nn.Linear(c.q_size, c.hidden, bias=False)
 
-    def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor, rope: Rotary,
+            norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated queries, keys and values [b, heads, n, d] of x [b, n, hidden] (of norm(x) when given)."""
         c = self.config
         b, n, _ = x.shape
-        q, k, v = self.Wqkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q, k, v = project(self.Wqkv, x, norm).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.view(b, n, c.heads, c.head_dim)
         k = k.view(b, n, c.kv_heads, c.head_dim)
         v = v.view(b, n, c.kv_heads, c.head_dim)
@@ -162,13 +174,13 @@ class Attention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, rope: Rotary, attend: AttendFn,
-                observe: Callable | None = None) -> torch.Tensor:
-        q, k, v = self.qkv(x, rope)
+                observe: Callable | None = None, norm: RMSNorm | None = None) -> torch.Tensor:
+        q, k, v = self.qkv(x, rope, norm)
         out = attend(q, k, v)  # [b, H, n, d], before the output projection
         if observe is not None:
             observe(q, k, v, out)
         b, _, n, _ = out.shape
-        return self.proj(out.transpose(1, 2).reshape(b, n, self.config.q_size))
+        return project(self.proj, out.transpose(1, 2).reshape(b, n, self.config.q_size))
 
 
 class GatedMLP(nn.Module):
@@ -177,9 +189,13 @@ class GatedMLP(nn.Module):
         self.fc = nn.Linear(config.hidden, 2 * config.intermediate, bias=False)
         self.proj = nn.Linear(config.intermediate, config.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """proj(silu(gate) * up) of x (+ residual when given)."""
-        both = self.fc(x)  # first half is the gate
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                norm: RMSNorm | None = None) -> torch.Tensor:
+        """proj(silu(gate) * up) of x (of norm(x) when given; + residual when given)."""
+        both = project(self.fc, x, norm)  # first half is the gate
+        if rows_linear_applies(both, self.proj.weight, gated=True) \
+                and (residual is None or residual.dtype == both.dtype and fused_pointwise_applies(residual)):
+            return rows_linear(both, self.proj.weight, residual, gated=True)  # silu(gate) * up in its loads
         operands = () if residual is None else (residual,)
         if not fused_pointwise_applies(both, *operands) or residual is not None and residual.dtype != both.dtype:
             gate, up = both.chunk(2, dim=-1)
@@ -209,9 +225,9 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rotary, attend: AttendFn,
                 observe: Callable | None = None) -> torch.Tensor:
         if self.sandwich:
-            x = self.norm_2(self.attn(self.norm_1(x), rope, attend, observe), residual=x)
-            return self.norm_4(self.mlp(self.norm_3(x)), residual=x)
-        x, h = self.norm_2.add_norm(self.attn(self.norm_1(x), rope, attend, observe), x)
+            x = self.norm_2(self.attn(x, rope, attend, observe, norm=self.norm_1), residual=x)
+            return self.norm_4(self.mlp(x, norm=self.norm_3), residual=x)
+        x, h = self.norm_2.add_norm(self.attn(x, rope, attend, observe, norm=self.norm_1), x)
         return self.mlp(h, residual=x)
 
 
@@ -271,7 +287,7 @@ class RecurrentDepthModel(nn.Module):
                   policy: RoutingPolicy | None = None,
                   observer: AttentionObserver | None = None) -> torch.Tensor:
         """One application of the recurrent block; `step` counts from 1."""
-        x = self.transformer.adapter(torch.cat([s, e], dim=-1))
+        x = project(self.transformer.adapter, torch.cat([s, e], dim=-1))
         for layer, block in enumerate(self.transformer.core_block):
             if policy is None:
                 attend = causal_attention

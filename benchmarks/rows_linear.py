@@ -1,0 +1,154 @@
+"""Decoding's matrix-vector products: ``wise.models.rows_linear`` against cuBLAS, per model matrix.
+
+    python -m benchmarks.rows_linear --presets recurrent-llama-3.2 huginn-0125 --batch 1 4
+
+What is timed: x [b, K] @ W [N, K]ᵀ in bf16 for each matrix a decoding pass multiplies by its new rows at every
+core step: the adapter, the attention's qkv and output projections and the MLP's two. One timed call runs the
+product over enough copies of W that they pass twice the L2 cache (a pass meets each layer's matrix once, so a
+product never finds its matrix in L2), captured in a CUDA graph so the gaps between launches are those of a
+graphed pass; calls timed in turns (``timers.interleaved_ms``), medians over the copies in µs.
+Paths: cublas (``F.linear``, what the model used before), and ``rows_linear`` for every combination of --bn
+(output features per program), --bk (keys of K per tile), --warps and --stages, the landed choice
+(``launch_config``) marked. Checked first: rel_err of each output against the fp32 product; a choice that does
+not compile keeps its row with the reason. floor_us: W's bytes over a 1 GiB device copy's bandwidth in the same
+run (read + write bytes / time, ``decode_attention.copy_bandwidth``).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from kernels.reference import relative_error
+from wise.models.config import RecurrentConfig
+from wise.models.rows_linear import launch_config, rows_linear
+
+from . import timers
+from .decode_attention import copy_bandwidth, graphed
+from .inputs import DTYPES
+from .output import format_table, write_rows
+
+REL_ERR_MAX = 1e-2  # a bf16 output is within a few units of its last place of the fp32 product
+COLS = [("model", "model", "{}"), ("matrix", "matrix", "{}"), ("N", "N", "{:d}"), ("K", "K", "{:d}"),
+        ("b", "batch", "{:d}"), ("path", "path", "{}"), ("BN", "BN", "{}"), ("BK", "BK", "{}"),
+        ("warps", "warps", "{}"), ("stages", "stages", "{}"), ("us", "us", "{:.2f}"),
+        ("floor us", "floor_us", "{:.2f}"),
+        ("x floor", "x_floor", "{:.2f}"), ("x cublas", "x_cublas", "{:.3f}"), ("rel_err", "rel_err", "{:.1e}"),
+        ("landed", "landed", "{}"), ("status", "status", "{}")]
+
+
+def matrices(config: RecurrentConfig) -> dict[str, tuple[int, int]]:
+    """(N, K) of each matrix a core step multiplies by decoding's rows."""
+    c = config
+    return {"adapter": (c.hidden, 2 * c.hidden), "qkv": (c.q_size + 2 * c.kv_size, c.hidden),
+            "attn_out": (c.hidden, c.q_size), "mlp_in": (2 * c.intermediate, c.hidden),
+            "mlp_out": (c.hidden, c.intermediate)}
+
+
+def copies_past_l2(nbytes: int, device) -> int:
+    """How many copies of a matrix pass twice the device's L2 (at least 2; 2 on the CPU)."""
+    if device.type != "cuda":
+        return 2
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return max(2, math.ceil(2 * l2 / nbytes))
+
+
+def candidates(args, n: int, k: int) -> list[dict]:
+    """Every choice of the grid, the landed one marked (and added if the grid lacks it)."""
+    landed = launch_config(n, k)
+    out = [dict(BN=bn, BK=bk, num_warps=w, num_stages=s)
+           for bn, bk, w, s in itertools.product(args.bn, args.bk, args.warps, args.stages)]
+    if landed not in out:
+        out.append(landed)
+    return [{**c, "landed": c == landed} for c in out]
+
+
+def sweep_cell(config: RecurrentConfig, name: str, n: int, k: int, batch: int, args, dtype, device,
+               bw: float) -> list[dict]:
+    gen = torch.Generator(device).manual_seed(args.seed)
+    x = torch.randn(batch, k, generator=gen, device=device).to(dtype)
+    nbytes = n * k * torch.finfo(dtype).bits // 8
+    ws = [(torch.randn(n, k, generator=gen, device=device) / math.sqrt(k)).to(dtype)
+          for _ in range(copies_past_l2(nbytes, device))]
+    reference = x.float() @ ws[0].float().t()
+    base = dict(model=config.name, matrix=name, N=n, K=k, batch=batch, dtype=str(dtype).replace("torch.", ""),
+                copies=len(ws), bw_gbs=bw / 1e9, floor_us=nbytes / bw * 1e6)
+    rows = [{**base, "path": "cublas", "rel_err": relative_error(F.linear(x, ws[0]), reference)}]
+    timed = [("cublas", graphed(lambda: [F.linear(x, w) for w in ws], device), None)]
+    for i, c in enumerate(candidates(args, n, k)):
+        cfg = {key: c[key] for key in ("BN", "BK", "num_warps", "num_stages")}
+        row = {**base, "path": "rows", "BN": c["BN"], "BK": c["BK"], "warps": c["num_warps"],
+               "stages": c["num_stages"], "landed": c["landed"]}
+        try:
+            row["rel_err"] = relative_error(rows_linear(x, ws[0], config=cfg), reference)
+        except Exception as e:  # noqa: BLE001 -- Triton's resource errors differ by version; the row says which
+            rows.append({**row, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"})
+            continue
+        rows.append(row)
+        timed.append((str(i), graphed(lambda cfg=cfg: [rows_linear(x, w, config=cfg) for w in ws], device), None))
+    for row in rows:
+        if "status" not in row:
+            row["status"] = "ok" if row["rel_err"] <= REL_ERR_MAX else f"rel_err above {REL_ERR_MAX}"
+    medians, spread = timers.interleaved_ms(timed, rounds=args.rounds)
+    names = iter(name for name, _, _ in timed)
+    for row in rows:
+        if row["status"].startswith("failed"):
+            continue
+        us = medians[next(names)] * 1e3 / len(ws)
+        row.update(us=us, x_floor=us / row["floor_us"], timing_spread=spread)
+    cublas_us = rows[0]["us"]
+    for row in rows:
+        row["x_cublas"] = row.get("us", math.nan) / cublas_us
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rows_linear", description=__doc__.splitlines()[0])
+    p.add_argument("--presets", nargs="+", default=["recurrent-llama-3.2", "huginn-0125"])
+    p.add_argument("--matrices", nargs="+", default=None, help="of adapter qkv attn_out mlp_in mlp_out (default all)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--bn", type=int, nargs="+", default=[16, 32, 64], help="output features per program")
+    p.add_argument("--bk", type=int, nargs="+", default=[128, 256, 512], help="K per tile")
+    p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds (timers.interleaved_ms)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
+    p.add_argument("--out", default="rows_linear.parquet", help="Parquet, or CSV for *.csv")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: nothing timed (--device cpu runs the interpreter)", file=sys.stderr)
+        return 1
+    configs = [RecurrentConfig.from_name(name) for name in args.presets]  # unknown names fail before any work
+    known = list(matrices(configs[0]))
+    bad = [m for m in args.matrices or [] if m not in known]
+    if bad:
+        p.error(f"--matrices: unknown {bad}; choose from {known}")
+    if any(b < 1 or b > 16 for b in args.batch):
+        p.error(f"--batch: rows_linear takes 1..16 rows; got {args.batch}")
+    dtype = DTYPES[args.dtype]
+    bw = copy_bandwidth(device)
+    rows = []
+    for config in configs:
+        for (name, (n, k)), batch in itertools.product(matrices(config).items(), args.batch):
+            if args.matrices and name not in args.matrices:
+                continue
+            cell = sweep_cell(config, name, n, k, batch, args, dtype, device, bw)
+            best = min((r for r in cell if r["path"] == "rows" and "us" in r), key=lambda r: r["us"], default=None)
+            print(format_table([r for r in cell if r["path"] == "cublas" or r["landed"] or r is best], COLS),
+                  flush=True)
+            rows += cell
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # cuBLAS's row lacks the kernel's choices: nulls
+    write_rows([{k: r.get(k) for k in keys} for r in rows], args.out)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

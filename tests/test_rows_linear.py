@@ -1,0 +1,160 @@
+"""wise.models.rows_linear (decoding's few-row products in one launch) against the fp32 product, with and without
+the residual epilogue, at widths that are not multiples of its tiles; its refusals in one line; where the model
+takes it. On the CPU under TRITON_INTERPRET=1 (conftest) in fp32 and fp16; on a GPU also in bf16, and a decoding
+row through a whole block against the block's cuBLAS run."""
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from wise.models.config import PRESETS
+from wise.models.recurrent import Block, Rotary, causal_attention
+from wise.models.rows_linear import ROWS, launch_config, rows_linear, rows_linear_applies, taking
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
+
+
+def reference(x, w, residual=None):
+    """The product in fp32, the residual added in fp32, rounded once (as torch.addmm rounds)."""
+    y = x.float() @ w.float().t()
+    return (y if residual is None else y + residual.float()).to(x.dtype)
+
+
+def close(got, want, dtype):
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n,k", [(1, 40, 96), (3, 70, 300), (ROWS, 33, 64)])
+def test_rows_linear_is_the_fp32_product_rounded_once(dtype, rows, n, k):
+    g = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=g).to(DEV, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
+    residual = torch.randn(rows, n, generator=g).to(DEV, dtype)
+    got = rows_linear(x, w)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    close(got, reference(x, w), dtype)
+    close(rows_linear(x, w, residual), reference(x, w, residual), dtype)
+    assert not torch.allclose(rows_linear(x, w, residual).float(), got.float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gated_form_takes_silu_of_the_gate_times_up_as_silu_mul_rounds_it(dtype):
+    g = torch.Generator().manual_seed(7)
+    both = torch.randn(2, 1, 2 * 200, generator=g).mul(3).to(DEV, dtype)  # gate then up, K = 200
+    w = (torch.randn(48, 200, generator=g) / 200 ** 0.5).to(DEV, dtype)
+    residual = torch.randn(2, 1, 48, generator=g).to(DEV, dtype)
+    gate, up = both.chunk(2, -1)
+    act = (F.silu(gate.float()).to(dtype) * up).to(dtype)  # silu rounds, then the product
+    close(rows_linear(both, w, gated=True), reference(act, w), dtype)
+    close(rows_linear(both, w, residual, gated=True), reference(act, w, residual), dtype)
+    with pytest.raises(ValueError, match=r"\[\.\.\., 400\]"):
+        rows_linear(gate.contiguous(), w, gated=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_norm_form_is_the_product_of_the_normed_rows(dtype):
+    from wise.models.recurrent import RMSNorm
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 1, 300, generator=g).mul(4).to(DEV, dtype)
+    w = (torch.randn(40, 300, generator=g) / 300 ** 0.5).to(DEV, dtype)
+    norm = RMSNorm(300, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(300, generator=g))
+    norm = norm.to(DEV, dtype)
+    with torch.no_grad():
+        want = reference(norm(x), w)
+        got = rows_linear(x, w, norm=(norm.weight, norm.eps))
+    close(got, want, dtype)  # the eager norm rounds x / rms(x) first: within that rounding
+    assert not torch.allclose(got.float(), reference(x, w).float(), atol=1e-2)
+    with pytest.raises(ValueError, match="norm takes a weight"):
+        rows_linear(x, w, norm=(norm.weight[:10], norm.eps))
+
+
+def test_rows_linear_keeps_leading_dims_and_takes_strided_rows():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 1, 3 * 64, generator=g).to(DEV)
+    x = base[..., ::3]  # [2, 1, 64], stride 3 along K: copied to unit stride first
+    w = torch.randn(24, 64, generator=g).to(DEV)
+    got = rows_linear(x, w)
+    assert got.shape == (2, 1, 24)
+    close(got, reference(x, w), torch.float32)
+
+
+def test_rows_linear_refuses_what_it_cannot_take_in_one_line():
+    w = torch.randn(8, 16)
+    for x, residual, what in [(torch.randn(ROWS + 1, 16), None, "at most"), (torch.randn(2, 12), None, "[..., 16]"),
+                              (torch.randn(2, 16), torch.randn(2, 9), "residual")]:
+        with pytest.raises(ValueError, match="rows_linear|residual") as err:
+            rows_linear(x, w, residual)
+        assert what in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="dtype"):
+        rows_linear(torch.randn(2, 16), w.half())
+
+
+def test_launch_config_is_a_valid_tile_for_every_model_matrix():
+    for preset in ("huginn-0125", "recurrent-llama-3.2"):
+        c = PRESETS[preset]
+        for n, k in [(c.q_size + 2 * c.kv_size, c.hidden), (c.hidden, c.q_size), (2 * c.intermediate, c.hidden),
+                     (c.hidden, c.intermediate), (c.hidden, 2 * c.hidden)]:
+            cfg = launch_config(n, k)
+            assert cfg["BN"] >= 16 and cfg["BK"] >= 16 and cfg["num_warps"] in (1, 2, 4, 8), (preset, n, k, cfg)
+
+
+def test_the_model_takes_it_only_for_a_few_rows_on_cuda_while_taken():
+    w = torch.ones(8, 16)
+    with taking():
+        assert not rows_linear_applies(torch.ones(1, 16), w)  # CPU: ATen's product
+    if CUDA:
+        wh = w.cuda().half()
+        with torch.no_grad(), taking(False):
+            assert not rows_linear_applies(torch.ones(1, 16, device="cuda", dtype=torch.half), wh)
+        with torch.no_grad(), taking():
+            assert rows_linear_applies(torch.ones(1, 1, 16, device="cuda", dtype=torch.half), wh)
+            assert rows_linear_applies(torch.ones(ROWS, 16, device="cuda", dtype=torch.half), wh)
+            assert not rows_linear_applies(torch.ones(ROWS + 1, 16, device="cuda", dtype=torch.half), wh)
+            assert not rows_linear_applies(torch.ones(1, 16, device="cuda"), w.cuda())  # fp32: cuBLAS
+            assert not rows_linear_applies(torch.ones(1, 16, device="cuda", dtype=torch.half), wh.t().contiguous().t())
+
+
+@pytest.mark.parametrize("preset", ["huginn-0125", "recurrent-llama-3.2"])
+def test_a_decoding_row_through_a_block_matches_its_cublas_run(preset, monkeypatch):
+    """Both block styles with every product of their one new row through rows_linear, against the same block with
+    the eager norms and ATen's / cuBLAS's products: bf16 on a GPU; on the CPU fp32 on the interpreter, the CUDA-only
+    gate stood in."""
+    import wise.models.recurrent as recurrent
+    import wise.models.rows_linear as rows_module
+
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    if not CUDA:  # the pointwise kernels too run on the interpreter
+        for module in (rows_module, recurrent):
+            monkeypatch.setattr(module, "fused_pointwise_applies", lambda *a: True)
+    base = PRESETS[preset]
+    small = dataclasses.replace(base, hidden=base.head_dim * 4, heads=4, intermediate=384,
+                                kv_heads=4 if base.kv_heads == base.heads else 2)
+    torch.manual_seed(0)
+    block = Block(small).to(DEV, dtype)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.ndim == 1 else 0.0))
+    x = torch.randn(3, 1, small.hidden, device=DEV, dtype=dtype)  # one new row of three sequences
+    rope = Rotary(small, 1, torch.device(DEV))
+    calls = []
+    real = recurrent.rows_linear
+    monkeypatch.setattr(recurrent, "rows_linear",
+                        lambda *a, **k: calls.append(sorted(n for n, v in k.items() if v)) or real(*a, **k))
+    with torch.no_grad(), taking():
+        fused = block(x, rope, causal_attention)
+    # qkv with norm_1 in its loads, the output projection, the MLP's two products: the sandwich's norm_3 in the
+    # first (the pre-norm block's comes with the residual add before it: add_norm), silu(gate) * up in the second
+    first_mlp = ["norm"] if block.sandwich else []
+    assert calls == [["norm"], [], first_mlp, ["gated"]]
+    with torch.no_grad(), taking(False):
+        cublas = block(x, rope, causal_attention)
+    assert not torch.equal(fused, torch.zeros_like(fused))
+    close(fused, cublas, dtype)
