@@ -28,8 +28,10 @@ import triton.language as tl
 from wise.models.pointwise import fused_pointwise_applies
 
 ROWS = 16  # the most rows one launch takes: the tensor-core product's least M
-# whether the model takes rows_linear where it applies (outside ``taking``): not yet by default, since no GPU run has
-# timed it against cuBLAS inside a whole decoding pass (``benchmarks.decode_latency --linear rows``)
+# whether the model takes rows_linear where it applies (outside ``taking``): not by default, since a graphed
+# Recurrent-Llama pass on an H100 took 1.76x cuBLAS's time with it (``benchmarks.decode_latency --linear rows``): the
+# norm and gated forms transform x's tile before the product, so their loads of x are not pipelined and each
+# iteration waits on one (2x and 3.5-5x the plain form's time, which is within 0.87-1.10x of cuBLAS's)
 _TAKEN = [False]
 
 
@@ -110,6 +112,9 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
         raise ValueError(f"rows_linear takes x [..., {width}] of at most {ROWS} rows and weight [N, K] of x's dtype "
                          f"with unit stride along K; got x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} "
                          f"{weight.dtype} stride {weight.stride()}")
+    if x.is_cuda and x.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"rows_linear takes fp16 / bf16 on CUDA (its product would round fp32 to tf32; fp32 runs on "
+                         f"the CPU interpreter); got {x.dtype}")
     if norm is not None and (gated or norm[0].shape != (k,) or norm[0].dtype != x.dtype):
         raise ValueError(f"rows_linear's norm takes a weight [{k}] of x's dtype {x.dtype}, not with gated; got "
                          f"{tuple(norm[0].shape)} {norm[0].dtype}, gated={gated}")
