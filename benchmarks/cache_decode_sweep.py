@@ -33,7 +33,7 @@ from wise.engine.appended_rows import Cache
 from wise.engine.sparse_late_rows import CacheRows, FlashRows
 from wise.models.config import RecurrentConfig
 
-from . import timers
+from .choices import add_run_args, device_of, first_call, status_and_times
 from .decode_attention import copy_bandwidth, graphed
 from .inputs import DTYPES
 from .output import format_table, write_rows
@@ -106,25 +106,15 @@ def sweep_cell(config: RecurrentConfig, n: int, batch: int, args, dtype, device,
                                 product=c["product"], block=c["block"],
                                 options=dict(num_warps=c["warps"], num_stages=c["stages"]))
         row = {**base, "path": "split", **c}
-        try:
-            row["rel_err"] = relative_error(call()[0], case.reference)
-        except Exception as e:  # noqa: BLE001 -- Triton's resource errors differ by version; the row says which
-            rows.append({**row, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"})
-            continue
         rows.append(row)
-        timed.append((str(i), graphed(call, device), None))
-    for row in rows:  # flash's row too: the same bar for every path
-        if "status" not in row:
-            row["status"] = "ok" if row["rel_err"] <= REL_ERR_MAX else f"rel_err above {REL_ERR_MAX}"
-    medians, spread = timers.interleaved_ms(timed, rounds=args.rounds)
-    names = iter(name for name, _, _ in timed)
+        if first_call(row, call, case.reference, lambda got, want: relative_error(got[0], want)):
+            timed.append((str(i), graphed(call, device), None))
+    times, spread = status_and_times(rows, timed, REL_ERR_MAX, args.rounds)  # flash's row too: the same bar
+    for row, ms in zip(rows, times):
+        if ms is not None:
+            row.update(ms=ms, x_floor=ms / row["floor_ms"], timing_spread=spread)
     for row in rows:
-        if row["status"].startswith("failed"):
-            continue
-        ms = medians[next(names)]
-        row.update(ms=ms, x_floor=ms / row["floor_ms"], timing_spread=spread)
-    for row in rows:
-        row["x_flash"] = row.get("ms", math.nan) / medians["flash"]
+        row["x_flash"] = row.get("ms", math.nan) / rows[0]["ms"]
     return rows
 
 
@@ -140,15 +130,10 @@ def main(argv=None) -> int:
     p.add_argument("--per-sm", type=int, nargs="+", default=[2, 4, 8], help="programs per SM")
     p.add_argument("--tail", type=int, default=8, help="tail keys (decoding's appended positions)")
     p.add_argument("--tail-visible", type=int, default=5, help="of them, visible to the new row")
-    p.add_argument("--rounds", type=int, default=5, help="timing rounds (timers.interleaved_ms)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
-    p.add_argument("--out", default="cache_decode_sweep.parquet", help="Parquet, or CSV for *.csv")
+    add_run_args(p, "cache_decode_sweep.parquet")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: nothing timed (--device cpu runs the interpreter)", file=sys.stderr)
+    device = device_of(args)
+    if device is None:
         return 1
     if not 0 < args.tail_visible <= args.tail:
         p.error(f"--tail-visible must be in 1..--tail ({args.tail}); got {args.tail_visible}")

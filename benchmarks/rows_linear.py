@@ -27,7 +27,7 @@ from kernels.reference import relative_error
 from wise.models.config import RecurrentConfig
 from wise.models.rows_linear import launch_config, rows_linear
 
-from . import timers
+from .choices import add_run_args, device_of, first_call, status_and_times
 from .decode_attention import copy_bandwidth, graphed
 from .inputs import DTYPES
 from .output import format_table, write_rows
@@ -83,23 +83,14 @@ def sweep_cell(config: RecurrentConfig, name: str, n: int, k: int, batch: int, a
         cfg = {key: c[key] for key in ("BN", "BK", "num_warps", "num_stages")}
         row = {**base, "path": "rows", "BN": c["BN"], "BK": c["BK"], "warps": c["num_warps"],
                "stages": c["num_stages"], "landed": c["landed"]}
-        try:
-            row["rel_err"] = relative_error(rows_linear(x, ws[0], config=cfg), reference)
-        except Exception as e:  # noqa: BLE001 -- Triton's resource errors differ by version; the row says which
-            rows.append({**row, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"})
-            continue
         rows.append(row)
-        timed.append((str(i), graphed(lambda cfg=cfg: [rows_linear(x, w, config=cfg) for w in ws], device), None))
-    for row in rows:
-        if "status" not in row:
-            row["status"] = "ok" if row["rel_err"] <= REL_ERR_MAX else f"rel_err above {REL_ERR_MAX}"
-    medians, spread = timers.interleaved_ms(timed, rounds=args.rounds)
-    names = iter(name for name, _, _ in timed)
-    for row in rows:
-        if row["status"].startswith("failed"):
-            continue
-        us = medians[next(names)] * 1e3 / len(ws)
-        row.update(us=us, x_floor=us / row["floor_us"], timing_spread=spread)
+        if first_call(row, lambda cfg=cfg: rows_linear(x, ws[0], config=cfg), reference, relative_error):
+            timed.append((str(i), graphed(lambda cfg=cfg: [rows_linear(x, w, config=cfg) for w in ws], device), None))
+    times, spread = status_and_times(rows, timed, REL_ERR_MAX, args.rounds)
+    for row, ms in zip(rows, times):
+        if ms is not None:
+            us = ms * 1e3 / len(ws)
+            row.update(us=us, x_floor=us / row["floor_us"], timing_spread=spread)
     cublas_us = rows[0]["us"]
     for row in rows:
         row["x_cublas"] = row.get("us", math.nan) / cublas_us
@@ -115,15 +106,10 @@ def main(argv=None) -> int:
     p.add_argument("--bk", type=int, nargs="+", default=[128, 256, 512], help="K per tile")
     p.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     p.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
-    p.add_argument("--rounds", type=int, default=5, help="timing rounds (timers.interleaved_ms)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda", help="cuda; cpu runs the same code (fp32, Triton interpreter) for tests")
-    p.add_argument("--out", default="rows_linear.parquet", help="Parquet, or CSV for *.csv")
+    add_run_args(p, "rows_linear.parquet")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: nothing timed (--device cpu runs the interpreter)", file=sys.stderr)
+    device = device_of(args)
+    if device is None:
         return 1
     configs = [RecurrentConfig.from_name(name) for name in args.presets]  # unknown names fail before any work
     known = list(matrices(configs[0]))
