@@ -40,14 +40,24 @@ def test_rows_on_cpu(tmp_path, monkeypatch, capsys):
     assert "wrote 4 rows" in capsys.readouterr().out
 
 
+def test_every_form_is_checked_against_its_fp32_definition(monkeypatch):
+    fake_timers(monkeypatch, [])
+    args = bench.argparse.Namespace(bn=[16], bk=[32], warps=[4], stages=[3], rounds=1, seed=0)
+    for form in bench.FORMS:
+        rows = bench.sweep_cell(bench.RecurrentConfig.from_name("tiny-random"), "mlp_out", 48, 96, 2, args,
+                                torch.float32, torch.device("cpu"), 1e9, form)
+        assert [r["form"] for r in rows] == [form] * 3 and [r["path"] for r in rows] == ["cublas", "rows", "rows"]
+        assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 for r in rows), (form, rows)
+
+
 def test_a_choice_that_fails_keeps_its_row(monkeypatch):
     fake_timers(monkeypatch, [])
     real = bench.rows_linear
 
-    def failing(x, w, residual=None, *, config):
+    def failing(x, w, residual=None, *, config, **form):
         if config["BN"] == 16:
             raise RuntimeError("out of resource: shared memory")
-        return real(x, w, residual, config=config)
+        return real(x, w, residual, config=config, **form)
 
     monkeypatch.setattr(bench, "rows_linear", failing)
     args = bench.argparse.Namespace(bn=[16], bk=[32], warps=[4], stages=[3], rounds=1, seed=0)
@@ -59,6 +69,7 @@ def test_a_choice_that_fails_keeps_its_row(monkeypatch):
 
 
 @pytest.mark.parametrize("flags,what", [(["--matrices", "mlp"], "--matrices"), (["--batch", "17"], "--batch"),
+                                        (["--forms", "fused"], "--forms"),
                                         (["--presets", "no-such-model"], "no-such-model")])
 def test_bad_flags_are_refused_before_any_work(monkeypatch, capsys, flags, what):
     monkeypatch.setattr(bench, "copy_bandwidth", lambda device: pytest.fail("work started"))
