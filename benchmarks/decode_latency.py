@@ -66,7 +66,7 @@ from wise.engine.support import density
 from wise.looped.token_windows import split_tokens
 from wise.models.checkpoint import load_checkpoint
 from wise.models.config import RecurrentConfig
-from wise.models.rows_linear import taking
+from wise.models.rows_linear import FORMS, taking
 
 from .decode_attention import copy_bandwidth
 from .decode_costs import cell_bytes, decode_step_bytes, model_facts, tpot_bound, ttft_bound
@@ -293,6 +293,14 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
     return row
 
 
+def linear_choice(text: str) -> str:
+    """--linear's value, checked: rows, cublas, or forms of ``rows_linear.FORMS`` joined by commas."""
+    if text not in ("rows", "cublas") and not set(text.split(",")) <= set(FORMS):
+        raise argparse.ArgumentTypeError(f"takes rows, cublas or forms of {', '.join(FORMS)} joined by commas; "
+                                         f"got {text!r}")
+    return text
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.decode_latency", description=__doc__.splitlines()[0])
     p.add_argument("--presets", nargs="*", default=["huginn-0125", "recurrent-llama-3.2"],
@@ -317,8 +325,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="4K and 8K at batch 1 and 4 only")
     p.add_argument("--dense", choices=["flash", "split"], default=None,
                    help="the decoders' fused dense attention (wise.engine.graph_decode.DENSE_PATHS; default: theirs)")
-    p.add_argument("--linear", choices=["rows", "cublas"], default=None,
-                   help="decoding rows' matrix products: wise.models.rows_linear where it applies, or cuBLAS for all "
+    p.add_argument("--linear", type=linear_choice, default=None,
+                   help="decoding rows' matrix products: rows (wise.models.rows_linear in all its forms where it "
+                        f"applies), forms of {'/'.join(FORMS)} joined by commas (those only), or cublas for all "
                         "(rows_linear.taking; default: the model's)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--seed", type=int, default=0)
@@ -361,7 +370,7 @@ def main(argv=None) -> int:
     models += [(lambda f=folder: load_checkpoint(f, dtype, dev), a.text) for folder in a.retrofit]
     with contextlib.ExitStack() as stack:
         if a.linear is not None:
-            stack.enter_context(taking(a.linear == "rows"))
+            stack.enter_context(taking(a.linear == "rows" or a.linear != "cublas" and tuple(a.linear.split(","))))
         for make, text_path in models:
             model = make()
             text = None if text_path is None else split_tokens(text_path, model.config.vocab_size)

@@ -114,6 +114,27 @@ def test_bad_input_one_line_errors(capsys):
     assert "--rho must be in (0, 1]" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown model preset"):
         dl.main(["--device", "cpu", "--presets", "no-such-shape"])
+    with pytest.raises(SystemExit):
+        dl.main(["--device", "cpu", "--presets", "tiny-random", "--linear", "plain,fused"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--linear" in err and "'plain,fused'" in err and "plain, norm, gated" in err
+
+
+def test_linear_flag_names_the_forms_taken(monkeypatch):
+    import wise.models.rows_linear as rows_module
+
+    seen = []
+
+    def first_cell(*args, **kwargs):
+        seen.append(set(rows_module._TAKEN[0]))
+        raise RuntimeError("first cell reached")
+
+    monkeypatch.setattr(dl, "latency_row", first_cell)
+    for text in ("rows", "cublas", "plain,norm"):
+        with pytest.raises(RuntimeError, match="first cell reached"):
+            dl.main(["--device", "cpu", "--presets", "tiny-random", "--n", "96", "--batch", "1", "--linear", text])
+    assert seen == [{"plain", "norm", "gated"}, set(), {"plain", "norm"}]
+    assert rows_module._TAKEN[0] == frozenset()  # given back
 
 
 def test_report_table_from_the_newest_run(tmp_path):

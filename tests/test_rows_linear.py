@@ -128,11 +128,37 @@ def test_the_model_takes_it_only_for_a_few_rows_on_cuda_while_taken():
             assert not rows_linear_applies(torch.ones(1, 16, device="cuda", dtype=torch.half), wh.t().contiguous().t())
 
 
-@pytest.mark.parametrize("preset", ["huginn-0125", "recurrent-llama-3.2"])
-def test_a_decoding_row_through_a_block_matches_its_cublas_run(preset, monkeypatch):
-    """Both block styles with every product of their one new row through rows_linear, against the same block with
-    the eager norms and ATen's / cuBLAS's products: bf16 on a GPU; on the CPU fp32 on the interpreter, the CUDA-only
-    gate stood in."""
+def test_taking_names_its_forms():
+    with taking(("plain", "gated")):
+        assert rows_module_taken() == {"plain", "gated"}
+        with taking(False):
+            assert rows_module_taken() == set()
+        assert rows_module_taken() == {"plain", "gated"}
+    with pytest.raises(ValueError, match="fused") as err:
+        with taking(("plain", "fused")):
+            pass
+    assert "\n" not in str(err.value)
+
+
+def rows_module_taken() -> set:
+    import wise.models.rows_linear as rows_module
+    return set(rows_module._TAKEN[0])
+
+
+# the keyword forms of each rows_linear call: qkv with norm_1 in its loads, the output projection, the MLP's two
+# products: the sandwich's norm_3 in the first (the pre-norm block's comes with the residual add before it:
+# add_norm), silu(gate) * up in the second; a form not taken leaves its norm or silu(gate) * up to the eager path,
+# and its product to the plain form when that is taken, else to cuBLAS
+@pytest.mark.parametrize("preset,forms,calls", [
+    ("huginn-0125", True, [["norm"], [], ["norm"], ["gated"]]),
+    ("recurrent-llama-3.2", True, [["norm"], [], [], ["gated"]]),
+    ("huginn-0125", ("plain",), [[], [], [], []]),
+    ("recurrent-llama-3.2", ("plain", "norm"), [["norm"], [], [], []]),
+    ("huginn-0125", ("gated",), [["gated"]])])
+def test_a_decoding_row_through_a_block_matches_its_cublas_run(preset, forms, calls, monkeypatch):
+    """Both block styles with the products of their one new row through rows_linear in the forms taken, against
+    the same block with the eager norms and ATen's / cuBLAS's products: bf16 on a GPU; on the CPU fp32 on the
+    interpreter, the CUDA-only gate stood in."""
     import wise.models.recurrent as recurrent
     import wise.models.rows_linear as rows_module
 
@@ -150,16 +176,13 @@ def test_a_decoding_row_through_a_block_matches_its_cublas_run(preset, monkeypat
             p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.ndim == 1 else 0.0))
     x = torch.randn(3, 1, small.hidden, device=DEV, dtype=dtype)  # one new row of three sequences
     rope = Rotary(small, 1, torch.device(DEV))
-    calls = []
+    made = []
     real = recurrent.rows_linear
     monkeypatch.setattr(recurrent, "rows_linear",
-                        lambda *a, **k: calls.append(sorted(n for n, v in k.items() if v)) or real(*a, **k))
-    with torch.no_grad(), taking():
+                        lambda *a, **k: made.append(sorted(n for n, v in k.items() if v)) or real(*a, **k))
+    with torch.no_grad(), taking(forms):
         fused = block(x, rope, causal_attention)
-    # qkv with norm_1 in its loads, the output projection, the MLP's two products: the sandwich's norm_3 in the
-    # first (the pre-norm block's comes with the residual add before it: add_norm), silu(gate) * up in the second
-    first_mlp = ["norm"] if block.sandwich else []
-    assert calls == [["norm"], [], first_mlp, ["gated"]]
+    assert made == calls
     with torch.no_grad(), taking(False):
         cublas = block(x, rope, causal_attention)
     assert not torch.equal(fused, torch.zeros_like(fused))

@@ -141,11 +141,14 @@ def _llama3_scale(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
 
 def project(layer: nn.Linear, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
     """layer(norm(x)) of a bias-free linear layer (layer(x) without a norm): for decoding's few rows
-    ``rows_linear`` with the norm in its loads where it applies, else the norm, then cuBLAS."""
-    if rows_linear_applies(x, layer.weight) and (norm is None or norm.weight.dtype == x.dtype
-                                                 and fused_pointwise_applies(x, norm.weight)):
-        return rows_linear(x, layer.weight, norm=None if norm is None else (norm.weight, norm.eps))
-    return layer(x if norm is None else norm(x))
+    ``rows_linear`` where it applies, with the norm in its loads where that form is taken; else the norm, then
+    cuBLAS."""
+    folds = norm is not None and norm.weight.dtype == x.dtype and fused_pointwise_applies(x, norm.weight) \
+        and rows_linear_applies(x, layer.weight, "norm")
+    if folds:
+        return rows_linear(x, layer.weight, norm=(norm.weight, norm.eps))
+    x = x if norm is None else norm(x)
+    return rows_linear(x, layer.weight) if rows_linear_applies(x, layer.weight) else layer(x)
 
 
 class Attention(nn.Module):
@@ -193,7 +196,7 @@ class GatedMLP(nn.Module):
                 norm: RMSNorm | None = None) -> torch.Tensor:
         """proj(silu(gate) * up) of x (of norm(x) when given; + residual when given)."""
         both = project(self.fc, x, norm)  # first half is the gate
-        if rows_linear_applies(both, self.proj.weight, gated=True) \
+        if rows_linear_applies(both, self.proj.weight, "gated") \
                 and (residual is None or residual.dtype == both.dtype and fused_pointwise_applies(residual)):
             return rows_linear(both, self.proj.weight, residual, gated=True)  # silu(gate) * up in its loads
         operands = () if residual is None else (residual,)
@@ -203,9 +206,11 @@ class GatedMLP(nn.Module):
             return out if residual is None else residual + out
         act = silu_mul(both)
         if residual is None:
-            return self.proj(act)
+            return project(self.proj, act)
         # the residual add as the product's epilogue: one launch less, the sum rounded once
         w = self.proj.weight
+        if rows_linear_applies(act, w) and residual.dtype == act.dtype:
+            return rows_linear(act, w, residual)
         return torch.addmm(residual.reshape(-1, w.shape[0]), act.reshape(-1, w.shape[1]), w.t()).view(residual.shape)
 
 

@@ -14,8 +14,9 @@ num_stages deep through shared memory. What the eager code does around the produ
 store: an RMSNorm of x (``norm``), a gated MLP's silu(gate) * up (``gated``) and a residual add. The sum is fp32
 and rounds once to x's dtype, after the residual add, as ``torch.addmm`` rounds.
 
-The model takes it only inside ``taking()`` (``wise.models.recurrent.project``); ``benchmarks.rows_linear`` and
-``benchmarks.decode_latency --linear rows / cublas`` time it against cuBLAS.
+The model takes it only inside ``taking()``, in every form or the forms named (``wise.models.recurrent.project``);
+``benchmarks.rows_linear`` and ``benchmarks.decode_latency --linear rows / plain,norm / cublas`` time it against
+cuBLAS.
 """
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ import triton.language as tl
 from wise.models.pointwise import fused_pointwise_applies
 
 ROWS = 16  # the most rows one launch takes: the tensor-core product's least M
-# whether the model takes rows_linear where it applies (outside ``taking``): not by default, since a graphed
-# Recurrent-Llama pass on an H100 took 1.76x cuBLAS's time with it (``benchmarks.decode_latency --linear rows``): the
-# norm and gated forms transform x's tile before the product, so their loads of x are not pipelined and each
-# iteration waits on one (2x and 3.5-5x the plain form's time, which is within 0.87-1.10x of cuBLAS's)
-_TAKEN = [False]
+FORMS = ("plain", "norm", "gated")  # what the model may take: the product (with its residual add), the norm folded in,
+# silu(gate) * up folded in
+# the forms the model takes where they apply (outside ``taking``): none by default, since a graphed Recurrent-Llama
+# pass on an H100 took 1.76x cuBLAS's time with all three (``benchmarks.decode_latency --linear rows``): the norm and
+# gated forms transform x's tile before the product (2x and 3.5-5x the plain form's time, which is within 0.87-1.10x
+# of cuBLAS's)
+_TAKEN = [frozenset()]
 
 
 @triton.jit
@@ -46,21 +49,37 @@ def _rows_linear(X, W, Res, G, Y, rows, N, K, stride_x, stride_w, stride_r, stri
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_w
     acc = tl.zeros([16, BN], tl.float32)
     squares = tl.zeros([16], tl.float32)
+    x_rows = X + offs_r[:, None] * stride_x
+    # x's tile (and up's, the norm weight's) for the next iteration loads before this one's product: Triton
+    # pipelines only the loads that feed the product directly, and a transformed x would wait on its load each time
+    offs_k = tl.arange(0, BK)
+    x_next = tl.load(x_rows + offs_k[None, :], mask=r_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    up_next = x_next
+    g_next = tl.zeros([BK], tl.float32)
+    if GATED:
+        up_next = tl.load(x_rows + K + offs_k[None, :], mask=r_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    if NORM:
+        g_next = tl.load(G + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     for k0 in range(0, K, BK):
         offs_k = k0 + tl.arange(0, BK)
         k_ok = offs_k < K
-        x_ok = r_ok[:, None] & k_ok[None, :]
-        x = tl.load(X + offs_r[:, None] * stride_x + offs_k[None, :], mask=x_ok, other=0.0)
+        x, up, g = x_next, up_next, g_next
+        ahead = offs_k + BK
+        a_ok = r_ok[:, None] & (ahead < K)[None, :]
+        x_next = tl.load(x_rows + ahead[None, :], mask=a_ok, other=0.0)
+        if GATED:
+            up_next = tl.load(x_rows + K + ahead[None, :], mask=a_ok, other=0.0)
+        if NORM:
+            g_next = tl.load(G + ahead, mask=ahead < K, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if GATED:  # X holds gate then up: silu(gate) rounds, then the product rounds, as silu_mul does
-            up = tl.load(X + offs_r[:, None] * stride_x + K + offs_k[None, :], mask=x_ok, other=0.0)
             gate = x.to(tl.float32)
             act = (gate / (1.0 + tl.exp(-gate))).to(x.dtype).to(tl.float32)
             x = (act * up.to(tl.float32)).to(up.dtype)
         if NORM:  # x's squares summed on the way; the norm's weight now, its 1 / rms after the product
             xf = x.to(tl.float32)
             squares += tl.sum(xf * xf, 1)
-            x = (xf * tl.load(G + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(x.dtype)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = (xf * g[None, :]).to(x.dtype)
         acc += tl.dot(x, tl.trans(w))
     if NORM:
         acc = acc * (1.0 / tl.sqrt(squares / K + eps))[:, None]
@@ -77,23 +96,28 @@ def launch_config(n: int, k: int) -> dict:
 
 
 @contextlib.contextmanager
-def taking(on: bool = True):
-    """Inside: the model takes ``rows_linear`` where it applies (on), or cuBLAS for every product (off)."""
+def taking(on: bool | tuple[str, ...] = True):
+    """Inside: the model takes ``rows_linear`` where it applies, in every form (on), in the forms named (of
+    ``FORMS``), or cuBLAS for every product (off)."""
+    forms = frozenset(FORMS if on is True else () if on is False else on)
+    if not forms <= set(FORMS):
+        raise ValueError(f"rows_linear.taking takes forms of {FORMS}; got {sorted(forms - set(FORMS))}")
     before = _TAKEN[0]
-    _TAKEN[0] = on
+    _TAKEN[0] = forms
     try:
         yield
     finally:
         _TAKEN[0] = before
 
 
-def rows_linear_applies(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
-    """Whether ``rows_linear`` takes x [..., K] @ weight [N, K]ᵀ (gated: x [..., 2K]): where the fused pointwise
-    kernels apply (CUDA, fp16 / bf16, no gradient, not compiling), at most ``ROWS`` rows, weight of x's dtype with
-    unit stride along K; only while it is taken (``taking``)."""
+def rows_linear_applies(x: torch.Tensor, weight: torch.Tensor, form: str = "plain") -> bool:
+    """Whether ``rows_linear`` takes x [..., K] @ weight [N, K]ᵀ in this form (gated: x [..., 2K]): where the fused
+    pointwise kernels apply (CUDA, fp16 / bf16, no gradient, not compiling), at most ``ROWS`` rows, weight of x's
+    dtype with unit stride along K; only while the form is taken (``taking``)."""
     rows = x.numel() // max(1, x.shape[-1])
-    return _TAKEN[0] and fused_pointwise_applies(x, weight) and 0 < rows <= ROWS and weight.dtype == x.dtype \
-        and weight.dim() == 2 and weight.stride(-1) == 1 and x.shape[-1] == weight.shape[1] * (2 if gated else 1)
+    return form in _TAKEN[0] and fused_pointwise_applies(x, weight) and 0 < rows <= ROWS \
+        and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1 \
+        and x.shape[-1] == weight.shape[1] * (2 if form == "gated" else 1)
 
 
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, *, gated: bool = False,
