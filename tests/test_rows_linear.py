@@ -1,7 +1,8 @@
 """wise.models.rows_linear (decoding's few-row products in one launch) against the fp32 product, with and without
 the residual epilogue, at widths that are not multiples of its tiles; its refusals in one line; where the model
 takes it. On the CPU under TRITON_INTERPRET=1 (conftest) in fp32 and fp16; on a GPU also in bf16, and a decoding
-row through a whole block against the block's cuBLAS run."""
+row through a whole block: its error against the block in fp32 within twice its cuBLAS run's."""
+import copy
 import dataclasses
 
 import pytest
@@ -186,4 +187,11 @@ def test_a_decoding_row_through_a_block_matches_its_cublas_run(preset, forms, ca
     with torch.no_grad(), taking(False):
         cublas = block(x, rope, causal_attention)
     assert not torch.equal(fused, torch.zeros_like(fused))
-    close(fused, cublas, dtype, units=3)  # the folded norms round x times the weight, not x / rms(x), first
+    # both against the block in fp32 (cuBLAS / ATen without tf32): the folded norms round x times the weight, not
+    # x / rms(x), first, and the sandwich's norm after each residual add magnifies a rounding where the sum cancels,
+    # so the fused run is held to the eager run's own error, not to a fixed number of units
+    exact_block = copy.deepcopy(block).float()
+    with torch.no_grad(), taking(False):
+        exact = exact_block(x.float(), rope, causal_attention)
+    fused_err, cublas_err = ((y.float() - exact).abs().max().item() for y in (fused, cublas))
+    assert fused_err <= 2 * cublas_err + 1e-5, (fused_err, cublas_err)

@@ -32,9 +32,9 @@ ROWS = 16  # the most rows one launch takes: the tensor-core product's least M
 FORMS = ("plain", "norm", "gated")  # what the model may take: the product (with its residual add), the norm folded in,
 # silu(gate) * up folded in
 # the forms the model takes where they apply (outside ``taking``): none by default, since a graphed Recurrent-Llama
-# pass on an H100 took 1.76x cuBLAS's time with all three (``benchmarks.decode_latency --linear rows``): the norm and
-# gated forms transform x's tile before the product (2x and 3.5-5x the plain form's time, which is within 0.87-1.10x
-# of cuBLAS's)
+# pass on an H100 (4K, b1) took 1.07x cuBLAS's time with all three (``benchmarks.decode_latency --linear rows``,
+# journal 2026-12-07 (f)): each product is within 0.97-1.10x of the path it replaces, so the launches saved do not
+# pay for it
 _TAKEN = [frozenset()]
 
 
@@ -47,30 +47,35 @@ def _rows_linear(X, W, Res, G, Y, rows, N, K, stride_x, stride_w, stride_r, stri
     r_ok = offs_r < rows
     n_ok = offs_n < N
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_w
+    x_rows = X + offs_r[:, None] * stride_x
     acc = tl.zeros([16, BN], tl.float32)
     squares = tl.zeros([16], tl.float32)
-    x_rows = X + offs_r[:, None] * stride_x
-    # x's tile (and up's, the norm weight's) for the next iteration loads before this one's product: Triton
-    # pipelines only the loads that feed the product directly, and a transformed x would wait on its load each time
-    offs_k = tl.arange(0, BK)
-    x_next = tl.load(x_rows + offs_k[None, :], mask=r_ok[:, None] & (offs_k < K)[None, :], other=0.0)
-    up_next = x_next
-    g_next = tl.zeros([BK], tl.float32)
-    if GATED:
-        up_next = tl.load(x_rows + K + offs_k[None, :], mask=r_ok[:, None] & (offs_k < K)[None, :], other=0.0)
-    if NORM:
-        g_next = tl.load(G + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    if GATED or NORM:
+        # a transformed x tile waits on its load each iteration (Triton pipelines only the loads that feed the
+        # product directly), so these forms load the next tile (and up's, the norm weight's) before this product;
+        # the plain form keeps the direct load, which the pipeline serves from shared memory
+        offs_k = tl.arange(0, BK)
+        x_next = tl.load(x_rows + offs_k[None, :], mask=r_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        up_next = x_next
+        g_next = tl.zeros([BK], tl.float32)
+        if GATED:
+            up_next = tl.load(x_rows + K + offs_k[None, :], mask=r_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        if NORM:
+            g_next = tl.load(G + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
     for k0 in range(0, K, BK):
         offs_k = k0 + tl.arange(0, BK)
         k_ok = offs_k < K
-        x, up, g = x_next, up_next, g_next
-        ahead = offs_k + BK
-        a_ok = r_ok[:, None] & (ahead < K)[None, :]
-        x_next = tl.load(x_rows + ahead[None, :], mask=a_ok, other=0.0)
-        if GATED:
-            up_next = tl.load(x_rows + K + ahead[None, :], mask=a_ok, other=0.0)
-        if NORM:
-            g_next = tl.load(G + ahead, mask=ahead < K, other=0.0).to(tl.float32)
+        if GATED or NORM:
+            x, up, g = x_next, up_next, g_next
+            ahead = offs_k + BK
+            a_ok = r_ok[:, None] & (ahead < K)[None, :]
+            x_next = tl.load(x_rows + ahead[None, :], mask=a_ok, other=0.0)
+            if GATED:
+                up_next = tl.load(x_rows + K + ahead[None, :], mask=a_ok, other=0.0)
+            if NORM:
+                g_next = tl.load(G + ahead, mask=ahead < K, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if GATED:  # X holds gate then up: silu(gate) rounds, then the product rounds, as silu_mul does
             gate = x.to(tl.float32)
