@@ -293,12 +293,14 @@ def latency_row(model, n: int, batch: int, settings: WiseSettings, rho: float, *
     return row
 
 
-def linear_choice(text: str) -> str:
-    """--linear's value, checked: rows, cublas, or forms of ``rows_linear.FORMS`` joined by commas."""
-    if text not in ("rows", "cublas") and not set(text.split(",")) <= set(FORMS):
+def linear_choice(text: str) -> tuple[str, bool | tuple[str, ...]]:
+    """--linear's value, checked: (the text, what ``rows_linear.taking`` takes for it): rows (every form), cublas
+    (none), or forms of ``rows_linear.FORMS`` joined by commas."""
+    forms = {"rows": True, "cublas": False}.get(text, tuple(text.split(",")))
+    if forms not in (True, False) and not set(forms) <= set(FORMS):
         raise argparse.ArgumentTypeError(f"takes rows, cublas or forms of {', '.join(FORMS)} joined by commas; "
                                          f"got {text!r}")
-    return text
+    return text, forms
 
 
 def main(argv=None) -> int:
@@ -370,7 +372,7 @@ def main(argv=None) -> int:
     models += [(lambda f=folder: load_checkpoint(f, dtype, dev), a.text) for folder in a.retrofit]
     with contextlib.ExitStack() as stack:
         if a.linear is not None:
-            stack.enter_context(taking(a.linear == "rows" or a.linear != "cublas" and tuple(a.linear.split(","))))
+            stack.enter_context(taking(a.linear[1]))
         for make, text_path in models:
             model = make()
             text = None if text_path is None else split_tokens(text_path, model.config.vocab_size)
@@ -380,7 +382,7 @@ def main(argv=None) -> int:
                                             repeats=a.ttft_repeats, bw=bw, max_prefill_tokens=a.max_prefill_tokens,
                                             text=text, dense=a.dense))
                     rows[-1].update(gpu=gpu, source="decode_latency", backend=a.backend, dtype=a.dtype,
-                                    dense=a.dense or "default", linear=a.linear or "default")
+                                    dense=a.dense or "default", linear=a.linear[0] if a.linear else "default")
                     print(format_table(rows[-1:], LATENCY_COLS).splitlines()[-1], flush=True)
                     write_rows(rows, a.out)  # every finished cell kept, should a later one stop the run
             del model

@@ -121,12 +121,12 @@ def test_bad_input_one_line_errors(capsys):
 
 
 def test_linear_flag_names_the_forms_taken(monkeypatch):
-    import wise.models.rows_linear as rows_module
+    from wise.models.rows_linear import taken
 
     seen = []
 
     def first_cell(*args, **kwargs):
-        seen.append(set(rows_module._TAKEN[0]))
+        seen.append(set(taken()))
         raise RuntimeError("first cell reached")
 
     monkeypatch.setattr(dl, "latency_row", first_cell)
@@ -134,7 +134,7 @@ def test_linear_flag_names_the_forms_taken(monkeypatch):
         with pytest.raises(RuntimeError, match="first cell reached"):
             dl.main(["--device", "cpu", "--presets", "tiny-random", "--n", "96", "--batch", "1", "--linear", text])
     assert seen == [{"plain", "norm", "gated"}, set(), {"plain", "norm"}]
-    assert rows_module._TAKEN[0] == frozenset()  # given back
+    assert taken() == frozenset()  # given back
 
 
 def test_report_table_from_the_newest_run(tmp_path):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from wise.models.config import PRESETS
 from wise.models.recurrent import Block, Rotary, causal_attention
-from wise.models.rows_linear import ROWS, launch_config, rows_linear, rows_linear_applies, taking
+from wise.models.rows_linear import ROWS, launch_config, rows_linear, rows_linear_applies, taken, taking
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -130,20 +130,20 @@ def test_the_model_takes_it_only_for_a_few_rows_on_cuda_while_taken():
 
 
 def test_taking_names_its_forms():
+    assert taken() == set()
     with taking(("plain", "gated")):
-        assert rows_module_taken() == {"plain", "gated"}
+        assert taken() == {"plain", "gated"}
         with taking(False):
-            assert rows_module_taken() == set()
-        assert rows_module_taken() == {"plain", "gated"}
-    with pytest.raises(ValueError, match="fused") as err:
-        with taking(("plain", "fused")):
-            pass
-    assert "\n" not in str(err.value)
-
-
-def rows_module_taken() -> set:
-    import wise.models.rows_linear as rows_module
-    return set(rows_module._TAKEN[0])
+            assert taken() == set()
+        with taking("norm"):  # one form by its name, not its letters
+            assert taken() == {"norm"}
+        assert taken() == {"plain", "gated"}
+    assert taken() == set()
+    for bad in (("plain", "fused"), "plain,norm"):
+        with pytest.raises(ValueError, match="fused|'plain,norm'") as err:
+            with taking(bad):
+                pass
+        assert "\n" not in str(err.value)
 
 
 # the keyword forms of each rows_linear call: qkv with norm_1 in its loads, the output projection, the MLP's two

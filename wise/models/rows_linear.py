@@ -101,10 +101,11 @@ def launch_config(n: int, k: int) -> dict:
 
 
 @contextlib.contextmanager
-def taking(on: bool | tuple[str, ...] = True):
-    """Inside: the model takes ``rows_linear`` where it applies, in every form (on), in the forms named (of
+def taking(on: bool | str | tuple[str, ...] = True):
+    """Inside: the model takes ``rows_linear`` where it applies, in every form (on), in the form or forms named (of
     ``FORMS``), or cuBLAS for every product (off)."""
-    forms = frozenset(FORMS if on is True else () if on is False else on)
+    named = (on,) if isinstance(on, str) else on
+    forms = frozenset(FORMS if named is True else () if named is False else named)
     if not forms <= set(FORMS):
         raise ValueError(f"rows_linear.taking takes forms of {FORMS}; got {sorted(forms - set(FORMS))}")
     before = _TAKEN[0]
@@ -113,6 +114,11 @@ def taking(on: bool | tuple[str, ...] = True):
         yield
     finally:
         _TAKEN[0] = before
+
+
+def taken() -> frozenset[str]:
+    """The forms the model takes now (``taking``; none by default)."""
+    return _TAKEN[0]
 
 
 def rows_linear_applies(x: torch.Tensor, weight: torch.Tensor, form: str = "plain") -> bool:
