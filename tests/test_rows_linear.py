@@ -195,3 +195,36 @@ def test_a_decoding_row_through_a_block_matches_its_cublas_run(preset, forms, ca
         exact = exact_block(x.float(), rope, causal_attention)
     fused_err, cublas_err = ((y.float() - exact).abs().max().item() for y in (fused, cublas))
     assert fused_err <= 2 * cublas_err + 1e-5, (fused_err, cublas_err)
+
+
+@pytest.mark.gpu
+def test_dependent_launches_replayed_from_a_graph_read_what_the_launch_before_wrote():
+    """On Hopper each launch may start while the one before ends (programmatic dependent launch) and waits for it
+    before reading x: a chain whose every product reads the one before, and a residual the launch two back wrote,
+    replayed from a CUDA graph after its input changed in place, is the eager chain's bit for bit, and cuBLAS's
+    chain within its roundings."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    ws = [torch.randn(512, 512, device="cuda", dtype=dtype) * 512 ** -0.5 for _ in range(6)]
+    x = torch.randn(2, 512, device="cuda", dtype=dtype)
+
+    def chain():
+        h, before = x, x
+        for w in ws:
+            h, before = rows_linear(h, w, before), h
+        return h
+
+    with taking():
+        chain()  # compiled before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain()
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = chain()
+    assert torch.equal(out, eager)
+    want, before = x, x  # the same chain through cuBLAS, which rounds where rows_linear rounds
+    for w in ws:
+        want, before = torch.addmm(before, want, w.t()), want
+    close(out, want, dtype, units=2)

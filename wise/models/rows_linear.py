@@ -12,7 +12,12 @@ Here each program owns BN output features and streams its [BN, K] slice of W in 
 the rows (padded to 16, the tensor-core product's least M) in a tensor-core product, the path Triton pipelines
 num_stages deep through shared memory. What the eager code does around the product rides in its loads and its
 store: an RMSNorm of x (``norm``), a gated MLP's silu(gate) * up (``gated``) and a residual add. The sum is fp32
-and rounds once to x's dtype, after the residual add, as ``torch.addmm`` rounds.
+and rounds once to x's dtype, after the residual add, as ``torch.addmm`` rounds. On Hopper and later each launch
+is a programmatic dependent launch: it waits for the launch before at its start (``griddepcontrol.wait``) and lets
+the next one start once its own loads of W are done, so back-to-back products overlap one's end with the next
+one's start. Four products of a Recurrent-Llama layer chained over 24 layers, graphed, batch 1, H100: 1.478 ms with
+it, 1.566 without, 1.636 through cuBLAS (journal 2026-12-07 (g)); letting the next launch start at the beginning
+instead took 2.294 ms (its programs wait on SMs the running launch needs).
 
 The model takes it only inside ``taking()``, in every form or the forms named (``wise.models.recurrent.project``);
 ``benchmarks.rows_linear`` and ``benchmarks.decode_latency --linear rows / plain,norm / cublas`` time it against
@@ -25,6 +30,7 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from wise.models.pointwise import fused_pointwise_applies
 
@@ -32,22 +38,24 @@ ROWS = 16  # the most rows one launch takes: the tensor-core product's least M
 FORMS = ("plain", "norm", "gated")  # what the model may take: the product (with its residual add), the norm folded in,
 # silu(gate) * up folded in
 # the forms the model takes where they apply (outside ``taking``): none by default, since a graphed Recurrent-Llama
-# pass on an H100 (4K, b1) took 1.07x cuBLAS's time with all three (``benchmarks.decode_latency --linear rows``,
-# journal 2026-12-07 (f)): each product is within 0.97-1.10x of the path it replaces, so the launches saved do not
-# pay for it
+# pass on an H100 (4K) took 1.04x / 1.12x cuBLAS's time at batch 1 / 4 with all three (16.57 / 20.40 ms against
+# 16.00 / 18.18, ``benchmarks.decode_latency --linear rows``, journal 2026-12-07 (g)): the launches saved do not pay
+# for it
 _TAKEN = [frozenset()]
 
 
 @triton.jit
 def _rows_linear(X, W, Res, G, Y, rows, N, K, stride_x, stride_w, stride_r, stride_y, eps,
                  BN: tl.constexpr, BK: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
-                 NORM: tl.constexpr):
+                 NORM: tl.constexpr, PDL: tl.constexpr):
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     offs_r = tl.arange(0, 16)
     r_ok = offs_r < rows
     n_ok = offs_n < N
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_w
     x_rows = X + offs_r[:, None] * stride_x
+    if PDL:  # x, the residual and Y belong to the launch before: wait until it is done
+        gdc_wait()
     acc = tl.zeros([16, BN], tl.float32)
     squares = tl.zeros([16], tl.float32)
     if GATED or NORM:
@@ -86,6 +94,8 @@ def _rows_linear(X, W, Res, G, Y, rows, N, K, stride_x, stride_w, stride_r, stri
             squares += tl.sum(xf * xf, 1)
             x = (xf * g[None, :]).to(x.dtype)
         acc += tl.dot(x, tl.trans(w))
+    if PDL:  # W is read: the next launch may start while this one ends
+        gdc_launch_dependents()
     if NORM:
         acc = acc * (1.0 / tl.sqrt(squares / K + eps))[:, None]
     ok = r_ok[:, None] & n_ok[None, :]
@@ -98,6 +108,9 @@ def launch_config(n: int, k: int) -> dict:
     """BN, BK, num_warps and num_stages for W [n, k]: one first choice for every matrix, not yet tuned on a GPU
     (``benchmarks.rows_linear`` times its grid)."""
     return dict(BN=32, BK=256, num_warps=4, num_stages=4)
+
+
+PDL_CAPABILITY = 9  # programmatic dependent launch: Hopper and later
 
 
 @contextlib.contextmanager
@@ -167,10 +180,12 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
         rs = ys  # the kernel's residual slot goes unread
     if rows and n:
         cfg = config or launch_config(n, k)
+        pdl = x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= PDL_CAPABILITY
         _rows_linear[(triton.cdiv(n, cfg["BN"]),)](
             xs, weight, rs, ys if norm is None else norm[0], ys, rows, n, k, xs.stride(0), weight.stride(0),
             rs.stride(0), ys.stride(0), 0.0 if norm is None else float(norm[1]),
             BN=cfg["BN"], BK=cfg["BK"], RESIDUAL=residual is not None, GATED=gated, NORM=norm is not None,
-            **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if x.is_cuda
+            PDL=pdl,
+            **({"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "launch_pdl": pdl} if x.is_cuda
                else {"num_warps": 1, "num_stages": 1}))
     return out
