@@ -27,6 +27,7 @@ import tempfile
 import torch
 from triton.errors import TritonError
 
+from kernels.launch import PDL_CAPABILITY
 from kernels.sparse_attention import (CONFIGS, PACK_CONFIGS, KernelConfig, kernel_constexprs, kernel_for,
                                      parse_config)
 
@@ -116,7 +117,7 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
     types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "W": "*fp32" if frozen else f"*{dtype}",
              "Keep": "*u8", "Ids": "*i32", "Counts": "*i32", "Rows": "*i32", "Out": f"*{dtype}", "qk_scale": "fp32"}
     values = dict(B=block_size, KB=kb, HEAD_D=head_dim, D_PAD=d_pad, G_PAD=g_pad, FROZEN=frozen, S_PAD=16,
-                  WRITE_LSE=False, LOG2E_C=1.4426950408889634)
+                  WRITE_LSE=False, LOG2E_C=1.4426950408889634, PDL=arch >= PDL_CAPABILITY)
     out = {}
     for name, fn in decode_kernels().items():
         names = list(fn.arg_names)
@@ -150,7 +151,7 @@ def compile_cache_decode(head_dim: int, group: int, arch: int = 90, dtype: str =
     fn = cache_decode_kernel()
     names = list(fn.arg_names)
     values = dict(BLOCK=BLOCK_N, HEAD_D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
-                  QM=max(16, triton.next_power_of_2(group)), PRODUCT=PRODUCTS["two16"])
+                  QM=max(16, triton.next_power_of_2(group)), PRODUCT=PRODUCTS["two16"], PDL=arch >= PDL_CAPABILITY)
     types = {"Q": f"*{dtype}", "TK": f"*{dtype}", "TV": f"*{dtype}", "KPtrs": "*i64", "VPtrs": "*i64",
              "qk_scale": "fp32"}
     sig = {n: "constexpr" if n in values else types.get(n, "*fp32" if n[0].isupper() else "i32") for n in names}

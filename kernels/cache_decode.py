@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels.launch import dependent_launch
 from kernels.sparse_decode import HEAD_DIMS, LOG2E, combine_partials, partial_buffers, sm_count
 
 BLOCK_N = 64  # keys per iteration
@@ -85,10 +87,13 @@ def _cache_partials(
     stride_br, stride_bh, stride_bj,
     n_ctx, t_len, per_split, heads, kv_heads, q_rows, group, qk_scale,
     BLOCK: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, QM: tl.constexpr, PRODUCT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     slots = tl.num_programs(1)  # the cache's splits, then the tail's
+    if PDL:  # q, the tail and its bias come from launches before; the partial states may still be read there
+        gdc_wait()
     kvh = pid % kv_heads
     row = (pid // kv_heads).to(tl.int64)
     offs_m = tl.arange(0, QM)  # the kv head's query heads x new rows
@@ -144,6 +149,8 @@ def _cache_partials(
             pv = tl.dot(p.to(vals.dtype), vals)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    if PDL:  # every load done: the combine may start
+        gdc_launch_dependents()
     slot = ((row * heads + hs) * q_rows + js) * slots + split  # [QM]
     tl.store(M_out + slot, m_i, mask=m_ok)
     tl.store(L_out + slot, l_i, mask=m_ok)
@@ -208,11 +215,13 @@ def cache_decode(q: torch.Tensor, table: CacheTable, tail_k: torch.Tensor, tail_
     per = triton.cdiv(triton.cdiv(table.n, splits), block) * block
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if R:
+        pdl = dependent_launch(q)
         _cache_partials[(R * hkv, splits + 1)](
             q, table.k_ptrs, table.v_ptrs, tail_k, tail_v, bias, m, l_, acc,
             q.stride(0), q.stride(1), q.stride(2), *table.k_strides, *table.v_strides,
             *tail_k.stride()[:3], *tail_v.stride()[:3], *bias.stride()[:3],
             table.n, t, per, hq, hkv, r, group, scale * LOG2E,
             BLOCK=block, HEAD_D=d, D_PAD=triton.next_power_of_2(d), QM=max(16, triton.next_power_of_2(group * r)),
-            PRODUCT=PRODUCTS[product], **(options if options and q.is_cuda else launch_options(d, q.is_cuda)))
+            PRODUCT=PRODUCTS[product], PDL=pdl, launch_pdl=pdl,
+            **(options if options and q.is_cuda else launch_options(d, q.is_cuda)))
     return combine_partials(m, l_, acc, q.dtype, with_lse=with_lse)

@@ -21,7 +21,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels.launch import dependent_launch
 from kernels.sparse_decode import HEAD_DIMS, LOG2E, online_softmax
 
 TB = 16  # tail keys per iteration
@@ -37,9 +39,11 @@ def _tail_partials(
     stride_wi, stride_wh, stride_wj,
     t_len, heads, kv_heads, q_rows, group, qk_scale, slots, slot, w_off,
     KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, FROZEN: tl.constexpr,
-    JOIN: tl.constexpr, WRITE_LSE: tl.constexpr, ALL_ROWS: tl.constexpr, LOG2E_C: tl.constexpr,
+    JOIN: tl.constexpr, WRITE_LSE: tl.constexpr, ALL_ROWS: tl.constexpr, LOG2E_C: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if PDL:  # q, the tail (and the cache's output to join) come from launches before
+        gdc_wait()
     j = pid % q_rows
     kvh = (pid // q_rows) % kv_heads
     i = pid // (q_rows * kv_heads)  # index into Rows (and into W's rows when FROZEN)
@@ -87,6 +91,8 @@ def _tail_partials(
                            other=float("-inf")).to(tl.float32)
             s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale + bias  # [G_PAD, KB]
             m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
+    if PDL:
+        gdc_launch_dependents()
     if JOIN:
         tl.store(Y_out + at_row[:, None] * HEAD_D + offs_d[None, :], (acc / l_i[:, None]).to(Y_out.dtype.element_ty),
                  mask=g_ok[:, None] & d_ok[None, :])
@@ -129,6 +135,7 @@ def _launch(q, k, v, bias, rows, scale, w, ws, partials, joined, slot=0, w_off=0
     m, l_, acc = partials if partials is not None else (q, q, q)
     o, lse, y, lse_out = joined if joined is not None else (q, q, q, None)
     n_rows = q.shape[0] if rows is None else rows.shape[0]
+    pdl = dependent_launch(q)
     _tail_partials[(n_rows * hkv * r,)](
         q, k, v, bias, w, q if rows is None else rows, m, l_, acc, o, lse, y, lse_out if lse_out is not None else y,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -137,8 +144,7 @@ def _launch(q, k, v, bias, rows, scale, w, ws, partials, joined, slot=0, w_off=0
         m.shape[3] if partials is not None else 1, slot, w_off,
         KB=TB, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=triton.next_power_of_2(hq // hkv),
         FROZEN=w is not q, JOIN=joined is not None, WRITE_LSE=lse_out is not None, ALL_ROWS=rows is None,
-        LOG2E_C=LOG2E,
-        num_warps=4 if q.is_cuda else 1)
+        LOG2E_C=LOG2E, PDL=pdl, num_warps=4 if q.is_cuda else 1, launch_pdl=pdl)
 
 
 def tail_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, out: tuple,
@@ -189,14 +195,20 @@ def tail_join(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 @triton.jit
 def _write_new_row(K, V, TK, TV, Pos, skr, skh, svr, svh, stkr, stkh, stkn, stvr, stvh, stvn, kv_heads,
-                   HEAD_D: tl.constexpr, D_PAD: tl.constexpr):
+                   HEAD_D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     r, h = pid // kv_heads, pid % kv_heads
-    pos = tl.load(Pos)
     offs = tl.arange(0, D_PAD)
     ok = offs < HEAD_D
-    tl.store(TK + r * stkr + h * stkh + pos * stkn + offs, tl.load(K + r * skr + h * skh + offs, mask=ok), mask=ok)
-    tl.store(TV + r * stvr + h * stvh + pos * stvn + offs, tl.load(V + r * svr + h * svh + offs, mask=ok), mask=ok)
+    if PDL:  # k, v and the position come from launches before; the tails may still be read there
+        gdc_wait()
+    pos = tl.load(Pos)
+    k = tl.load(K + r * skr + h * skh + offs, mask=ok)
+    v = tl.load(V + r * svr + h * svh + offs, mask=ok)
+    if PDL:
+        gdc_launch_dependents()
+    tl.store(TK + r * stkr + h * stkh + pos * stkn + offs, k, mask=ok)
+    tl.store(TV + r * stvr + h * stvh + pos * stvn + offs, v, mask=ok)
 
 
 def write_new_row(k: torch.Tensor, v: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor, pos: torch.Tensor) -> None:
@@ -213,6 +225,7 @@ def write_new_row(k: torch.Tensor, v: torch.Tensor, tk: torch.Tensor, tv: torch.
     if pos.numel() != 1 or pos.dtype != torch.long:
         raise ValueError(f"pos must be one int64 on the device, got {tuple(pos.shape)} {pos.dtype}")
     if R * hkv:
+        pdl = dependent_launch(k)
         _write_new_row[(R * hkv,)](k, v, tk, tv, pos, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                    *tk.stride()[:3], *tv.stride()[:3], hkv, HEAD_D=d,
-                                   D_PAD=triton.next_power_of_2(d), num_warps=1)
+                                   D_PAD=triton.next_power_of_2(d), PDL=pdl, num_warps=1, launch_pdl=pdl)

@@ -28,7 +28,26 @@ Set WISE_KERNELS_SLOW_LAUNCH=1 to force the normal path (to rule the fast path o
 """
 from __future__ import annotations
 
+import functools
 import os
+
+import torch
+
+PDL_CAPABILITY = 9  # programmatic dependent launch: Hopper and later
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def dependent_launch(x: torch.Tensor) -> bool:
+    """Whether the decode kernels on x's device launch as programmatic dependent launches (``launch_pdl``): a launch
+    may start while the one before it ends, waits for it (``gdc_wait``) before it reads or writes anything a launch
+    before may touch, and lets the next start once its own loads are done (``gdc_launch_dependents``). A decoding
+    pass is thousands of launches of a few µs each, so the starts hidden this way add up. The model's own kernels
+    (``wise.models.pointwise``) make the same test; they do not import kernels/."""
+    return x.is_cuda and _major(x.device.index) >= PDL_CAPABILITY
 
 
 def _internals():

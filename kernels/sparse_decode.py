@@ -32,6 +32,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels.launch import dependent_launch
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 96, 128)
@@ -60,11 +63,13 @@ def _decode_partials(
     stride_cr, stride_ch, stride_cj,
     n_ctx, heads, kv_heads, q_rows, group, qk_scale, slots,
     B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-    FROZEN: tl.constexpr,
+    FROZEN: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)  # a launch argument, not a constexpr: one compile serves every split count
+    if PDL:  # q (or the frozen weights) and the cache come from launches before
+        gdc_wait()
     j = pid % q_rows
     kvh = (pid // q_rows) % kv_heads
     i = pid // (q_rows * kv_heads)  # index into Rows (and into W's rows when FROZEN)
@@ -114,6 +119,8 @@ def _decode_partials(
             s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale  # [G_PAD, N]
             s = tl.where(kept, s, float("-inf"))
             m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
+    if PDL:
+        gdc_launch_dependents()
     if FROZEN:
         m_i = m_i * 0.0  # frozen weights are probabilities already: no max to carry
     slot = ((row * heads + hs) * q_rows + j) * slots + split  # [G_PAD]; slots >= splits (room for a tail's)
@@ -249,6 +256,7 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
     w = frozen if frozen is not None else q  # W is not read unless FROZEN
     ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
     kb, g_pad, warps = tile_shape(block_size, d, hq // hkv)
+    pdl = dependent_launch(q)
     grid = (rows.shape[0] * hkv * r, splits)
     _decode_partials[grid](
         q, k, v, w, keep, ids, counts, rows, *out,
@@ -257,7 +265,7 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
         ids.stride(0), ids.stride(1), ids.stride(2), counts.stride(0), counts.stride(1), counts.stride(2),
         k.shape[2], hq, hkv, r, hq // hkv, scale * LOG2E, out[0].shape[3],
         B=block_size, KB=kb, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=g_pad,
-        FROZEN=frozen is not None, num_warps=warps if q.is_cuda else 1)
+        FROZEN=frozen is not None, PDL=pdl, num_warps=warps if q.is_cuda else 1, launch_pdl=pdl)
     return out
 
 
@@ -269,8 +277,10 @@ def partial_buffers(R: int, heads: int, r: int, slots: int, head_dim: int, devic
 
 @triton.jit
 def _combine(M_in, L_in, Acc_in, Out, Lse_out, slots, HEAD_D: tl.constexpr, D_PAD: tl.constexpr,
-             S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr, LOG2E_C: tl.constexpr):
+             S_PAD: tl.constexpr, WRITE_LSE: tl.constexpr, LOG2E_C: tl.constexpr, PDL: tl.constexpr):
     p = tl.program_id(0).to(tl.int64)  # one (row, head, new row)
+    if PDL:  # the partial states come from the launch before
+        gdc_wait()
     offs_s = tl.arange(0, S_PAD)
     s_ok = offs_s < slots
     offs_d = tl.arange(0, D_PAD)
@@ -279,6 +289,8 @@ def _combine(M_in, L_in, Acc_in, Out, Lse_out, slots, HEAD_D: tl.constexpr, D_PA
     l_ = tl.load(L_in + p * slots + offs_s, mask=s_ok, other=0.0)
     acc = tl.load(Acc_in + (p * slots + offs_s)[:, None] * HEAD_D + offs_d[None, :],
                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    if PDL:
+        gdc_launch_dependents()
     m_max = tl.max(m, 0)
     w = tl.exp2(m - m_max)
     total = tl.sum(w * l_, 0)
@@ -301,9 +313,11 @@ def combine_partials(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor, dtype
     out = torch.empty(acc.shape[:-2] + (d,), dtype=dtype, device=acc.device)
     lse = torch.empty(m.shape[:-1], dtype=torch.float32, device=acc.device) if with_lse else None
     if out.numel():
+        pdl = dependent_launch(acc)
         _combine[(m.numel() // slots,)](m, l_, acc, out, out if lse is None else lse, slots, HEAD_D=d,
                                         D_PAD=triton.next_power_of_2(d), S_PAD=triton.next_power_of_2(slots),
-                                        WRITE_LSE=with_lse, LOG2E_C=LOG2E, num_warps=4 if acc.is_cuda else 1)
+                                        WRITE_LSE=with_lse, LOG2E_C=LOG2E, PDL=pdl,
+                                        num_warps=4 if acc.is_cuda else 1, launch_pdl=pdl)
     return (out, lse) if with_lse else out
 
 

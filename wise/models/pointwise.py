@@ -17,29 +17,51 @@ Where these apply, the pre-norm block's second residual add rides in the MLP's o
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+PDL_CAPABILITY = 9  # programmatic dependent launch: Hopper and later
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def dependent_launch(x: torch.Tensor) -> bool:
+    """Whether kernels on x's device launch as programmatic dependent launches (``launch_pdl``): the launch may start
+    while the one before finishes, waits for it (``gdc_wait``) before touching memory, and lets the next one start
+    once its own loads are done (``gdc_launch_dependents``). A decoding pass is ~2,000 launches of a few µs each, so
+    each start hidden behind the launch before counts. ``kernels.launch`` has the same test for the kernels there
+    (the model's own kernels do not import kernels/: the training stages do not depend on it)."""
+    return x.is_cuda and _major(x.device.index) >= PDL_CAPABILITY
 
 
 @triton.jit
 def _rms_norm(X, R, S, W, Y, stride_x, stride_r, stride_s, stride_y, dim, eps,
-              BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr):
+              BLOCK: tl.constexpr, RESIDUAL: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < dim
+    if PDL:  # x, the residual (and the weight, after an optimizer's step) come from launches before
+        gdc_wait()
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
     if RESIDUAL:  # the sum rounds to the input dtype first, as `a + b` does
         x = (x.to(tl.float32) + tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32))
         x = x.to(X.dtype.element_ty)
-        if WRITE_SUM:
-            tl.store(S + row * stride_s + cols, x, mask=ok)
+    if PDL:
+        gdc_launch_dependents()
+    if RESIDUAL and WRITE_SUM:
+        tl.store(S + row * stride_s + cols, x, mask=ok)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / dim + eps)
     normed = (xf * inv).to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_y + cols, (normed * w).to(Y.dtype.element_ty), mask=ok)
 
 
@@ -63,10 +85,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if write_sum else out  # row-major, as .view needs
     ys, ss = out.view(-1, dim), total.view(-1, dim)
     if xs.shape[0]:
-        block = triton.next_power_of_2(dim)
+        block, pdl = triton.next_power_of_2(dim), dependent_launch(x)
         _rms_norm[(xs.shape[0],)](xs, rs, ss, weight, ys, xs.stride(0), rs.stride(0), ss.stride(0), ys.stride(0),
                                   dim, eps, BLOCK=block, RESIDUAL=residual is not None, WRITE_SUM=write_sum,
-                                  num_warps=min(16, max(1, block // 512)))
+                                  PDL=pdl, num_warps=min(16, max(1, block // 512)), launch_pdl=pdl)
     return (total, out) if write_sum else out
 
 
@@ -74,7 +96,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 def _rotary(X, X2, Bias, Bias2, Cos, Sin, Y, Y2, n, heads, heads1, sxb, sxn, sxh, s2b, s2n, s2h,
             syb, syn, syh, s2yb, s2yn, s2yh, scn, sbh, s2bh,
             HALF: tl.constexpr, HALF_PAD: tl.constexpr, BH: tl.constexpr, INTERLEAVED: tl.constexpr,
-            BIAS: tl.constexpr):
+            BIAS: tl.constexpr, PDL: tl.constexpr):
     """Heads [0, heads1) of X (bias, Y), heads [heads1, heads) of X2 (Bias2, Y2): a pair of tensors in one grid."""
     pid = tl.program_id(0).to(tl.int64)
     b, i = pid // n, pid % n
@@ -88,8 +110,12 @@ def _rotary(X, X2, Bias, Bias2, Cos, Sin, Y, Y2, n, heads, heads1, sxb, sxn, sxh
     else:  # rotate_half: pairs (x[j], x[j + d/2])
         ia, ib = js, js + HALF
     xrow = tl.where(first, X + b * sxb + i * sxn + hs[:, None] * sxh, X2 + b * s2b + i * s2n + h2[:, None] * s2h)
+    if PDL:  # X, X2 come from the launch before
+        gdc_wait()
     a = tl.load(xrow + ia[None, :], mask=ok, other=0.0)
     c = tl.load(xrow + ib[None, :], mask=ok, other=0.0)
+    if PDL:
+        gdc_launch_dependents()
     if BIAS:  # x + bias rounds to x's dtype before the rotation, as in the eager code
         brow = tl.where(first, Bias + hs[:, None] * sbh, Bias2 + h2[:, None] * s2bh)
         a = (a.to(tl.float32) + tl.load(brow + ia[None, :], mask=ok, other=0.0).to(tl.float32)).to(a.dtype)
@@ -136,21 +162,26 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
         # 11 us in two programs of 4096 pairs on an H100); many rows fill the GPU with larger ones
         tile = 4096 if b * n >= 64 else 512
         bh = max(1, min(triton.next_power_of_2(heads), tile // triton.next_power_of_2(half)))
+        pdl = dependent_launch(x)
         _rotary[(b * n, triton.cdiv(heads, bh))](
             x1, x2, b1, b2, cos, sin, y1, y2, n, heads, heads1, *x1.stride()[:3], *x2.stride()[:3],
             *y1.stride()[:3], *y2.stride()[:3], cos.stride(0), b1.stride(0), b2.stride(0),
             HALF=half, HALF_PAD=triton.next_power_of_2(half), BH=bh, INTERLEAVED=interleaved,
-            BIAS=bias is not None, num_warps=4)
+            BIAS=bias is not None, PDL=pdl, num_warps=4, launch_pdl=pdl)
     return (y1, y2) if second is not None else y1
 
 
 @triton.jit
-def _silu_mul(X, Y, stride_x, stride_y, width, BLOCK: tl.constexpr):
+def _silu_mul(X, Y, stride_x, stride_y, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width
+    if PDL:  # X comes from the launch before
+        gdc_wait()
     gate = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(X + row * stride_x + width + cols, mask=ok, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_launch_dependents()
     act = (gate / (1.0 + tl.exp(-gate))).to(Y.dtype.element_ty).to(tl.float32)  # silu rounds, then the product
     tl.store(Y + row * stride_y + cols, (act * up).to(Y.dtype.element_ty), mask=ok)
 
@@ -162,9 +193,9 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
     ys = out.view(-1, width)
     if xs.shape[0]:
-        block = min(4096, triton.next_power_of_2(width))
+        block, pdl = min(4096, triton.next_power_of_2(width)), dependent_launch(x)
         _silu_mul[(xs.shape[0], triton.cdiv(width, block))](xs, ys, xs.stride(0), ys.stride(0), width, BLOCK=block,
-                                                            num_warps=4)
+                                                            PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out
 
 

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from wise.models.pointwise import fused_pointwise_applies
+from wise.models.pointwise import dependent_launch, fused_pointwise_applies
 
 ROWS = 16  # the most rows one launch takes: the tensor-core product's least M
 FORMS = ("plain", "norm", "gated")  # what the model may take: the product (with its residual add), the norm folded in,
@@ -110,9 +110,6 @@ def launch_config(n: int, k: int) -> dict:
     return dict(BN=32, BK=256, num_warps=4, num_stages=4)
 
 
-PDL_CAPABILITY = 9  # programmatic dependent launch: Hopper and later
-
-
 @contextlib.contextmanager
 def taking(on: bool | str | tuple[str, ...] = True):
     """Inside: the model takes ``rows_linear`` where it applies, in every form (on), in the form or forms named (of
@@ -180,7 +177,7 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | 
         rs = ys  # the kernel's residual slot goes unread
     if rows and n:
         cfg = config or launch_config(n, k)
-        pdl = x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= PDL_CAPABILITY
+        pdl = dependent_launch(x)
         _rows_linear[(triton.cdiv(n, cfg["BN"]),)](
             xs, weight, rs, ys if norm is None else norm[0], ys, rows, n, k, xs.stride(0), weight.stride(0),
             rs.stride(0), ys.stride(0), 0.0 if norm is None else float(norm[1]),
