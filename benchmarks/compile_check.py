@@ -2,7 +2,7 @@
 
     python -m benchmarks.compile_check                  # every fixed config, sm_80 and sm_90
     python -m benchmarks.compile_check --arch 90 --config 4,2,4,3,1 --block-size 32 --head-dim 96
-    python -m benchmarks.compile_check --decode         # the decode kernels (kernels.sparse_decode)
+    python -m benchmarks.compile_check --decode         # the decode kernels (sparse_decode, cache_decode, masses)
 
 Triton's CUDA backend compiles without a device (its wheel carries ptxas), so every config of
 sparse_attention's tables can be checked to compile for an A100 (sm_80) and an H100/H200 (sm_90)
@@ -110,14 +110,17 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.sparse_decode import decode_kernels, tile_shape
+    from kernels.sparse_decode import decode_kernels, tail_keys, tile_shape
 
     kb, g_pad, warps = tile_shape(block_size, head_dim, group)
     d_pad = triton.next_power_of_2(head_dim)
     types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "W": "*fp32" if frozen else f"*{dtype}",
-             "Keep": "*u8", "Ids": "*i32", "Counts": "*i32", "Rows": "*i32", "Out": f"*{dtype}", "qk_scale": "fp32"}
+             "Keep": "*u8", "Ids": "*i32", "Counts": "*i32", "Rows": "*i32", "Out": f"*{dtype}", "qk_scale": "fp32",
+             "TK": f"*{dtype}", "TV": f"*{dtype}"}
+    # as the static decoder launches it: the rows' tail in the same launch
     values = dict(B=block_size, KB=kb, HEAD_D=head_dim, D_PAD=d_pad, G_PAD=g_pad, FROZEN=frozen, S_PAD=16,
-                  WRITE_LSE=False, LOG2E_C=1.4426950408889634, PDL=arch >= PDL_CAPABILITY)
+                  TAIL=True, TKB=tail_keys(g_pad, head_dim),
+                  WRITE_LSE=False, LOG2E_C=1.4426950408889634, PDL=arch // 10 >= PDL_CAPABILITY)
     out = {}
     for name, fn in decode_kernels().items():
         names = list(fn.arg_names)
@@ -138,22 +141,15 @@ def compile_decode(block_size: int, head_dim: int, group: int, frozen: bool, arc
                 kb=kb, **{f"{k}_{name}": v for name, u in out.items() for k, v in u.items()})
 
 
-def compile_cache_decode(head_dim: int, group: int, arch: int = 90, dtype: str = "bf16") -> dict:
-    """Compile kernels.cache_decode's partials kernel for one (d, query heads per kv head, one new row) as
-    cache_decode launches it: registers and spills."""
+def _ptxas_usage(fn, values: dict, types: dict, options: dict, arch: int) -> dict:
+    """Registers and spills of `fn` compiled offline for sm_`arch` with these constexpr values, pointer types
+    (other capitalised arguments fp32 pointers, the rest i32) and launch options."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.cache_decode import BLOCK_N, PRODUCTS, cache_decode_kernel, launch_options
-
-    fn = cache_decode_kernel()
     names = list(fn.arg_names)
-    values = dict(BLOCK=BLOCK_N, HEAD_D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
-                  QM=max(16, triton.next_power_of_2(group)), PRODUCT=PRODUCTS["two16"], PDL=arch >= PDL_CAPABILITY)
-    types = {"Q": f"*{dtype}", "TK": f"*{dtype}", "TV": f"*{dtype}", "KPtrs": "*i64", "VPtrs": "*i64",
-             "qk_scale": "fp32"}
     sig = {n: "constexpr" if n in values else types.get(n, "*fp32" if n[0].isupper() else "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in values.items()})
     log = io.StringIO()
@@ -161,8 +157,38 @@ def compile_cache_decode(head_dim: int, group: int, arch: int = 90, dtype: str =
             contextlib.redirect_stdout(log):
         knobs.cache.dir = cache
         knobs.nvidia.dump_ptxas_log = True
-        triton.compile(src, target=GPUTarget("cuda", arch, 32), options=launch_options(head_dim, True))
+        triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return _usage_from_log(log.getvalue())
+
+
+def compile_cache_decode(head_dim: int, group: int, arch: int = 90, dtype: str = "bf16") -> dict:
+    """Compile kernels.cache_decode's partials kernel for one (d, query heads per kv head, one new row) as
+    cache_decode launches it: registers and spills."""
+    import triton
+
+    from kernels.cache_decode import BLOCK_N, PRODUCTS, cache_decode_kernel, launch_options
+
+    values = dict(BLOCK=BLOCK_N, HEAD_D=head_dim, D_PAD=triton.next_power_of_2(head_dim),
+                  QM=max(16, triton.next_power_of_2(group)), PRODUCT=PRODUCTS["two16"],
+                  PDL=arch // 10 >= PDL_CAPABILITY)
+    types = {"Q": f"*{dtype}", "TK": f"*{dtype}", "TV": f"*{dtype}", "KPtrs": "*i64", "VPtrs": "*i64",
+             "qk_scale": "fp32"}
+    return _ptxas_usage(cache_decode_kernel(), values, types, launch_options(head_dim, True), arch)
+
+
+def compile_decode_masses(head_dim: int, group: int, block_size: int, arch: int = 90, dtype: str = "bf16") -> dict:
+    """Compile kernels.decode_masses's kernel for one (d, query heads per kv head, one new row, B) as
+    decode_masses launches it: registers and spills."""
+    import triton
+
+    from kernels.decode_masses import TILE, decode_masses_kernel
+    from kernels.sparse_decode import LOG2E
+
+    values = dict(B=block_size, TILE_N=max(TILE, block_size), HEAD_D=head_dim,
+                  D_PAD=triton.next_power_of_2(head_dim),
+                  QM=max(16, triton.next_power_of_2(group)), LOG2E_C=LOG2E, PDL=arch // 10 >= PDL_CAPABILITY)
+    types = {"Q": f"*{dtype}", "TK": f"*{dtype}", "KPtrs": "*i64", "Out": "*fp16", "qk_scale": "fp32"}
+    return _ptxas_usage(decode_masses_kernel(), values, types, dict(num_warps=4 if head_dim <= 64 else 8), arch)
 
 
 def table_configs() -> list[tuple[int, int, KernelConfig]]:
@@ -230,6 +256,15 @@ def _decode_main(archs, dtype: str) -> int:
             head = f"cache_decode sm_{arch} d={d:<3} group={g}"
             try:
                 r = compile_cache_decode(d, g, arch, dtype)
+            except (TritonError, RuntimeError) as e:
+                failed += 1
+                print(f"{head}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+                continue
+            print(f"{head}: regs {r['registers']}  spills {r['spill_bytes']} B", flush=True)
+        for b, d, g in DECODE_SHAPES:
+            head = f"decode_masses sm_{arch} B={b:<3} d={d:<3} group={g}"
+            try:
+                r = compile_decode_masses(d, g, b, arch, dtype)
             except (TritonError, RuntimeError) as e:
                 failed += 1
                 print(f"{head}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")

@@ -34,9 +34,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kernels.reference import relative_error
-from kernels.sparse_decode import (combine_partials, decode_block_lists, decode_partials, decode_reference,
-                                   default_splits)
+from kernels.reference import decode_reference, relative_error
+from kernels.sparse_decode import combine_partials, decode_block_lists, decode_partials, default_splits
 from wise.models.config import RecurrentConfig
 
 from . import timers

@@ -6,7 +6,7 @@
 
 The tail is the few keys decoding appended after the cached prompt (at most the decoder's capacity), each
 row's own, under an additive bias [R, Hq, r, t] (0 / -inf: positions not written yet, blocks outside a
-support). ``kernels.sparse_decode.dense_partials`` computes the same state in PyTorch in about fifteen
+support). ``kernels.reference.dense_partials`` computes the same state in PyTorch in about fifteen
 launches (casts, GQA repeats, two products, max, exp2, sums) and three more to copy it into the slot; in a
 decoding pass that runs per core layer and late step, so on a small model the launches outweigh the
 arithmetic. Here one program per (row, kv head, new row) scores the kv head's query heads against the

@@ -3,6 +3,8 @@
 - masked_attention_reference: the definition, densely in fp32 (what tests compare against);
 - block_mass_reference: the block masses of causal attention, densely in fp32 (block_mass.py's
   definition);
+- combine_reference, dense_partials, decode_reference: the decode kernels' definitions (``kernels.sparse_decode``,
+  ``kernels.decode_tail``) in PyTorch, fp32;
 - dense_attention: causal SDPA forced onto one backend (flash, cudnn, efficient, math), the dense
   baselines the benchmark reports;
 - flex_block_mask / flex_attention_call: FlexAttention on the same support, built with
@@ -15,6 +17,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from kernels.sparse_decode import LOG2E, NO_MAX
 
 
 def expand_layout(layout: torch.Tensor, block_size: int, n: int) -> torch.Tensor:
@@ -178,3 +182,48 @@ def flex_attention_call(q, k, v, block_mask, scale=None, kernel_options=None):
         out = _FLEX(q[None], k[None], v[None], block_mask=block_mask, scale=scale,
                     enable_gqa=q.shape[0] != k.shape[0], kernel_options=kernel_options)
     return out[0]
+
+
+def combine_reference(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``combine_partials`` in PyTorch over several partial states [(m, l, acc), ...] (fp32)."""
+    m, l_, acc = (torch.cat([p[i] for p in parts], -1 if i < 2 else -2) for i in range(3))
+    w = torch.exp2(m - m.amax(-1, keepdim=True))
+    return (w[..., None] * acc).sum(-2) / (w * l_).sum(-1)[..., None]
+
+
+def dense_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                   scale: float | None = None, frozen: torch.Tensor | None = None):
+    """The partial state of rows q [R, Hq, r, d] over a few dense keys k, v [R, Hkv, t, d] with an
+    additive bias [R, Hq, r, t] (0 / -inf), in fp32 and base 2, for ``combine_partials``: the PyTorch
+    definition of ``kernels.decode_tail.tail_partials`` (the new rows' own tail, one launch there).
+    frozen [R, Hq, r, t]: weights used instead of the softmax (max 0)."""
+    R, hq, r, d = q.shape
+    g = hq // k.shape[1]
+    vv = v.float().repeat_interleave(g, dim=1)
+    if frozen is not None:
+        return torch.zeros(R, hq, r, 1, device=q.device), frozen.sum(-1, keepdim=True), (frozen @ vv)[..., None, :]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    s = (q.float() @ k.float().repeat_interleave(g, dim=1).transpose(-1, -2)) * (scale * LOG2E) + bias
+    m = s.amax(-1, keepdim=True).clamp_min(NO_MAX)
+    p = torch.exp2(s - m)
+    return m, p.sum(-1, keepdim=True), (p @ vv)[..., None, :]
+
+
+def decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block_size: int,
+                     scale: float | None = None, frozen: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition in fp32: softmax(q kᵀ·scale + R) v over the cache with R = -inf outside each
+    row's kept blocks bool [R, Hq, r, M]; with frozen [R, Hq, r, >= n], Σ w v / Σ w on the kept keys.
+    q [R, Hq, r, d], k/v [R, Hkv, n, d] -> [R, Hq, r, d] fp32."""
+    R, hq, r, d = q.shape
+    n = k.shape[2]
+    g = hq // k.shape[1]
+    keep = blocks.repeat_interleave(block_size, dim=-1)[..., :n]
+    if keep.shape[-1] < n:
+        keep = torch.nn.functional.pad(keep, (0, n - keep.shape[-1]))
+    vv = v.float().repeat_interleave(g, dim=1)
+    if frozen is not None:
+        w = frozen[..., :n] * keep
+        return (w @ vv) / w.sum(-1, keepdim=True)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    s = (q.float() @ k.float().repeat_interleave(g, dim=1).transpose(-1, -2)) * scale
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vv

@@ -2,8 +2,7 @@
 only each (row, head)'s kept key blocks, split across those blocks for occupancy (flash-decoding).
 
     lists = decode_block_lists(blocks, kv_heads)             # bool [R, Hq, r, M] -> per kv head lists
-    m, l, acc = decode_partials(q, k, v, lists, B, splits, out=partial_buffers(R, Hq, r, splits + 1, d, dev))
-    m[..., -1:], l[..., -1:], acc[..., -1:, :] = dense_partials(q, k_tail, v_tail, bias)   # the new rows' tail
+    m, l, acc = decode_partials(q, k, v, lists, B, splits, tail=(k_tail, v_tail, bias))  # splits + the tail's slot
     out = combine_partials(m, l, acc, q.dtype)
 
 Each program handles one (row, kv head, query row) and one split: the split's contiguous share
@@ -11,7 +10,9 @@ Each program handles one (row, kv head, query row) and one split: the split's co
 block read once for the group and each query head masking the blocks it does not keep. The grid
 is static while the counts change from token to token, as a CUDA graph needs. It returns the partial softmax state
 (max in base 2, sum of exp2, unnormalised accumulator) in fp32; ``combine_partials`` joins the
-splits and any partials computed elsewhere (the new rows' own tail of keys) into one softmax.
+splits and any partials computed elsewhere into one softmax. The new rows' own tail of keys (the few a
+decoding pass appended after the cache, under a 0 / -inf bias) is one more program per (row, kv head, query
+row) of the same launch, its state in the slot after the splits.
 A row with Freeze-A weights (``frozen``) reads those weights at its kept positions instead of
 scoring keys: its partials are (0, Σ w, Σ w·v) over the fresh V, so the same combine gives
 Σ w v / Σ w, the weights renormalised on the support.
@@ -53,7 +54,7 @@ def online_softmax(m_i, l_i, acc, s, vals):
 
 @triton.jit
 def _decode_partials(
-    Q, K, V, W, Keep, Ids, Counts, Rows, M_out, L_out, Acc_out,
+    Q, K, V, W, Keep, Ids, Counts, Rows, M_out, L_out, Acc_out, TK, TV, TBias,
     stride_qr, stride_qh, stride_qj,
     stride_kr, stride_kh, stride_kn,
     stride_vr, stride_vh, stride_vn,
@@ -61,13 +62,16 @@ def _decode_partials(
     stride_pr, stride_ph, stride_pj,
     stride_ir, stride_ih, stride_ij,
     stride_cr, stride_ch, stride_cj,
-    n_ctx, heads, kv_heads, q_rows, group, qk_scale, slots,
+    stride_tkr, stride_tkh, stride_tkn, stride_tvr, stride_tvh, stride_tvn, stride_tbr, stride_tbh, stride_tbj,
+    n_ctx, t_len, heads, kv_heads, q_rows, group, qk_scale, slots,
     B: tl.constexpr, KB: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-    FROZEN: tl.constexpr, PDL: tl.constexpr,
+    FROZEN: tl.constexpr, TAIL: tl.constexpr, TKB: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    splits = tl.num_programs(1)  # a launch argument, not a constexpr: one compile serves every split count
+    # a launch argument, not a constexpr: one compile serves every split count; with TAIL the last program of
+    # each (row, kv head, query row) reads the rows' own tail (its cache loop below is empty: lo >= count)
+    splits = tl.num_programs(1) - TAIL
     if PDL:  # q (or the frozen weights) and the cache come from launches before
         gdc_wait()
     j = pid % q_rows
@@ -119,6 +123,27 @@ def _decode_partials(
             s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale  # [G_PAD, N]
             s = tl.where(kept, s, float("-inf"))
             m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
+    if TAIL:
+        if split == splits:  # the tail: t_len keys after the cache, dense, under TBias (0 / -inf)
+            offs_c = tl.arange(0, TKB)
+            tk_base = TK + row * stride_tkr + kvh.to(tl.int64) * stride_tkh
+            tv_base = TV + row * stride_tvr + kvh.to(tl.int64) * stride_tvh
+            for c0 in range(0, t_len, TKB):
+                c = c0 + offs_c
+                c_ok = c < t_len
+                vals = tl.load(tv_base + c[:, None] * stride_tvn + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
+                               other=0.0).to(tl.float32)
+                if FROZEN:  # the weights' columns after the cache's
+                    p = tl.load(w_base[:, None] + n_ctx + c[None, :], mask=g_ok[:, None] & c_ok[None, :], other=0.0)
+                    l_i += tl.sum(p, 1)
+                    acc += tl.sum(p[:, :, None] * vals[None, :, :], 1)
+                else:
+                    keys = tl.load(tk_base + c[:, None] * stride_tkn + offs_d[None, :],
+                                   mask=c_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                    bias = tl.load(TBias + row * stride_tbr + hs[:, None] * stride_tbh + j * stride_tbj + c[None, :],
+                                   mask=g_ok[:, None] & c_ok[None, :], other=float("-inf")).to(tl.float32)
+                    s = tl.sum(q[:, None, :] * keys[None, :, :], 2) * qk_scale + bias
+                    m_i, l_i, acc = online_softmax(m_i, l_i, acc, s, vals)
     if PDL:
         gdc_launch_dependents()
     if FROZEN:
@@ -185,6 +210,32 @@ def tile_shape(block_size: int, head_dim: int, group: int) -> tuple[int, int, in
     return kb, g_pad, min(16, max(4, g_pad * kb * block_size * d_pad // 1024))
 
 
+def tail_keys(g_pad: int, head_dim: int) -> int:
+    """Tail keys per iteration of the decode kernel's tail program: 16, fewer where the [group, keys, d] products
+    would pass TILE_ELEMENTS."""
+    return max(1, min(16, TILE_ELEMENTS // (g_pad * triton.next_power_of_2(head_dim))))
+
+
+def _checked_tail(q, k, tail, frozen) -> tuple:
+    """(tk, tv, bias expanded to [R, Hq, r, t]) of a tail, or stand-ins the kernel does not read (TAIL off)."""
+    if tail is None:
+        return k[:, :, :0], k[:, :, :0], q[..., :0]
+    tk, tv, bias = tail
+    R, hq, r, d = q.shape
+    t = tk.shape[2]
+    if tk.shape != (R, k.shape[1], t, d) or tv.shape != tk.shape or tk.dtype != q.dtype or tv.dtype != q.dtype \
+            or tk.device != q.device or tv.device != q.device or tk.stride(-1) != 1 or tv.stride(-1) != 1:
+        raise ValueError(f"tail k, v must be [{R}, {k.shape[1]}, t, {d}] {q.dtype} on {q.device} with a contiguous "
+                         f"last dim; got {tuple(tk.shape)}, {tuple(tv.shape)}")
+    bias = (torch.zeros(1, 1, 1, t, device=q.device) if bias is None else bias).expand(R, hq, r, t)
+    if t and bias.stride(-1) != 1:
+        raise ValueError("the tail bias needs a contiguous last dimension")
+    if frozen is not None and frozen.shape[3] < k.shape[2] + t:
+        raise ValueError(f"frozen weights must cover the cache and the tail (>= {k.shape[2] + t} columns); got "
+                         f"{frozen.shape[3]}")
+    return tk, tv, bias
+
+
 def _check(q, k, v, keep, ids, counts, block_size, splits, rows, frozen):
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         raise ValueError(f"decode needs q [R, Hq, r, d] and k, v [R, Hkv, n, d]; got {tuple(q.shape)}, "
@@ -224,14 +275,17 @@ def _check(q, k, v, keep, ids, counts, block_size, splits, rows, frozen):
 
 def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tuple, block_size: int, splits: int,
                     *, scale: float | None = None, rows: torch.Tensor | None = None,
-                    frozen: torch.Tensor | None = None, out: tuple | None = None):
+                    frozen: torch.Tensor | None = None, out: tuple | None = None, tail: tuple | None = None):
     """Partial softmax states of decode rows over their kept key blocks.
 
     q [R, Hq, r, d]; k, v [R, Hkv, n, d] (Hq % Hkv == 0; a 0 stride on R shares one cache);
     lists: (keep, ids, counts) of ``decode_block_lists`` for these rows (blocks within ceil(n/B));
     rows: int32 [R'] the rows to compute (default all R); frozen: fp32 [R', Hq, r, >= n] Freeze-A
     weights of those rows (then they are not scored: partials (0, Σ w, Σ w v));
-    out: (m, l, acc) buffers to fill (the rows not in `rows` are left as they are).
+    out: (m, l, acc) buffers to fill (the rows not in `rows` are left as they are);
+    tail: (tk, tv [R, Hkv, t, d], bias broadcastable to [R, Hq, r, t], last dim contiguous): the rows' own keys
+    after the cache, their partial state in slot `splits` from the same launch (Freeze-A rows: frozen's columns
+    n..n+t-1 instead of the bias), as ``kernels.decode_tail.tail_partials`` would write it.
     Returns (m [R, Hq, r, S] base-2 max of scaled scores, l [R, Hq, r, S], acc [R, Hq, r, S, d]), fp32;
     given `out` with more slots than splits (m [R, Hq, r, slots]), the slots past the splits are left
     for partials computed elsewhere (``combine_partials`` reads every slot).
@@ -242,12 +296,14 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
     _check(q, k, v, keep, ids, counts, block_size, splits, rows, frozen)
     R, hq, r, d = q.shape
     hkv = k.shape[1]
+    slots = splits + (tail is not None)
+    tk, tv, tb = _checked_tail(q, k, tail, frozen)
     if out is None:
-        out = partial_buffers(R, hq, r, splits, d, q.device)
-    elif out[0].shape[:3] != (R, hq, r) or out[0].shape[3] < splits or out[1].shape != out[0].shape \
+        out = partial_buffers(R, hq, r, slots, d, q.device)
+    elif out[0].shape[:3] != (R, hq, r) or out[0].shape[3] < slots or out[1].shape != out[0].shape \
             or out[2].shape != (*out[0].shape, d) \
             or not all(x.is_contiguous() and x.dtype == torch.float32 for x in out):
-        raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, >= {splits}] (x2) and [..., {d}]")
+        raise ValueError(f"out must be contiguous fp32 [{R}, {hq}, {r}, >= {slots}] (x2) and [..., {d}]")
     if rows is None:
         rows = torch.arange(R, dtype=torch.int32, device=q.device)
     if rows.numel() == 0:
@@ -257,15 +313,17 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: tu
     ws = (frozen.stride(0), frozen.stride(1), frozen.stride(2)) if frozen is not None else (0, 0, 0)
     kb, g_pad, warps = tile_shape(block_size, d, hq // hkv)
     pdl = dependent_launch(q)
-    grid = (rows.shape[0] * hkv * r, splits)
+    grid = (rows.shape[0] * hkv * r, slots)
     _decode_partials[grid](
-        q, k, v, w, keep, ids, counts, rows, *out,
+        q, k, v, w, keep, ids, counts, rows, *out, tk, tv, tb,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *ws, keep.stride(0), keep.stride(1), keep.stride(2),
         ids.stride(0), ids.stride(1), ids.stride(2), counts.stride(0), counts.stride(1), counts.stride(2),
-        k.shape[2], hq, hkv, r, hq // hkv, scale * LOG2E, out[0].shape[3],
+        *tk.stride()[:3], *tv.stride()[:3], *tb.stride()[:3],
+        k.shape[2], tk.shape[2], hq, hkv, r, hq // hkv, scale * LOG2E, out[0].shape[3],
         B=block_size, KB=kb, HEAD_D=d, D_PAD=triton.next_power_of_2(d), G_PAD=g_pad,
-        FROZEN=frozen is not None, PDL=pdl, num_warps=warps if q.is_cuda else 1, launch_pdl=pdl)
+        FROZEN=frozen is not None, TAIL=tail is not None, TKB=tail_keys(g_pad, d), PDL=pdl,
+        num_warps=warps if q.is_cuda else 1, launch_pdl=pdl)
     return out
 
 
@@ -319,48 +377,3 @@ def combine_partials(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor, dtype
                                         WRITE_LSE=with_lse, LOG2E_C=LOG2E, PDL=pdl,
                                         num_warps=4 if acc.is_cuda else 1, launch_pdl=pdl)
     return (out, lse) if with_lse else out
-
-
-def combine_reference(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """``combine_partials`` in PyTorch over several partial states [(m, l, acc), ...] (fp32)."""
-    m, l_, acc = (torch.cat([p[i] for p in parts], -1 if i < 2 else -2) for i in range(3))
-    w = torch.exp2(m - m.amax(-1, keepdim=True))
-    return (w[..., None] * acc).sum(-2) / (w * l_).sum(-1)[..., None]
-
-
-def dense_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                   scale: float | None = None, frozen: torch.Tensor | None = None):
-    """The partial state of rows q [R, Hq, r, d] over a few dense keys k, v [R, Hkv, t, d] with an
-    additive bias [R, Hq, r, t] (0 / -inf), in fp32 and base 2, for ``combine_partials``: the PyTorch
-    definition of ``kernels.decode_tail.tail_partials`` (the new rows' own tail, one launch there).
-    frozen [R, Hq, r, t]: weights used instead of the softmax (max 0)."""
-    R, hq, r, d = q.shape
-    g = hq // k.shape[1]
-    vv = v.float().repeat_interleave(g, dim=1)
-    if frozen is not None:
-        return torch.zeros(R, hq, r, 1, device=q.device), frozen.sum(-1, keepdim=True), (frozen @ vv)[..., None, :]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    s = (q.float() @ k.float().repeat_interleave(g, dim=1).transpose(-1, -2)) * (scale * LOG2E) + bias
-    m = s.amax(-1, keepdim=True).clamp_min(NO_MAX)
-    p = torch.exp2(s - m)
-    return m, p.sum(-1, keepdim=True), (p @ vv)[..., None, :]
-
-
-def decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block_size: int,
-                     scale: float | None = None, frozen: torch.Tensor | None = None) -> torch.Tensor:
-    """The definition in fp32: softmax(q kᵀ·scale + R) v over the cache with R = -inf outside each
-    row's kept blocks bool [R, Hq, r, M]; with frozen [R, Hq, r, >= n], Σ w v / Σ w on the kept keys.
-    q [R, Hq, r, d], k/v [R, Hkv, n, d] -> [R, Hq, r, d] fp32."""
-    R, hq, r, d = q.shape
-    n = k.shape[2]
-    g = hq // k.shape[1]
-    keep = blocks.repeat_interleave(block_size, dim=-1)[..., :n]
-    if keep.shape[-1] < n:
-        keep = torch.nn.functional.pad(keep, (0, n - keep.shape[-1]))
-    vv = v.float().repeat_interleave(g, dim=1)
-    if frozen is not None:
-        w = frozen[..., :n] * keep
-        return (w @ vv) / w.sum(-1, keepdim=True)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    s = (q.float() @ k.float().repeat_interleave(g, dim=1).transpose(-1, -2)) * scale
-    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vv

@@ -1,5 +1,5 @@
 """The decode rows' tail as one partial state in one launch (kernels.decode_tail) against
-kernels.sparse_decode.dense_partials, the PyTorch definition: scored rows under a bias (GQA, several new
+kernels.reference.dense_partials, the PyTorch definition: scored rows under a bias (GQA, several new
 rows, a tail longer than one chunk, a row with every tail key masked) and Freeze-A rows on their weights;
 the join with flash's output, and a pass's new key / value row written into the tails (index_copy_'s result).
 On CPU under TRITON_INTERPRET=1 (conftest) in fp32."""
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kernels.decode_tail import TB, tail_join, tail_partials, write_new_row
-from kernels.sparse_decode import dense_partials, partial_buffers
+from kernels.reference import dense_partials
+from kernels.sparse_decode import partial_buffers
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

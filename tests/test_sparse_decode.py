@@ -9,9 +9,8 @@ output within 1e-3 of the reference rounded to the output dtype.
 import pytest
 import torch
 
-from kernels.reference import relative_error
-from kernels.sparse_decode import (combine_partials, combine_reference, decode_block_lists, decode_partials,
-                                   decode_reference, default_splits, dense_partials, partial_buffers)
+from kernels.reference import combine_reference, decode_reference, dense_partials, relative_error
+from kernels.sparse_decode import combine_partials, decode_block_lists, decode_partials, default_splits, partial_buffers
 
 from kernel_cases import BOUND
 
@@ -125,8 +124,41 @@ def test_decode_kernels_compile_for_sm90_offline():
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
-    # the block-sparse kernel's 10 (shape, frozen) lines, then kernels.cache_decode's 5 (d, group) lines
-    assert len(lines) == 15 and all("spills 0 B" in line for line in lines), r.stdout
+    # the block-sparse kernel's 10 (shape, frozen) lines, kernels.cache_decode's 5 (d, group) lines, then
+    # kernels.decode_masses's 5 (shape) lines
+    assert len(lines) == 20 and all("spills 0 B" in line for line in lines), r.stdout
+    assert sum(line.startswith("decode_masses") for line in lines) == 5
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(2, 2, 64), (4, 1, 96), (6, 2, 128)])
+@pytest.mark.parametrize("r", [1, 2])
+def test_the_tail_in_the_same_launch_is_the_dense_partials_in_the_last_slot(hq, hkv, d, r):
+    """decode_partials(tail=...): the rows' own tail (21 keys: more than one tail tile, the last cut) written by the
+    launch's last program per (row, kv head, query row), scored rows under a bias and a Freeze-A row reading its
+    weights after the cache's columns: the state dense_partials gives, in slot `splits`; splits untouched."""
+    R, n, t, splits = 3, 90, 21, 2
+    q, k, v, blocks = case(R, hq, hkv, r, n, d, 32, 0.5, seed=d + r)
+    gen = torch.Generator().manual_seed(5)
+    tk, tv = (torch.randn(R, hkv, t, d, generator=gen).to(DEV) for _ in range(2))
+    bias = torch.where(torch.arange(t, device=DEV) <= 12, 0.0, float("-inf")).expand(R, hq, r, t).contiguous()
+    bias[1, 0, 0, :] = float("-inf")  # a query row whose tail is all masked
+    w = torch.rand(1, hq, r, n + t, generator=gen).to(DEV)
+    lists = decode_block_lists(blocks, hkv)
+    plain, frozen_row = (torch.tensor(x, dtype=torch.int32, device=DEV) for x in ([0, 2], [1]))
+    got = decode_partials(q, k, v, lists, 32, splits, rows=plain, tail=(tk, tv, bias))
+    decode_partials(q, k, v, lists, 32, splits, rows=frozen_row, frozen=w, out=got, tail=(tk, tv, None))
+    want = decode_partials(q, k, v, lists, 32, splits, rows=plain, out=partial_buffers(R, hq, r, splits + 1, d, DEV))
+    decode_partials(q, k, v, lists, 32, splits, rows=frozen_row, frozen=w, out=want)
+    for i, x in enumerate(dense_partials(q, tk, tv, bias)):
+        want[i][[0, 2], :, :, splits:splits + 1] = x[[0, 2]]
+    for i, x in enumerate(dense_partials(q[1:2], tk[1:2], tv[1:2], None, frozen=w[..., n:])):
+        want[i][1:2, :, :, splits:splits + 1] = x
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (a - b).abs().max()
+    with pytest.raises(ValueError, match="cover the cache and the tail"):
+        decode_partials(q, k, v, lists, 32, splits, rows=frozen_row, frozen=w[..., :n], tail=(tk, tv, None))
+    with pytest.raises(ValueError, match="tail k, v must be"):
+        decode_partials(q, k, v, lists, 32, splits, rows=plain, tail=(tk[:, :, :, :32], tv, bias))
 
 
 @pytest.mark.gpu

@@ -130,8 +130,10 @@ class StaticDecoder:
         probe = CoreRows(group, self.blocks, n0, 1)
         self.supported, self.freeze, self.record = probe.supported, probe.freeze, probe.record
         width = n0 + C
-        self.bias = {l: torch.full((R, c.heads, 1, width), float("-inf"), device=dev) for l in range(self.n_core)} \
-            if self.supported and not group.truncate else {}
+        # every layer's bias in one buffer [R, L, H, 1, n0 + C]: the sparse path sets their tails in one copy
+        self.bias_all = torch.full((R, self.n_core, c.heads, 1, width), float("-inf"), device=dev) \
+            if self.supported and not group.truncate else None
+        self.bias = {l: self.bias_all[:, l] for l in range(self.n_core)} if self.bias_all is not None else {}
         self.frozen = {l: torch.zeros(len(self.freeze), c.heads, 1, width, device=dev) for l in range(self.n_core)} \
             if len(self.freeze) and not group.truncate else {}
         # the kernel backend: late steps read only the rows' blocks of the cache (block lists in static buffers)
@@ -202,6 +204,13 @@ class StaticDecoder:
                 return self.dense.attend_all(q, cache, tk, tv, bias[self.n0:])
             if isinstance(self.dense, FlashRows):  # and CacheRows: the output fused, probabilities from its lse
                 y, lse = self.dense.attend_lse(q, cache, tk, tv, bias[self.n0:])
+                # the masses in one launch where the path has a kernel for them; Freeze-A rows' weights at t_d
+                # need the probabilities themselves
+                masses = None if step == s_.discovery_step and len(self.freeze) else \
+                    self.dense.masses(q, cache, tk, bias[self.n0:], lse, s_.block_size)
+                if masses is not None:
+                    out["masses"].setdefault(step, {})[layer] = masses
+                    return y
                 probs = _probs(q, cache, tk, bias, lse)
             else:
                 probs = _attend(q, cache, tk, bias)
@@ -265,13 +274,15 @@ class StaticDecoder:
         seam = CoreRows(self.g, self.blocks, start, 1)
         seam.masses = {t: {l: m[..., :M] for l, m in by.items()} for t, by in early["masses"].items()}
         seam.td_probs = {l: p[..., :N] for l, p in early["td"].items()}
-        seam.allowed_keys()  # [R, L, H, 1, N], kept by the seam for the bias and Freeze-A weights
+        allowed = seam.allowed_keys()  # [R, L, H, 1, N], kept by the seam for the bias and Freeze-A weights
+        if self.sparse is not None:  # the kernel reads the blocks' lists and only the tail's columns of the bias
+            self.sparse.set_supports(seam.allowed_blocks)
+            self.bias_all[..., self.n0:N].copy_(torch.where(allowed[..., self.n0:], 0.0, float("-inf")))
         for l, buf in self.bias.items():
-            buf[..., :N].copy_(seam.late_bias(l))
+            if self.sparse is None:
+                buf[..., :N].copy_(seam.late_bias(l))
             if self.frozen:
                 self.frozen[l][..., :N].copy_(seam.frozen_weights(l))
-            if self.sparse is not None:
-                self.sparse.set_support(l, seam.allowed_blocks[:, l])
 
     # -- a pass -------------------------------------------------------------------------------
     def step(self, tokens: list[int] | None = None, fetch: bool = True) -> list[tuple[int, float, float]]:

@@ -6,8 +6,8 @@ per-step cache and adds a 0 / -inf bias, so a WISE row reads what a Full row rea
 (row, head, new row)'s late support over the prompt's blocks becomes a list of key blocks (kept
 in static buffers, so a captured CUDA graph replays it while the lists change from token to
 token); the kernel returns split partial softmax states over those blocks, the new rows' own
-tail (a few positions, dense, with the tail's columns of the same bias) adds one more partial
-(``kernels.decode_tail``, one launch), and one combine gives the softmax over the union. Full rows
+tail (a few positions, dense, with the tail's columns of the same bias) one more partial from the
+same launch, and one combine gives the softmax over the union. Full rows
 of a mixed group keep every block; Freeze-A rows read their frozen weights on the same blocks with
 fresh V.
 
@@ -21,7 +21,8 @@ import math
 import torch
 
 from kernels.cache_decode import cache_decode, cache_splits, cache_table
-from kernels.decode_tail import tail_join, tail_partials
+from kernels.decode_masses import decode_masses
+from kernels.decode_tail import tail_join
 from kernels.schedule import use_triton
 from kernels.sparse_decode import (HEAD_DIMS, combine_partials, decode_block_lists, decode_partials, default_splits,
                                    partial_buffers)
@@ -42,15 +43,14 @@ class SparseLateRows:
         B = group.s.block_size
         R, self.n0, self.B, self.r = len(group.lates), group.n, B, r
         self.Mp = math.ceil(self.n0 / B)
-        self.kv_heads = kv_heads
-        self.lists = {l: (torch.zeros(R, heads, r, self.Mp, dtype=torch.uint8, device=device),
-                          torch.zeros(R, kv_heads, r, self.Mp, dtype=torch.int32, device=device),
-                          torch.zeros(R, kv_heads, r, dtype=torch.int32, device=device)) for l in range(n_layers)}
+        self.kv_heads, self.n_layers = kv_heads, n_layers
+        # every layer's lists in one buffer each, layer first: one decode_block_lists call fills them all
+        self.stacked = (torch.zeros(n_layers * R, heads, r, self.Mp, dtype=torch.uint8, device=device),
+                        torch.zeros(n_layers * R, kv_heads, r, self.Mp, dtype=torch.int32, device=device),
+                        torch.zeros(n_layers * R, kv_heads, r, dtype=torch.int32, device=device))
+        self.lists = {l: tuple(x[l * R:(l + 1) * R] for x in self.stacked) for l in range(n_layers)}
         self.splits = default_splits(R * kv_heads * r, self.Mp, device)
         self.freeze, self.device = sorted(freeze), device
-        # the tail's launches: the scored rows, then the Freeze-A rows (their weights in freeze order)
-        self.tail_rows = torch.tensor([x for x in range(R) if x not in self.freeze], dtype=torch.int32, device=device)
-        self.freeze_rows = torch.tensor(self.freeze, dtype=torch.int32, device=device)
         # made here, not while a CUDA graph is captured (a host-to-device copy cannot be captured)
         self.launches: dict[tuple[int, int], tuple] = {}
         for i, j in group.runs():
@@ -72,13 +72,20 @@ class SparseLateRows:
         which the bias covers) into the layer's lists, in place."""
         decode_block_lists(blocks[..., :self.Mp], self.kv_heads, out=self.lists[layer])
 
+    def set_supports(self, blocks: torch.Tensor) -> None:
+        """Every layer's ``set_support`` from blocks bool [R, L, H, r, M] in one call (a decoding pass sets all of
+        them between its early and late steps: one set of launches, not one per layer)."""
+        R, L, H, r = blocks.shape[:4]
+        decode_block_lists(blocks[..., :self.Mp].transpose(0, 1).reshape(L * R, H, r, self.Mp), self.kv_heads,
+                           out=self.stacked)
+
     def attend(self, q, cache, tk, tv, tail_bias, layer: int, frozen: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of new rows q [R, H, r, d] over their blocks of `cache` (its late parts, the
         rows' own) and their tail tk, tv [R, Hkv, t, d] under tail_bias [R, H, r, t] (0 / -inf);
         frozen: Freeze-A rows' weights [F, H, r, n0 + t] (rows in order). -> [R, H, r, d] in q's dtype."""
         R, H, r, d = q.shape
-        S = self.splits
-        m, l_, acc = partial_buffers(R, H, r, S + 1, d, q.device)  # the kernel's splits, then the tail's slot
+        tail_bias = tail_bias.expand(R, H, r, tk.shape[2])  # a view: sliced per part below
+        m, l_, acc = partial_buffers(R, H, r, self.splits + 1, d, q.device)  # the kernel's splits, then the tail's
         a = 0
         lists = self.lists[layer]
         for k, v, rows, shared in cache.parts:
@@ -88,13 +95,12 @@ class SparseLateRows:
             part = slice(a, a + rows)
             out = (m[part], l_[part], acc[part])
             args = (q[part], k, v, tuple(x[part] for x in lists), self.B, self.splits)
-            decode_partials(*args, rows=plain, out=out)
+            # the part's rows' tail in the same launch; Freeze-A rows read their weights there too
+            decode_partials(*args, rows=plain, out=out, tail=(tk[part], tv[part], tail_bias[part]))
             if nf:
-                decode_partials(*args, rows=fz, frozen=frozen[first:first + nf], out=out)
+                decode_partials(*args, rows=fz, frozen=frozen[first:first + nf], out=out,
+                                tail=(tk[part], tv[part], None))
             a += rows
-        tail_partials(q, tk, tv, tail_bias, (m, l_, acc), S, rows=self.tail_rows)
-        if self.freeze:
-            tail_partials(q, tk, tv, None, (m, l_, acc), S, rows=self.freeze_rows, frozen=frozen, w_off=self.n0)
         return combine_partials(m, l_, acc, q.dtype)
 
 
@@ -149,6 +155,11 @@ class FlashRows:
         a row's probabilities are exp(score - lse), no second softmax (``graph_decode._probs``)."""
         return self._attend(q, cache, tk, tv, tail_bias, True)
 
+    def masses(self, q, cache, tk, tail_bias, lse, block_size: int) -> torch.Tensor | None:
+        """The rows' block masses fp16 [R, H, r, ceil((n + t) / B)] over cache and tail from ``attend_lse``'s
+        lse in one launch, or None where this path has no kernel for them (the caller computes them)."""
+        return None
+
     def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
         R, H, r, d = q.shape
         hkv, scale = self.kv_heads, d ** -0.5
@@ -198,8 +209,16 @@ class CacheRows(FlashRows):
         for cache in caches:
             self.table(cache)
 
+    def _fused(self, q, cache) -> bool:
+        return self.table(cache) is not False and q.shape[-1] in HEAD_DIMS and q.stride(-1) == 1 \
+            and use_triton(q.device)
+
+    def masses(self, q, cache, tk, tail_bias, lse, block_size: int) -> torch.Tensor | None:
+        """``FlashRows.masses`` through ``kernels.decode_masses`` on the cache's address table."""
+        return decode_masses(q, cache.decode_table, tk, tail_bias, lse, block_size) if self._fused(q, cache) else None
+
     def _attend(self, q, cache, tk, tv, tail_bias, lse_too: bool) -> tuple:
-        if self.table(cache) is False or q.shape[-1] not in HEAD_DIMS or q.stride(-1) != 1 or not use_triton(q.device):
+        if not self._fused(q, cache):
             return super()._attend(q, cache, tk, tv, tail_bias, lse_too)
         splits = cache_splits(q.shape[0], self.kv_heads, cache.n, q.device)
         got = cache_decode(q, cache.decode_table, tk, tv, tail_bias, splits=splits, with_lse=lse_too)
