@@ -38,9 +38,9 @@ ROWS = 16  # the most rows one launch takes: the tensor-core product's least M
 FORMS = ("plain", "norm", "gated")  # what the model may take: the product (with its residual add), the norm folded in,
 # silu(gate) * up folded in
 # the forms the model takes where they apply (outside ``taking``): none by default, since a graphed Recurrent-Llama
-# pass on an H100 (4K) took 1.04x / 1.12x cuBLAS's time at batch 1 / 4 with all three (16.57 / 20.40 ms against
-# 16.00 / 18.18, ``benchmarks.decode_latency --linear rows``, journal 2026-12-07 (g)): the launches saved do not pay
-# for it
+# pass on an H100 (4K), every decode kernel a dependent launch, took 0.993x / 1.09x cuBLAS's time at batch 1 / 4 with
+# all three (15.63 / 19.52 ms against 15.74 / 17.88, ``benchmarks.decode_latency --linear rows``, journal
+# 2026-12-07 (h)): under 1% gained at batch 1, 9% lost at batch 4
 _TAKEN = [frozenset()]
 
 
