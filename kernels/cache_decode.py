@@ -79,21 +79,11 @@ def cache_table(keys: list[torch.Tensor], values: list[torch.Tensor]) -> CacheTa
 
 
 @triton.jit
-def _cache_partials(
-    Q, KPtrs, VPtrs, TK, TV, Bias, M_out, L_out, Acc_out,
-    stride_qr, stride_qh, stride_qj,
-    stride_kh, stride_kn, stride_vh, stride_vn,
-    stride_tkr, stride_tkh, stride_tkn, stride_tvr, stride_tvh, stride_tvn,
-    stride_br, stride_bh, stride_bj,
-    n_ctx, t_len, per_split, heads, kv_heads, q_rows, group, qk_scale,
-    BLOCK: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, QM: tl.constexpr, PRODUCT: tl.constexpr,
-    PDL: tl.constexpr,
-):
+def group_queries(Q, stride_qr, stride_qh, stride_qj, kv_heads, q_rows, group,
+                  QM: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr):
+    """Program (row, kv head) of axis 0: its row (int64), kv head, the query heads hs and new rows js of its QM
+    query rows (m_ok: the real ones), the head dim's offsets and mask, and those rows of q [QM, D_PAD]."""
     pid = tl.program_id(0)
-    split = tl.program_id(1)
-    slots = tl.num_programs(1)  # the cache's splits, then the tail's
-    if PDL:  # q, the tail and its bias come from launches before; the partial states may still be read there
-        gdc_wait()
     kvh = pid % kv_heads
     row = (pid // kv_heads).to(tl.int64)
     offs_m = tl.arange(0, QM)  # the kv head's query heads x new rows
@@ -104,6 +94,26 @@ def _cache_partials(
     d_ok = offs_d < HEAD_D
     q = tl.load(Q + row * stride_qr + hs[:, None] * stride_qh + js[:, None] * stride_qj + offs_d[None, :],
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    return row, kvh, hs, js, m_ok, offs_d, d_ok, q
+
+
+@triton.jit
+def _cache_partials(
+    Q, KPtrs, VPtrs, TK, TV, Bias, M_out, L_out, Acc_out,
+    stride_qr, stride_qh, stride_qj,
+    stride_kh, stride_kn, stride_vh, stride_vn,
+    stride_tkr, stride_tkh, stride_tkn, stride_tvr, stride_tvh, stride_tvn,
+    stride_br, stride_bh, stride_bj,
+    n_ctx, t_len, per_split, heads, kv_heads, q_rows, group, qk_scale,
+    BLOCK: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, QM: tl.constexpr, PRODUCT: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    split = tl.program_id(1)
+    slots = tl.num_programs(1)  # the cache's splits, then the tail's
+    if PDL:  # q, the tail and its bias come from launches before; the partial states may still be read there
+        gdc_wait()
+    row, kvh, hs, js, m_ok, offs_d, d_ok, q = group_queries(Q, stride_qr, stride_qh, stride_qj, kv_heads, q_rows, group,
+                                                           QM, HEAD_D, D_PAD)
     is_tail = split == slots - 1
     # the cache's splits read a share of the row's cache, the last split the row's tail (no branch: one loop)
     # the table's addresses are 16-byte aligned (cache_table checks): said to the compiler, the key and value

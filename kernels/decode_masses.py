@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.cache_decode import CacheTable
+from kernels.cache_decode import CacheTable, group_queries
 from kernels.launch import dependent_launch
 from kernels.sparse_decode import LOG2E
 
@@ -39,20 +39,11 @@ def _decode_masses(
     B: tl.constexpr, TILE_N: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, QM: tl.constexpr,
     LOG2E_C: tl.constexpr, PDL: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     tile = tl.program_id(1)
     if PDL:  # q, the tail, its bias and lse come from launches before
         gdc_wait()
-    kvh = pid % kv_heads
-    row = (pid // kv_heads).to(tl.int64)
-    offs_m = tl.arange(0, QM)  # the kv head's query heads x new rows
-    m_ok = offs_m < group * q_rows
-    hs = kvh * group + offs_m // q_rows
-    js = offs_m % q_rows
-    offs_d = tl.arange(0, D_PAD)
-    d_ok = offs_d < HEAD_D
-    q = tl.load(Q + row * stride_qr + hs[:, None] * stride_qh + js[:, None] * stride_qj + offs_d[None, :],
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    row, kvh, hs, js, m_ok, offs_d, d_ok, q = group_queries(Q, stride_qr, stride_qh, stride_qj, kv_heads, q_rows, group,
+                                                           QM, HEAD_D, D_PAD)
     at_row = (row * heads + hs) * q_rows + js  # [QM]: (row, head, new row) of a contiguous [R, Hq, r] tensor
     lse2 = tl.load(Lse + at_row, mask=m_ok, other=0.0) * LOG2E_C
     col = tile * TILE_N + tl.arange(0, TILE_N)
